@@ -1,0 +1,210 @@
+//! Where ppp keeps its files. Every path ppp reads or writes is derived here,
+//! so the on-disk layout (spec §5.8) lives in exactly one place.
+//!
+//! Three roots, each overridable by an environment variable:
+//! - config: `$PPP_CONFIG`, else `$XDG_CONFIG_HOME/ppp`, else `~/.config/ppp`
+//! - data:   `$PPP_DATA`,   else `$XDG_DATA_HOME/ppp`,   else `~/.local/share/ppp`
+//! - cache:  `$PPP_CACHE`,  else `$XDG_CACHE_HOME/ppp`,  else `~/.cache/ppp`
+//!
+//! This module only computes paths; it never creates or touches them.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+use crate::env;
+
+/// The resolved roots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirs {
+    pub config: PathBuf,
+    pub data: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl Dirs {
+    /// Resolve the roots from the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::resolve(|k| std::env::var_os(k))
+    }
+
+    /// Resolve the roots from any variable lookup. Pure, so it can be tested
+    /// without touching the process environment.
+    pub fn resolve(var: impl Fn(&str) -> Option<OsString>) -> Result<Self> {
+        let nonempty = |k: &str| var(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let home = nonempty("HOME");
+        let root = |over: &str, xdg: &str, fallback: &[&str]| -> Result<PathBuf> {
+            if let Some(p) = nonempty(over) {
+                return absolute(over, p);
+            }
+            if let Some(p) = nonempty(xdg) {
+                // The XDG spec says relative values are invalid and must be ignored.
+                if p.is_absolute() {
+                    return Ok(p.join("ppp"));
+                }
+            }
+            match &home {
+                Some(h) => Ok(fallback.iter().fold(h.clone(), |acc, c| acc.join(c)).join("ppp")),
+                None => bail!("cannot locate ppp's {fallback:?} directory: neither `{over}`, `{xdg}` nor `HOME` is set"),
+            }
+        };
+        Ok(Self {
+            config: root(env::PPP_CONFIG, "XDG_CONFIG_HOME", &[".config"])?,
+            data: root(env::PPP_DATA, "XDG_DATA_HOME", &[".local", "share"])?,
+            cache: root(env::PPP_CACHE, "XDG_CACHE_HOME", &[".cache"])?,
+        })
+    }
+
+    /// `$PPP_CONFIG/config.yaml`: CLI settings.
+    pub fn config_file(&self) -> PathBuf {
+        self.config.join("config.yaml")
+    }
+    /// `$PPP_CONFIG/policies.yaml`: the global network policy.
+    pub fn global_policy(&self) -> PathBuf {
+        self.config.join("policies.yaml")
+    }
+    /// `$PPP_CONFIG/age-identity.txt`: the key of the file secret store.
+    /// Kept in the config root, away from `secrets.age`, so that a copy of the
+    /// data directory alone never carries both lock and key.
+    pub fn age_identity(&self) -> PathBuf {
+        self.config.join("age-identity.txt")
+    }
+    /// `$PPP_DATA/sandboxes`: one directory per sandbox.
+    pub fn sandboxes(&self) -> PathBuf {
+        self.data.join("sandboxes")
+    }
+    /// `$PPP_DATA/sandboxes/<name>`.
+    pub fn sandbox(&self, name: &str) -> PathBuf {
+        self.sandboxes().join(name)
+    }
+    /// `$PPP_DATA/sandboxes/<name>/sandbox.json`.
+    pub fn sandbox_record(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("sandbox.json")
+    }
+    /// `$PPP_DATA/sandboxes/<name>/policy.yaml`.
+    pub fn sandbox_policy(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("policy.yaml")
+    }
+    /// `$PPP_DATA/sandboxes/<name>/wg0.conf`.
+    pub fn sandbox_wg_conf(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("wg0.conf")
+    }
+    /// `$PPP_DATA/sandboxes/<name>/machine.log`.
+    pub fn sandbox_machine_log(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("machine.log")
+    }
+    /// `$PPP_DATA/port-registry.json`: WireGuard port to sandbox.
+    pub fn port_registry(&self) -> PathBuf {
+        self.data.join("port-registry.json")
+    }
+    /// `$PPP_DATA/state.lock`: held by every state mutation.
+    pub fn state_lock(&self) -> PathBuf {
+        self.data.join("state.lock")
+    }
+    /// `$PPP_DATA/flows.jsonl`: one JSON object per proxied flow.
+    pub fn flows_log(&self) -> PathBuf {
+        self.data.join("flows.jsonl")
+    }
+    /// `$PPP_DATA/proxy.log`: mitmdump's captured output.
+    pub fn proxy_log(&self) -> PathBuf {
+        self.data.join("proxy.log")
+    }
+    /// `$PPP_DATA/proxy.pid`.
+    pub fn proxy_pid(&self) -> PathBuf {
+        self.data.join("proxy.pid")
+    }
+    /// `$PPP_DATA/daemon.pid`: the supervisor's pid.
+    pub fn daemon_pid(&self) -> PathBuf {
+        self.data.join("daemon.pid")
+    }
+    /// `$PPP_DATA/secret.sock`: the daemon's Unix socket.
+    pub fn secret_socket(&self) -> PathBuf {
+        self.data.join("secret.sock")
+    }
+    /// `$PPP_DATA/secrets.age`: the file secret store.
+    pub fn secrets_file(&self) -> PathBuf {
+        self.data.join("secrets.age")
+    }
+    /// `$PPP_DATA/secrets-index.json`: names of stored secrets, never values.
+    pub fn secrets_index(&self) -> PathBuf {
+        self.data.join("secrets-index.json")
+    }
+    /// `$PPP_DATA/wg`: WireGuard key files and captured client configs.
+    pub fn wg(&self) -> PathBuf {
+        self.data.join("wg")
+    }
+    /// `$PPP_DATA/wg/keys-<port>.conf`.
+    pub fn wg_keys(&self, port: u16) -> PathBuf {
+        self.wg().join(format!("keys-{port}.conf"))
+    }
+    /// `$PPP_DATA/wg/client-confs.json`.
+    pub fn wg_client_confs(&self) -> PathBuf {
+        self.wg().join("client-confs.json")
+    }
+    /// `$PPP_DATA/kits`: cached kit artifacts.
+    pub fn kits(&self) -> PathBuf {
+        self.data.join("kits")
+    }
+    /// `$PPP_CACHE/templates`: saved templates.
+    pub fn templates(&self) -> PathBuf {
+        self.cache.join("templates")
+    }
+}
+
+fn absolute(var: &str, p: PathBuf) -> Result<PathBuf> {
+    if p.is_absolute() {
+        return Ok(p);
+    }
+    // A relative override would silently move state when the working
+    // directory changes, so anchor it once, here, at resolution time.
+    let cwd = std::env::current_dir()
+        .map_err(|e| anyhow::anyhow!("`{var}` is relative and the working directory is unknown: {e}"))?;
+    Ok(cwd.join(p))
+}
+
+/// True when `p` lies inside `root` (lexically).
+pub fn is_within(p: &Path, root: &Path) -> bool {
+    p.starts_with(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn resolve(vars: &[(&str, &str)]) -> Dirs {
+        let map: HashMap<String, OsString> =
+            vars.iter().map(|(k, v)| ((*k).to_owned(), OsString::from(v))).collect();
+        Dirs::resolve(|k| map.get(k).cloned()).unwrap()
+    }
+
+    #[test]
+    fn home_fallbacks() {
+        let d = resolve(&[("HOME", "/home/u")]);
+        assert_eq!(d.config, PathBuf::from("/home/u/.config/ppp"));
+        assert_eq!(d.data, PathBuf::from("/home/u/.local/share/ppp"));
+        assert_eq!(d.cache, PathBuf::from("/home/u/.cache/ppp"));
+    }
+
+    #[test]
+    fn xdg_then_ppp_overrides() {
+        let d = resolve(&[
+            ("HOME", "/home/u"),
+            ("XDG_CONFIG_HOME", "/x/c"),
+            ("XDG_DATA_HOME", "relative/ignored"),
+            ("PPP_CACHE", "/p/cache"),
+        ]);
+        assert_eq!(d.config, PathBuf::from("/x/c/ppp"));
+        assert_eq!(d.data, PathBuf::from("/home/u/.local/share/ppp"));
+        assert_eq!(d.cache, PathBuf::from("/p/cache"));
+        assert_eq!(d.sandbox_policy("a"), PathBuf::from("/home/u/.local/share/ppp/sandboxes/a/policy.yaml"));
+        assert_eq!(d.wg_keys(51820), PathBuf::from("/home/u/.local/share/ppp/wg/keys-51820.conf"));
+    }
+
+    #[test]
+    fn no_home_is_an_error() {
+        let err = Dirs::resolve(|_| None).unwrap_err().to_string();
+        assert!(err.contains("PPP_CONFIG"), "{err}");
+    }
+}

@@ -1,0 +1,40 @@
+//! Every environment variable ppp reads, as a documented constant, so the
+//! full list is greppable and `ppp diagnose` can report them.
+
+/// Overrides the config root (default `$XDG_CONFIG_HOME/ppp`).
+pub const PPP_CONFIG: &str = "PPP_CONFIG";
+/// Overrides the data root (default `$XDG_DATA_HOME/ppp`).
+pub const PPP_DATA: &str = "PPP_DATA";
+/// Overrides the cache root (default `$XDG_CACHE_HOME/ppp`).
+pub const PPP_CACHE: &str = "PPP_CACHE";
+/// Path of the `podman` binary to use instead of the one on PATH.
+pub const PPP_PODMAN: &str = "PPP_PODMAN";
+/// Path of the `mitmdump` binary to use instead of ppp's own venv.
+pub const PPP_MITMDUMP: &str = "PPP_MITMDUMP";
+/// Path of the Python (>= 3.12) used to build ppp's mitmproxy venv.
+pub const PPP_PYTHON: &str = "PPP_PYTHON";
+/// PEM bundle mitmproxy verifies upstream servers against.
+pub const PPP_UPSTREAM_CA: &str = "PPP_UPSTREAM_CA";
+/// Forces the secret backend: `keychain` or `file`.
+pub const PPP_SECRET_BACKEND: &str = "PPP_SECRET_BACKEND";
+/// Path of the age identity for the file secret store.
+pub const PPP_AGE_IDENTITY: &str = "PPP_AGE_IDENTITY";
+/// Log filter for ppp's own diagnostics (tracing `EnvFilter` syntax).
+pub const PPP_LOG: &str = "PPP_LOG";
+/// Disables colour when set to anything (<https://no-color.org>).
+pub const NO_COLOR: &str = "NO_COLOR";
+
+/// All variables above, for `ppp diagnose`.
+pub const ALL: &[&str] = &[
+    PPP_CONFIG,
+    PPP_DATA,
+    PPP_CACHE,
+    PPP_PODMAN,
+    PPP_MITMDUMP,
+    PPP_PYTHON,
+    PPP_UPSTREAM_CA,
+    PPP_SECRET_BACKEND,
+    PPP_AGE_IDENTITY,
+    PPP_LOG,
+    NO_COLOR,
+];

@@ -1,0 +1,96 @@
+//! How failures reach the user: `error: …`, then one `caused by: …` per
+//! underlying cause, then an optional `hint: …`, and an exit code.
+//!
+//! Commands return `anyhow::Error`. To add a hint or a specific exit code they
+//! put a [`Failure`] somewhere in the chain; the renderer finds it.
+
+use std::fmt;
+
+/// A user-facing failure with an optional hint and exit code.
+#[derive(Debug)]
+pub struct Failure {
+    message: String,
+    hint: Option<String>,
+    code: u8,
+}
+
+impl Failure {
+    /// A failure with exit code 1.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), hint: None, code: 1 }
+    }
+
+    /// Attach a `hint:` line.
+    #[must_use]
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// Use `code` as the process exit code.
+    #[must_use]
+    pub fn code(mut self, code: u8) -> Self {
+        self.code = code;
+        self
+    }
+
+    /// The failure for a command whose machinery lands in a later release.
+    pub fn not_available(command: &str) -> Self {
+        Self::new(format!("`ppp {command}` is not available yet")).code(2)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// Shorthand: `return Err(fail("…").hint("…").into())`.
+pub fn fail(message: impl Into<String>) -> Failure {
+    Failure::new(message)
+}
+
+/// Render `err` as the lines ppp prints on stderr, and pick the exit code.
+pub fn render(err: &anyhow::Error) -> (String, u8) {
+    let mut out = String::new();
+    let mut hint = None;
+    let mut code = 1;
+    for (i, cause) in err.chain().enumerate() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            if hint.is_none() {
+                hint.clone_from(&f.hint);
+            }
+            code = f.code;
+        }
+        if i == 0 {
+            out.push_str(&format!("error: {cause}\n"));
+        } else {
+            out.push_str(&format!("  caused by: {cause}\n"));
+        }
+    }
+    if let Some(h) = hint {
+        out.push_str(&format!("hint: {h}\n"));
+    }
+    (out, code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn renders_chain_hint_and_code() {
+        let inner: anyhow::Result<()> = Err(fail("port 70000 is out of range").hint("ports run from 1 to 65535").code(2).into());
+        let err = inner.context("could not add rule").unwrap_err();
+        let (text, code) = render(&err);
+        assert_eq!(
+            text,
+            "error: could not add rule\n  caused by: port 70000 is out of range\nhint: ports run from 1 to 65535\n"
+        );
+        assert_eq!(code, 2);
+    }
+}
