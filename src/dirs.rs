@@ -45,8 +45,13 @@ impl Dirs {
                 }
             }
             match &home {
-                Some(h) => Ok(fallback.iter().fold(h.clone(), |acc, c| acc.join(c)).join("ppp")),
-                None => bail!("cannot locate ppp's {fallback:?} directory: neither `{over}`, `{xdg}` nor `HOME` is set"),
+                Some(h) => Ok(fallback
+                    .iter()
+                    .fold(h.clone(), |acc, c| acc.join(c))
+                    .join("ppp")),
+                None => bail!(
+                    "cannot locate ppp's {fallback:?} directory: neither `{over}`, `{xdg}` nor `HOME` is set"
+                ),
             }
         };
         Ok(Self {
@@ -142,6 +147,14 @@ impl Dirs {
     pub fn wg_client_confs(&self) -> PathBuf {
         self.wg().join("client-confs.json")
     }
+    /// `$PPP_DATA/venv`: ppp's own Python venv holding the pinned mitmproxy.
+    pub fn venv(&self) -> PathBuf {
+        self.data.join("venv")
+    }
+    /// `$PPP_DATA/venv/bin/mitmdump`.
+    pub fn venv_mitmdump(&self) -> PathBuf {
+        self.venv().join("bin").join("mitmdump")
+    }
     /// `$PPP_DATA/kits`: cached kit artifacts.
     pub fn kits(&self) -> PathBuf {
         self.data.join("kits")
@@ -158,8 +171,9 @@ fn absolute(var: &str, p: PathBuf) -> Result<PathBuf> {
     }
     // A relative override would silently move state when the working
     // directory changes, so anchor it once, here, at resolution time.
-    let cwd = std::env::current_dir()
-        .map_err(|e| anyhow::anyhow!("`{var}` is relative and the working directory is unknown: {e}"))?;
+    let cwd = std::env::current_dir().map_err(|e| {
+        anyhow::anyhow!("`{var}` is relative and the working directory is unknown: {e}")
+    })?;
     Ok(cwd.join(p))
 }
 
@@ -174,8 +188,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn resolve(vars: &[(&str, &str)]) -> Dirs {
-        let map: HashMap<String, OsString> =
-            vars.iter().map(|(k, v)| ((*k).to_owned(), OsString::from(v))).collect();
+        let map: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
+            .collect();
         Dirs::resolve(|k| map.get(k).cloned()).unwrap()
     }
 
@@ -198,8 +214,14 @@ mod tests {
         assert_eq!(d.config, PathBuf::from("/x/c/ppp"));
         assert_eq!(d.data, PathBuf::from("/home/u/.local/share/ppp"));
         assert_eq!(d.cache, PathBuf::from("/p/cache"));
-        assert_eq!(d.sandbox_policy("a"), PathBuf::from("/home/u/.local/share/ppp/sandboxes/a/policy.yaml"));
-        assert_eq!(d.wg_keys(51820), PathBuf::from("/home/u/.local/share/ppp/wg/keys-51820.conf"));
+        assert_eq!(
+            d.sandbox_policy("a"),
+            PathBuf::from("/home/u/.local/share/ppp/sandboxes/a/policy.yaml")
+        );
+        assert_eq!(
+            d.wg_keys(51820),
+            PathBuf::from("/home/u/.local/share/ppp/wg/keys-51820.conf")
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Commands return `anyhow::Error`. To add a hint or a specific exit code they
 //! put a [`Failure`] somewhere in the chain; the renderer finds it.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// A user-facing failure with an optional hint and exit code.
 #[derive(Debug)]
@@ -17,7 +17,11 @@ pub struct Failure {
 impl Failure {
     /// A failure with exit code 1.
     pub fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into(), hint: None, code: 1 }
+        Self {
+            message: message.into(),
+            hint: None,
+            code: 1,
+        }
     }
 
     /// Attach a `hint:` line.
@@ -66,13 +70,13 @@ pub fn render(err: &anyhow::Error) -> (String, u8) {
             code = f.code;
         }
         if i == 0 {
-            out.push_str(&format!("error: {cause}\n"));
+            let _ = writeln!(out, "error: {cause}");
         } else {
-            out.push_str(&format!("  caused by: {cause}\n"));
+            let _ = writeln!(out, "  caused by: {cause}");
         }
     }
     if let Some(h) = hint {
-        out.push_str(&format!("hint: {h}\n"));
+        let _ = writeln!(out, "hint: {h}");
     }
     (out, code)
 }
@@ -84,7 +88,10 @@ mod tests {
 
     #[test]
     fn renders_chain_hint_and_code() {
-        let inner: anyhow::Result<()> = Err(fail("port 70000 is out of range").hint("ports run from 1 to 65535").code(2).into());
+        let inner: anyhow::Result<()> = Err(fail("port 70000 is out of range")
+            .hint("ports run from 1 to 65535")
+            .code(2)
+            .into());
         let err = inner.context("could not add rule").unwrap_err();
         let (text, code) = render(&err);
         assert_eq!(

@@ -2,10 +2,50 @@
 //! egress is tunnelled over WireGuard to one host mitmdump, where ppp's addon
 //! enforces network policy and injects API keys that never enter the guest.
 //!
-//! The binary is `src/main.rs`; this library exists so benchmarks and fuzz
-//! targets can reach the pure modules (policy matching above all).
+//! The binary (`src/main.rs`) only calls [`main`]; the library exists so
+//! benchmarks, fuzz targets and tests can reach the pure modules.
 
+use std::process::ExitCode;
+
+use clap::Parser;
+
+pub mod cli;
+pub mod cmd;
 pub mod dirs;
 pub mod env;
 pub mod error;
+pub mod exec;
+pub mod output;
+pub mod podman;
+pub mod policy;
+pub mod sandbox;
 pub mod state;
+
+/// Parse the command line, run the command, render any error.
+pub fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    init_tracing(cli.debug);
+    let ctx = cmd::Ctx::from_env(cli.debug);
+    match cmd::dispatch(cli.command, &ctx) {
+        Ok(code) => code,
+        // `ppp ls | head -1` closing the pipe is not an error.
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            let (text, code) = error::render(&e);
+            eprint!("{text}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn init_tracing(debug: bool) {
+    let default = if debug { "ppp=debug" } else { "ppp=warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env(env::PPP_LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}

@@ -1,1 +1,5 @@
-fn main() {}
+//! The `ppp` binary: everything lives in the library.
+
+fn main() -> std::process::ExitCode {
+    ppp::main()
+}

@@ -40,7 +40,10 @@ impl Lock {
         // semantics explicit, and fully qualified to avoid the std method.
         fs4::FileExt::lock(&file)
             .with_context(|| format!("could not lock `{}`", path.display()))?;
-        Ok(Self { file, path: path.to_owned() })
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+        })
     }
 
     /// The lock file's path.
@@ -142,7 +145,12 @@ pub fn parse_json<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Par
 pub fn parse_yaml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ParseError> {
     serde_norway::from_str(text).map_err(|e| {
         let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-        ParseError { path: path.to_owned(), line, column, message: strip_location(&e.to_string()) }
+        ParseError {
+            path: path.to_owned(),
+            line,
+            column,
+            message: strip_location(&e.to_string()),
+        }
     })
 }
 
@@ -166,8 +174,18 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(p.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(p.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
         // No temp files are left behind.
         assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1);
     }
@@ -178,7 +196,8 @@ mod tests {
         let err = parse_yaml::<serde_json::Value>(p, "a: 1\nb: [\n").unwrap_err();
         assert_eq!(err.path, p);
         assert!(err.line >= 2, "{err}");
-        let err = parse_json::<serde_json::Value>(Path::new("/x/s.json"), "{\n\"a\": ,}").unwrap_err();
+        let err =
+            parse_json::<serde_json::Value>(Path::new("/x/s.json"), "{\n\"a\": ,}").unwrap_err();
         assert_eq!(err.line, 2);
         assert!(err.to_string().starts_with("`/x/s.json` line 2"), "{err}");
     }

@@ -1,0 +1,916 @@
+//! The command-line surface: the complete clap tree. Doc comments here are
+//! the `--help` text users read, so they are written for users.
+//!
+//! Parsing touches nothing: no files, no environment beyond clap's own
+//! `env` fallbacks, no processes. Commands resolve what they need later.
+
+#![allow(
+    clippy::struct_excessive_bools,
+    reason = "clap flags are naturally bools"
+)]
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::policy::{Preset, Source, Verdict};
+
+/// Run AI coding agents in isolated microVM sandboxes.
+///
+/// Each sandbox is its own Podman Machine with its own kernel. All of its
+/// traffic is tunnelled over WireGuard to a host proxy that enforces network
+/// policy and injects API keys, which never enter the sandbox.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ppp",
+    version,
+    disable_help_subcommand = true,
+    max_term_width = 100,
+    after_help = "Start with `ppp setup`, then `ppp run opencode .`"
+)]
+pub struct Cli {
+    /// Print debug logs on stderr
+    #[arg(short = 'D', long, global = true)]
+    pub debug: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print a shell completion script
+    Completion(CompletionArgs),
+    /// Copy files between the host and a sandbox
+    Cp(CpArgs),
+    /// Create a sandbox without starting its agent
+    Create(CreateArgs),
+    /// Manage the host proxy daemon
+    #[command(subcommand)]
+    Daemon(DaemonCommand),
+    /// Collect versions, state and logs for a bug report
+    Diagnose(DiagnoseArgs),
+    /// Run a command inside a sandbox
+    Exec(ExecArgs),
+    /// Manage kits: declarative sandbox extensions (experimental)
+    #[command(subcommand)]
+    Kit(KitCommand),
+    /// List sandboxes
+    Ls(LsArgs),
+    /// Manage network policy
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// List, publish or unpublish a sandbox's ports
+    Ports(PortsArgs),
+    /// Remove every sandbox and all ppp state
+    Reset(ResetArgs),
+    /// Remove sandboxes
+    Rm(RmArgs),
+    /// Create or reattach a sandbox and run an agent in it
+    Run(RunArgs),
+    /// Manage API keys and other secrets injected by the proxy
+    #[command(subcommand)]
+    Secret(SecretCommand),
+    /// Check the host and fix what ppp needs
+    Setup(SetupArgs),
+    /// Stop sandboxes, keeping their state
+    Stop(StopArgs),
+    /// Save and load sandbox templates
+    #[command(subcommand)]
+    Template(TemplateCommand),
+    /// Open the interactive dashboard
+    Tui,
+    /// Print the versions of ppp and the tools it drives
+    Version(VersionArgs),
+}
+
+/// Flags shared by `run` and `create`.
+#[derive(Debug, Args)]
+pub struct SandboxSpec {
+    /// The agent to run (opencode, claude, codex, gemini)
+    #[arg(value_name = "AGENT")]
+    pub agent: String,
+
+    /// Workspace directories to mount; the first is the working directory
+    #[arg(value_name = "PATH", required = true)]
+    pub paths: Vec<PathBuf>,
+
+    /// Name of the sandbox [default: a generated `adjective-noun`]
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Work on a private clone of the workspace's git repository inside the
+    /// sandbox, reachable from the host as the remote `sandbox-<name>`
+    #[arg(long)]
+    pub clone: bool,
+
+    /// Virtual CPUs for the sandbox VM (0 = all host CPUs)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub cpus: u32,
+
+    /// Memory for the sandbox VM, in binary units such as `8g` or `512MiB`
+    /// [default: half the host's RAM, at most 32 GiB]
+    #[arg(short = 'm', long, value_name = "SIZE")]
+    pub memory: Option<String>,
+
+    /// Disk size for the sandbox VM, in binary units such as `100g`
+    #[arg(long, value_name = "SIZE")]
+    pub disk_size: Option<String>,
+
+    /// Apply a kit before the agent starts (repeatable)
+    #[arg(long = "kit", value_name = "REFERENCE")]
+    pub kits: Vec<String>,
+
+    /// Start from a saved template instead of the agent's default image
+    #[arg(short = 't', long, value_name = "TAG")]
+    pub template: Option<String>,
+}
+
+/// `ppp run`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  ppp run opencode .\n  ppp run --name api -m 8g opencode ~/src/api -- --model sonnet"
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub spec: SandboxSpec,
+
+    /// Arguments passed to the agent, after `--`
+    #[arg(last = true, value_name = "AGENT_ARGS")]
+    pub agent_args: Vec<String>,
+}
+
+/// `ppp create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub spec: SandboxSpec,
+
+    /// Print only the sandbox name
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// `ppp ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Print JSON
+    #[arg(long, conflicts_with = "quiet")]
+    pub json: bool,
+
+    /// Print only sandbox names
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// `ppp stop`.
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// Sandboxes to stop
+    #[arg(value_name = "SANDBOX", required = true)]
+    pub sandboxes: Vec<String>,
+}
+
+/// `ppp rm`.
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Sandboxes to remove
+    #[arg(value_name = "SANDBOX", required_unless_present = "all")]
+    pub sandboxes: Vec<String>,
+
+    /// Remove every sandbox
+    #[arg(long, conflicts_with = "sandboxes")]
+    pub all: bool,
+
+    /// Do not ask for confirmation, and remove even an unresponsive machine
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// `ppp exec`.
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  ppp exec red-fox -- printf '%s\\n' \"a b\"")]
+pub struct ExecArgs {
+    /// Run the command in the background
+    #[arg(short, long)]
+    pub detach: bool,
+
+    /// Set an environment variable, `NAME=VALUE` (repeatable)
+    #[arg(short, long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+
+    /// Read environment variables from a file of `NAME=VALUE` lines
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Vec<PathBuf>,
+
+    /// Keep standard input open
+    #[arg(short, long)]
+    pub interactive: bool,
+
+    /// Give the command extended privileges
+    #[arg(long)]
+    pub privileged: bool,
+
+    /// Allocate a pseudo-terminal
+    #[arg(short, long)]
+    pub tty: bool,
+
+    /// Run as this user, `NAME` or `UID[:GID]`
+    #[arg(short, long)]
+    pub user: Option<String>,
+
+    /// Working directory inside the sandbox
+    #[arg(short, long, value_name = "DIR")]
+    pub workdir: Option<String>,
+
+    /// The sandbox to run in
+    #[arg(value_name = "SANDBOX")]
+    pub sandbox: String,
+
+    /// The command and its arguments, passed through unchanged
+    #[arg(
+        value_name = "COMMAND",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<String>,
+}
+
+/// `ppp cp`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "One side is `SANDBOX:PATH`, for example:\n  ppp cp red-fox:/workspace/out.txt .\n  ppp cp ./data red-fox:/tmp/data"
+)]
+pub struct CpArgs {
+    /// Follow symbolic links in SRC
+    #[arg(short = 'L', long)]
+    pub follow_link: bool,
+
+    /// Source: a host path or `SANDBOX:PATH`
+    #[arg(value_name = "SRC")]
+    pub src: String,
+
+    /// Destination: a host path or `SANDBOX:PATH`
+    #[arg(value_name = "DST")]
+    pub dst: String,
+}
+
+/// `ppp ports`.
+#[derive(Debug, Args)]
+pub struct PortsArgs {
+    /// The sandbox
+    #[arg(value_name = "SANDBOX")]
+    pub sandbox: String,
+
+    /// Publish a port, `[[HOST_IP:]HOST_PORT:]SANDBOX_PORT[/PROTOCOL]`
+    /// (repeatable; protocols tcp, tcp4, tcp6, udp, udp4, udp6; default tcp)
+    #[arg(long, value_name = "SPEC")]
+    pub publish: Vec<String>,
+
+    /// Remove a published port, same syntax as `--publish` (repeatable)
+    #[arg(long, value_name = "SPEC")]
+    pub unpublish: Vec<String>,
+
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ppp setup`.
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Apply every fix without asking (for CI)
+    #[arg(short, long)]
+    pub yes: bool,
+
+    /// Also import API keys found in environment variables
+    #[arg(long)]
+    pub import_secrets: bool,
+}
+
+/// `ppp reset`.
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// Do not ask for confirmation
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Keep stored secrets
+    #[arg(long)]
+    pub preserve_secrets: bool,
+}
+
+/// Output formats of `ppp diagnose`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiagnoseFormat {
+    /// A human-readable report
+    Table,
+    /// One JSON object
+    Json,
+    /// YAML
+    Yaml,
+    /// Markdown ready to paste into a GitHub issue
+    GithubIssue,
+}
+
+/// `ppp diagnose`.
+#[derive(Debug, Args)]
+pub struct DiagnoseArgs {
+    /// Output format
+    #[arg(short, long, value_enum, default_value_t = DiagnoseFormat::Table)]
+    pub output: DiagnoseFormat,
+
+    /// Upload the report and print its address
+    #[arg(long)]
+    pub upload: bool,
+}
+
+/// `ppp version`.
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Shells `ppp completion` writes scripts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+    Powershell,
+}
+
+/// `ppp completion`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  ppp completion bash > ~/.local/share/bash-completion/completions/ppp\n  ppp completion zsh > \"${fpath[1]}/_ppp\"\n  ppp completion fish > ~/.config/fish/completions/ppp.fish"
+)]
+pub struct CompletionArgs {
+    /// The shell
+    #[arg(value_enum)]
+    pub shell: Shell,
+
+    /// Leave out command and flag descriptions
+    #[arg(long)]
+    pub no_descriptions: bool,
+}
+
+/// `ppp daemon …`.
+#[derive(Debug, Subcommand)]
+pub enum DaemonCommand {
+    /// Start the proxy daemon (a no-op when it is already running)
+    Start(DaemonStartArgs),
+    /// Stop the proxy daemon; sandboxes keep their ports
+    Stop,
+    /// Show whether the daemon is alive and which tunnels are active
+    Status(DaemonStatusArgs),
+    /// Show or set log levels
+    LogLevel(LogLevelArgs),
+}
+
+/// `ppp daemon start`.
+#[derive(Debug, Args)]
+pub struct DaemonStartArgs {
+    /// Run in the background
+    #[arg(short, long)]
+    pub detach: bool,
+
+    /// Initialise the global policy with this preset if there is none
+    #[arg(long, value_enum, value_name = "PRESET")]
+    pub policy: Option<Preset>,
+}
+
+/// `ppp daemon status`.
+#[derive(Debug, Args)]
+pub struct DaemonStatusArgs {
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which log a level applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogTarget {
+    /// mitmdump's event log
+    Proxy,
+    /// ppp's own log
+    General,
+    /// Both
+    All,
+}
+
+/// Log levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// `ppp daemon log-level`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct LogLevelArgs {
+    #[command(subcommand)]
+    pub set: Option<LogLevelSet>,
+
+    /// Which log
+    #[arg(value_enum, default_value_t = LogTarget::All)]
+    pub target: LogTarget,
+
+    /// The level to set; without it, print the current levels
+    #[arg(value_enum)]
+    pub level: Option<LogLevel>,
+}
+
+/// `ppp daemon log-level set`.
+#[derive(Debug, Subcommand)]
+pub enum LogLevelSet {
+    /// Persist a log level in config.yaml and apply it
+    Set {
+        /// Which log
+        #[arg(value_enum)]
+        target: LogTarget,
+        /// The level
+        #[arg(value_enum)]
+        level: LogLevel,
+    },
+}
+
+/// `ppp kit …`.
+#[derive(Debug, Subcommand)]
+pub enum KitCommand {
+    /// Apply a kit to a sandbox
+    Add {
+        /// The sandbox
+        #[arg(value_name = "SANDBOX")]
+        sandbox: String,
+        /// A kit directory, .zip file, OCI reference or git URL
+        #[arg(value_name = "REFERENCE")]
+        reference: String,
+    },
+    /// Show a kit's metadata
+    Inspect {
+        /// A kit directory, .zip file, OCI reference or git URL
+        #[arg(value_name = "REFERENCE")]
+        reference: String,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a kit directory and zip it
+    Pack {
+        /// Directory containing kit.yaml
+        #[arg(value_name = "DIRECTORY")]
+        directory: PathBuf,
+        /// Output file [default: <name>-<version>.zip]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Download a kit from an OCI registry
+    Pull {
+        /// OCI reference, e.g. `registry.example.com/kits/tools:0.1.0`
+        #[arg(value_name = "REFERENCE")]
+        reference: String,
+        /// Output file
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Pack a kit directory and push it to an OCI registry
+    Push {
+        /// Directory containing kit.yaml
+        #[arg(value_name = "DIRECTORY")]
+        directory: PathBuf,
+        /// OCI reference to push to
+        #[arg(value_name = "REFERENCE")]
+        reference: String,
+    },
+    /// Check a kit against the schema
+    Validate {
+        /// A kit directory, .zip file, OCI reference or git URL
+        #[arg(value_name = "REFERENCE")]
+        reference: String,
+    },
+}
+
+/// The kind of rule a policy command acts on. Only network rules exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuleKind {
+    Network,
+}
+
+/// Rule types for `policy ls --type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuleTypeFilter {
+    Network,
+}
+
+/// Flow types for `policy log --type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlowTypeFilter {
+    All,
+    Network,
+    Filesystem,
+}
+
+/// Source filter for `policy ls --source`. `org` is accepted for
+/// compatibility and always matches nothing: ppp has no org policy source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourceFilter {
+    Local,
+    Kit,
+    Preset,
+    Org,
+}
+
+impl SourceFilter {
+    /// The rule source this filter selects, if any can match.
+    pub fn source(self) -> Option<Source> {
+        match self {
+            Self::Local => Some(Source::Local),
+            Self::Kit => Some(Source::Kit),
+            Self::Preset => Some(Source::Preset),
+            Self::Org => None,
+        }
+    }
+}
+
+/// `ppp policy …`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Create the global policy from a preset
+    #[command(
+        after_help = "Presets:\n  allow-all  allow everything\n  balanced   deny by default; allow LLM APIs, package registries, code hosts and OS mirrors\n  deny-all   deny everything"
+    )]
+    Init {
+        /// The preset
+        #[arg(value_enum)]
+        preset: Preset,
+        /// Switch from another preset (keeps your own rules)
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Allow connections to hosts, IPs or CIDR ranges
+    #[command(after_help = RESOURCE_HELP)]
+    Allow(PolicyAddArgs),
+    /// Deny connections to hosts, IPs or CIDR ranges
+    #[command(after_help = RESOURCE_HELP)]
+    Deny(PolicyAddArgs),
+    /// Show the decision for a target without changing anything
+    #[command(
+        after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443"
+    )]
+    Check {
+        /// Rule kind
+        #[arg(value_enum)]
+        kind: RuleKind,
+        /// The target to check
+        #[arg(value_name = "TARGET")]
+        target: String,
+        /// Include this sandbox's rules
+        #[arg(long, value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+        /// Also print every rule that matched
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// List rules
+    Ls {
+        /// Show the global rules plus this sandbox's rules
+        #[arg(value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Only rules with this decision
+        #[arg(long, value_enum)]
+        decision: Option<Verdict>,
+        /// Only rules from this source
+        #[arg(long, value_enum)]
+        source: Option<SourceFilter>,
+        /// Only rules of this type
+        #[arg(long = "type", value_enum)]
+        kind: Option<RuleTypeFilter>,
+        /// Also list the rules of every sandbox, not only global ones
+        #[arg(long)]
+        include_inactive: bool,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+        /// Show full ids and timestamps
+        #[arg(long)]
+        wide: bool,
+    },
+    /// Show one rule in full
+    Inspect {
+        /// Rule id, or a unique prefix of it
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show recent proxied connections, newest last
+    Log {
+        /// Only this sandbox's connections
+        #[arg(value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Print JSON lines
+        #[arg(long)]
+        json: bool,
+        /// How many entries to show
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Print only hosts
+        #[arg(short, long)]
+        quiet: bool,
+        /// Which flows to show
+        #[arg(long = "type", value_enum, default_value_t = FlowTypeFilter::All)]
+        kind: FlowTypeFilter,
+    },
+    /// Remove every rule you added, globally and in every sandbox
+    Reset {
+        /// Do not ask for confirmation
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Remove rules by id or by resource
+    Rm {
+        /// Rule kind
+        #[arg(value_enum)]
+        kind: RuleKind,
+        /// Remove from this sandbox's policy instead of the global one
+        #[arg(long, value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// The rule id, or a unique prefix of it
+        #[arg(
+            long,
+            value_name = "ID",
+            required_unless_present = "resource",
+            conflicts_with = "resource"
+        )]
+        id: Option<String>,
+        /// Remove every rule with this resource
+        #[arg(long, value_name = "RESOURCE")]
+        resource: Option<String>,
+    },
+}
+
+const RESOURCE_HELP: &str = "\
+Resources (comma-separated):
+  **                  everything
+  example.com         that host, any port
+  *.example.com       one label below example.com
+  **.example.com      one or more labels below example.com
+  api-?.example.com   ? is one character, * any characters, within a label
+  ^api[0-9]+\\.io$     a regular expression over the whole host name
+  10.0.0.0/8          an IPv4 or IPv6 address or CIDR range
+  example.com:443     any of the above, on one port ([2001:db8::1]:443 for IPv6)";
+
+/// `ppp policy allow|deny`.
+#[derive(Debug, Args)]
+pub struct PolicyAddArgs {
+    /// Rule kind
+    #[arg(value_enum)]
+    pub kind: RuleKind,
+
+    /// Comma-separated resources; one rule is added per resource
+    #[arg(value_name = "RESOURCES")]
+    pub resources: String,
+
+    /// Add to this sandbox's policy (it need not exist yet)
+    #[arg(long, value_name = "SANDBOX")]
+    pub sandbox: Option<String>,
+}
+
+/// `ppp secret …`.
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Store an API key for a service
+    #[command(
+        override_usage = "ppp secret set [OPTIONS] [-g | SANDBOX] SERVICE",
+        after_help = "Services: anthropic, openai, github, google, groq, mistral, nebius, openrouter, xai.\nAny other name needs --host. Without -g or SANDBOX the secret is global.\n\nExamples:\n  ppp secret set -g anthropic\n  echo \"$KEY\" | ppp secret set my-sandbox openai --password-stdin\n  ppp secret set usai --host api.gsa.usai.gov"
+    )]
+    Set(SecretSetArgs),
+    /// Store a value the proxy substitutes for a placeholder (experimental)
+    #[command(
+        override_usage = "ppp secret set-custom [OPTIONS] --placeholder <P> --host <HOST> [-g | SANDBOX]"
+    )]
+    SetCustom(SecretSetCustomArgs),
+    /// Import API keys from environment variables
+    #[command(
+        after_help = "Reads ANTHROPIC_API_KEY, OPENAI_API_KEY, GH_TOKEN or GITHUB_TOKEN, GEMINI_API_KEY or\nGOOGLE_API_KEY, GROQ_API_KEY, MISTRAL_API_KEY, NEBIUS_API_KEY, OPENROUTER_API_KEY, XAI_API_KEY"
+    )]
+    Import {
+        /// Import only this service
+        #[arg(value_name = "SERVICE", conflicts_with = "all")]
+        service: Option<String>,
+        /// Import every service found
+        #[arg(long)]
+        all: bool,
+        /// Show what would be imported, without storing anything
+        #[arg(long)]
+        dry_run: bool,
+        /// Overwrite secrets that already exist
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// List stored secrets (values are never shown)
+    Ls {
+        /// Only this sandbox's secrets
+        #[arg(value_name = "SANDBOX", conflicts_with = "global")]
+        sandbox: Option<String>,
+        /// Only global secrets
+        #[arg(short, long)]
+        global: bool,
+        /// Only this service
+        #[arg(long, value_name = "SERVICE")]
+        service: Option<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a secret
+    #[command(override_usage = "ppp secret rm [OPTIONS] [-g | SANDBOX] SERVICE")]
+    Rm(SecretRmArgs),
+}
+
+/// `ppp secret set`.
+#[derive(Debug, Args)]
+pub struct SecretSetArgs {
+    /// `[SANDBOX] SERVICE`
+    #[arg(value_name = "NAMES", num_args = 1..=2, required = true, hide = true)]
+    pub names: Vec<String>,
+
+    /// Store globally, for every sandbox
+    #[arg(short, long)]
+    pub global: bool,
+
+    /// API host the key is sent to (repeatable; required for services ppp does not know)
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+
+    /// Read the value from standard input
+    #[arg(long, conflicts_with = "token")]
+    pub password_stdin: bool,
+
+    /// The value (visible to other local users in the process list; prefer the prompt or --password-stdin)
+    #[arg(short, long, value_name = "TOKEN")]
+    pub token: Option<String>,
+
+    /// Mark as a container registry credential
+    #[arg(long)]
+    pub registry: bool,
+
+    /// Sign in with OAuth instead of pasting a key
+    #[arg(long)]
+    pub oauth: bool,
+}
+
+/// `ppp secret set-custom`.
+#[derive(Debug, Args)]
+pub struct SecretSetCustomArgs {
+    /// The sandbox to scope the secret to
+    #[arg(value_name = "SANDBOX", conflicts_with = "global")]
+    pub sandbox: Option<String>,
+
+    /// Store globally, for every sandbox
+    #[arg(short, long)]
+    pub global: bool,
+
+    /// The placeholder the agent sends; the proxy replaces it in request headers
+    #[arg(long, value_name = "P", required = true)]
+    pub placeholder: String,
+
+    /// Host whose requests get the substitution (repeatable)
+    #[arg(long = "host", value_name = "HOST", required = true)]
+    pub hosts: Vec<String>,
+
+    /// The real value
+    #[arg(long, value_name = "VALUE", conflicts_with = "token")]
+    pub value: Option<String>,
+
+    /// The real value (alias of --value)
+    #[arg(short, long, value_name = "TOKEN")]
+    pub token: Option<String>,
+
+    /// Also export the placeholder in the sandbox as this environment variable
+    #[arg(long, value_name = "NAME")]
+    pub env: Option<String>,
+}
+
+/// `ppp secret rm`.
+#[derive(Debug, Args)]
+pub struct SecretRmArgs {
+    /// `[SANDBOX] SERVICE`
+    #[arg(value_name = "NAMES", num_args = 1..=2, required = true, hide = true)]
+    pub names: Vec<String>,
+
+    /// Remove the global secret
+    #[arg(short, long)]
+    pub global: bool,
+
+    /// Do not ask for confirmation
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Remove a container registry credential
+    #[arg(long)]
+    pub registry: bool,
+}
+
+/// `ppp template …`.
+#[derive(Debug, Subcommand)]
+pub enum TemplateCommand {
+    /// Save a sandbox's disk as a template
+    Save {
+        /// The sandbox
+        #[arg(value_name = "SANDBOX")]
+        sandbox: String,
+        /// The template's tag
+        #[arg(value_name = "TAG")]
+        tag: String,
+        /// Also export it to this file
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Import a template from a file
+    Load {
+        /// A file written by `ppp template save -o`
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// List templates
+    Ls {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a template
+    Rm {
+        /// Tag or id
+        #[arg(value_name = "TAG|ID")]
+        tag: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_passes_guest_flags_through() {
+        let cli =
+            Cli::try_parse_from(["ppp", "exec", "red-fox", "--", "ls", "-la", "--color"]).unwrap();
+        let Command::Exec(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.command, ["ls", "-la", "--color"]);
+        let cli =
+            Cli::try_parse_from(["ppp", "exec", "-e", "A=1", "red-fox", "printf", "-x"]).unwrap();
+        let Command::Exec(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.env, ["A=1"]);
+        assert_eq!(a.command, ["printf", "-x"]);
+    }
+
+    #[test]
+    fn run_takes_agent_args_after_dashes() {
+        let cli = Cli::try_parse_from([
+            "ppp", "run", "-m", "8g", "opencode", ".", "--", "--model", "x",
+        ])
+        .unwrap();
+        let Command::Run(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.spec.agent, "opencode");
+        assert_eq!(a.spec.memory.as_deref(), Some("8g"));
+        assert_eq!(a.agent_args, ["--model", "x"]);
+    }
+
+    #[test]
+    fn log_level_forms() {
+        for argv in [
+            &["ppp", "daemon", "log-level"][..],
+            &["ppp", "daemon", "log-level", "proxy", "debug"],
+            &["ppp", "daemon", "log-level", "set", "general", "warn"],
+        ] {
+            Cli::try_parse_from(argv).unwrap();
+        }
+        assert!(Cli::try_parse_from(["ppp", "daemon", "log-level", "set", "general"]).is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! The one place ppp spawns processes. Other modules build an
+//! [`Invocation`] (pure data, snapshot-testable) and hand it here.
+//!
+//! Failures become a typed [`ExecError`] carrying the child's stderr, so a
+//! caller can tell "not installed" from "ran and failed".
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A command to run, as data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    /// Give up and kill the child after this long.
+    pub timeout: Option<Duration>,
+}
+
+impl Invocation {
+    /// An invocation of `program` with no arguments.
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            timeout: None,
+        }
+    }
+
+    /// Append one argument.
+    #[must_use]
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    /// Append arguments.
+    #[must_use]
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Set an environment variable for the child.
+    #[must_use]
+    pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Kill the child if it runs longer than `t`.
+    #[must_use]
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.program);
+        c.args(&self.args);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+}
+
+impl fmt::Display for Invocation {
+    /// The command line as a user would type it, for error messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self
+            .program
+            .file_name()
+            .map_or_else(|| self.program.as_os_str().to_owned(), ToOwned::to_owned);
+        write!(f, "{}", name.to_string_lossy())?;
+        for a in &self.args {
+            write!(f, " {}", a.to_string_lossy())?;
+        }
+        Ok(())
+    }
+}
+
+/// What a finished child left behind.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Why a child did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("`{program}` was not found", program = program.display())]
+    NotFound { program: PathBuf },
+    #[error("could not run `{command}`: {source}")]
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("`{command}` exited with {status}{}", stderr_suffix(stderr))]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("`{command}` did not finish within {secs} s", secs = timeout.as_secs())]
+    TimedOut { command: String, timeout: Duration },
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", last.trim())
+    }
+}
+
+/// Run `inv` to completion, capturing stdout and stderr. Non-zero exit is an
+/// error.
+pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
+    let command = inv.to_string();
+    let mut child = inv
+        .command()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => ExecError::NotFound {
+                program: inv.program.clone(),
+            },
+            _ => ExecError::Spawn {
+                command: command.clone(),
+                source,
+            },
+        })?;
+    // Drain both pipes on threads so a chatty child cannot block on a full
+    // pipe while we wait on it.
+    let mut out_pipe = child.stdout.take().expect("piped");
+    let mut err_pipe = child.stderr.take().expect("piped");
+    let out_t = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = out_pipe.read_to_end(&mut b);
+        b
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = err_pipe.read_to_end(&mut b);
+        b
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => {}
+            Err(source) => return Err(ExecError::Spawn { command, source }),
+        }
+        if let Some(t) = inv.timeout
+            && start.elapsed() > t
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ExecError::TimedOut {
+                command,
+                timeout: t,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = String::from_utf8_lossy(&out_t.join().unwrap_or_default()).into_owned();
+    let stderr = String::from_utf8_lossy(&err_t.join().unwrap_or_default()).into_owned();
+    if status.success() {
+        Ok(Output { stdout, stderr })
+    } else {
+        let status = status
+            .code()
+            .map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
+        Err(ExecError::Failed {
+            command,
+            status,
+            stderr,
+        })
+    }
+}
+
+/// Find `name` on `PATH`, like a shell would.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+/// The program to use for a tool: the override variable if set, else `PATH`.
+pub fn resolve_program(override_var: &str, name: &str) -> Option<PathBuf> {
+    match std::env::var_os(override_var).filter(|v| !v.is_empty()) {
+        Some(p) => Some(PathBuf::from(p)),
+        None => find_on_path(name),
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_output_and_failure() {
+        let ok = run(&Invocation::new("/bin/sh").args(["-c", "echo out; echo err >&2"])).unwrap();
+        assert_eq!(ok.stdout, "out\n");
+        assert_eq!(ok.stderr, "err\n");
+        let err =
+            run(&Invocation::new("/bin/sh").args(["-c", "echo boom >&2; exit 3"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`sh -c echo boom >&2; exit 3` exited with status 3: boom"
+        );
+        let err = run(&Invocation::new("/nonexistent/podman")).unwrap_err();
+        assert!(matches!(err, ExecError::NotFound { .. }), "{err}");
+    }
+
+    #[test]
+    fn times_out() {
+        let err = run(&Invocation::new("/bin/sleep")
+            .arg("5")
+            .timeout(Duration::from_millis(100)))
+        .unwrap_err();
+        assert!(matches!(err, ExecError::TimedOut { .. }), "{err}");
+    }
+}

@@ -1,0 +1,83 @@
+//! Everything ppp prints on stdout goes through here, so a closed pipe
+//! (`ppp ls | head -1`) ends ppp quietly instead of panicking, and tables
+//! are aligned the same way everywhere.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use anyhow::Result;
+
+/// Write `text` to stdout as is.
+pub fn print(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Write `line` and a newline to stdout.
+pub fn println(line: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(line.as_bytes())?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Pretty-print `value` as JSON on stdout.
+pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
+    println(&serde_json::to_string_pretty(value)?)
+}
+
+/// True when `err` is (caused by) a closed stdout.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Render rows as left-aligned columns separated by two spaces. The last
+/// column is not padded, so lines carry no trailing spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let cols = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(cols) {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (i, c) in cells.enumerate() {
+            if i + 1 < cols {
+                let _ = write!(s, "{c:<w$}  ", w = widths[i]);
+            } else {
+                s.push_str(c);
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn table_aligns() {
+        let t = super::table(
+            &["NAME", "STATUS"],
+            &[
+                vec!["a".into(), "running".into()],
+                vec!["long-name".into(), "-".into()],
+            ],
+        );
+        assert_eq!(t, "NAME       STATUS\na          running\nlong-name  -\n");
+    }
+}

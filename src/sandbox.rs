@@ -1,0 +1,346 @@
+//! Sandbox state on disk: one `sandbox.json` per sandbox and the WireGuard
+//! port registry that maps pool ports to sandboxes.
+//!
+//! Reading is lock-free (every file is replaced atomically, so a reader sees
+//! the old or the new version, never a mix). Every mutation takes
+//! `state.lock`; the `*_locked` functions expect the caller to hold it.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::state;
+
+/// First port of the WireGuard pool.
+pub const POOL_START: u16 = 51820;
+/// Last port of the WireGuard pool (inclusive): 80 sandboxes.
+pub const POOL_END: u16 = 51899;
+/// Every machine ppp creates starts with this, so ppp never touches one it
+/// did not create.
+pub const MACHINE_PREFIX: &str = "ppp-";
+/// Longest sandbox name. Machine names, socket paths and interface names are
+/// derived from it; 48 keeps all of them well inside their limits.
+pub const MAX_NAME_LEN: usize = 48;
+/// Names that would collide with key prefixes in the secret store.
+pub const RESERVED_NAMES: &[&str] = &["custom", "global"];
+
+/// Lifecycle states recorded in `sandbox.json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Creating,
+    Created,
+    Running,
+    Stopped,
+    Failed,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Creating => "creating",
+            Self::Created => "created",
+            Self::Running => "running",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
+        })
+    }
+}
+
+/// A port published from the sandbox to the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ip: Option<String>,
+    pub host_port: u16,
+    pub sandbox_port: u16,
+    pub protocol: String,
+}
+
+impl std::fmt::Display for Published {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(ip) = &self.host_ip {
+            write!(f, "{ip}:")?;
+        }
+        write!(
+            f,
+            "{}->{}/{}",
+            self.host_port, self.sandbox_port, self.protocol
+        )
+    }
+}
+
+/// `$PPP_DATA/sandboxes/<name>/sandbox.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub name: String,
+    pub agent: String,
+    /// Host directories mounted into the sandbox; the first is the workdir.
+    pub workspace: Vec<String>,
+    pub status: Status,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    pub cpus: u32,
+    /// MiB, as podman takes it.
+    pub memory: u64,
+    /// The WireGuard pool port; identifies the sandbox at the proxy.
+    pub port: u16,
+    pub inner_ip: Ipv4Addr,
+    #[serde(default)]
+    pub kit_refs: Vec<String>,
+    #[serde(default)]
+    pub template_tag: Option<String>,
+    pub machine_name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published: Vec<Published>,
+}
+
+/// Check a sandbox name: lowercase letters, digits and `-`, starting with a
+/// letter or digit. Names become machine names, keychain keys and paths.
+pub fn validate_name(name: &str) -> Result<()> {
+    let bad = |why: &str| -> anyhow::Error {
+        fail(format!("invalid sandbox name `{name}`: {why}"))
+            .hint("use lowercase letters, digits and `-`, e.g. `my-project`")
+            .code(2)
+            .into()
+    };
+    if name.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(bad(&format!("it is longer than {MAX_NAME_LEN} characters")));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(bad("it may contain only lowercase letters, digits and `-`"));
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Err(bad("it must start and end with a letter or digit"));
+    }
+    if RESERVED_NAMES.contains(&name) {
+        return Err(bad("that name is reserved"));
+    }
+    Ok(())
+}
+
+/// The Podman Machine name of a sandbox. Always prefixed, so the mapping is
+/// one-to-one and never lands on a machine ppp did not create.
+pub fn machine_name(name: &str) -> String {
+    format!("{MACHINE_PREFIX}{name}")
+}
+
+/// The inner tunnel address for a pool port: 10.0.0.N with N = port − 51819.
+pub fn inner_ip(port: u16) -> Ipv4Addr {
+    debug_assert!((POOL_START..=POOL_END).contains(&port));
+    let n = u8::try_from(port - (POOL_START - 1)).expect("pool has 80 ports");
+    Ipv4Addr::new(10, 0, 0, n)
+}
+
+/// Load one sandbox record; `None` if the sandbox does not exist.
+pub fn load(dirs: &Dirs, name: &str) -> Result<Option<Record>> {
+    let path = dirs.sandbox_record(name);
+    load_path(&path)
+}
+
+fn load_path(path: &Path) -> Result<Option<Record>> {
+    match state::read_optional(path)? {
+        None => Ok(None),
+        Some(text) => Ok(Some(state::parse_json(path, &text)?)),
+    }
+}
+
+/// Every sandbox record, sorted by name. A malformed record is an error that
+/// names the file and line; nothing is rewritten.
+pub fn load_all(dirs: &Dirs) -> Result<Vec<Record>> {
+    let root = dirs.sandboxes();
+    let entries = match std::fs::read_dir(&root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("could not read `{}`", root.display())),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not read `{}`", root.display()))?;
+        // A directory without sandbox.json holds only a prepared policy
+        // (`policy allow --sandbox` before `create`); it is not a sandbox yet.
+        if let Some(rec) = load_path(&entry.path().join("sandbox.json"))? {
+            out.push(rec);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Write a record atomically. The caller holds `state.lock`.
+pub fn save_locked(dirs: &Dirs, rec: &Record) -> Result<()> {
+    state::write_json(&dirs.sandbox_record(&rec.name), rec)
+}
+
+/// `$PPP_DATA/port-registry.json`: which sandbox holds which pool port.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRegistry {
+    /// Port → sandbox name. A `BTreeMap` keeps the file stable and sorted.
+    pub ports: BTreeMap<u16, String>,
+}
+
+impl PortRegistry {
+    /// Load the registry; an absent file is an empty registry.
+    pub fn load(dirs: &Dirs) -> Result<Self> {
+        let path = dirs.port_registry();
+        match state::read_optional(&path)? {
+            None => Ok(Self::default()),
+            Some(text) => Ok(state::parse_json(&path, &text)?),
+        }
+    }
+
+    /// Write the registry atomically. The caller holds `state.lock`.
+    pub fn save_locked(&self, dirs: &Dirs) -> Result<()> {
+        state::write_json(&dirs.port_registry(), self)
+    }
+
+    /// The port held by `name`, if any.
+    pub fn port_of(&self, name: &str) -> Option<u16> {
+        self.ports.iter().find(|(_, n)| *n == name).map(|(p, _)| *p)
+    }
+
+    /// Give `name` a port: its existing one, else the lowest free port, so a
+    /// freed port is reused first.
+    pub fn allocate(&mut self, name: &str) -> Result<u16> {
+        if let Some(p) = self.port_of(name) {
+            return Ok(p);
+        }
+        let port = (POOL_START..=POOL_END)
+            .find(|p| !self.ports.contains_key(p))
+            .ok_or_else(|| {
+                fail(format!(
+                    "all {} WireGuard ports ({POOL_START}-{POOL_END}) are in use",
+                    POOL_END - POOL_START + 1
+                ))
+                .hint("remove sandboxes you no longer need with `ppp rm`")
+            })?;
+        self.ports.insert(port, name.to_owned());
+        Ok(port)
+    }
+
+    /// Release `name`'s port. Returns the port it held.
+    pub fn free(&mut self, name: &str) -> Option<u16> {
+        let port = self.port_of(name)?;
+        self.ports.remove(&port);
+        Some(port)
+    }
+}
+
+/// Take `state.lock`, run `f` on the registry, and save it if `f` succeeded.
+pub fn with_registry<T>(dirs: &Dirs, f: impl FnOnce(&mut PortRegistry) -> Result<T>) -> Result<T> {
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut reg = PortRegistry::load(dirs)?;
+    let out = f(&mut reg)?;
+    reg.save_locked(dirs)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(tmp: &Path) -> Dirs {
+        Dirs {
+            config: tmp.join("c"),
+            data: tmp.join("d"),
+            cache: tmp.join("k"),
+        }
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["a", "red-fox", "x1", &"a".repeat(MAX_NAME_LEN)] {
+            validate_name(ok).unwrap();
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a.b",
+            "custom",
+            "a b",
+            &"a".repeat(MAX_NAME_LEN + 1),
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(machine_name("red-fox"), "ppp-red-fox");
+        assert_eq!(machine_name("ppp-x"), "ppp-ppp-x");
+    }
+
+    #[test]
+    fn inner_ips_follow_ports() {
+        assert_eq!(inner_ip(51820), Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(inner_ip(51899), Ipv4Addr::new(10, 0, 0, 80));
+    }
+
+    #[test]
+    fn allocation_reuses_freed_ports_and_exhausts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = dirs(tmp.path());
+        assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820);
+        assert_eq!(with_registry(&d, |r| r.allocate("b")).unwrap(), 51821);
+        assert_eq!(
+            with_registry(&d, |r| r.allocate("a")).unwrap(),
+            51820,
+            "idempotent"
+        );
+        assert_eq!(with_registry(&d, |r| Ok(r.free("a"))).unwrap(), Some(51820));
+        assert_eq!(
+            with_registry(&d, |r| r.allocate("c")).unwrap(),
+            51820,
+            "freed port reused"
+        );
+        let mut reg = PortRegistry::load(&d).unwrap();
+        for i in 0..78 {
+            reg.allocate(&format!("s{i}")).unwrap();
+        }
+        let err = reg.allocate("overflow").unwrap_err();
+        assert!(err.to_string().contains("all 80 WireGuard ports"), "{err}");
+    }
+
+    #[test]
+    fn parallel_allocations_are_distinct() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = dirs(tmp.path());
+        let handles: Vec<_> = (0..16)
+            .map(|i| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    with_registry(&d, |r| r.allocate(&format!("s{i}"))).unwrap()
+                })
+            })
+            .collect();
+        let mut ports: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 16);
+        assert_eq!(PortRegistry::load(&d).unwrap().ports.len(), 16);
+    }
+
+    #[test]
+    fn malformed_record_names_file_and_line_and_is_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = dirs(tmp.path());
+        let p = d.sandbox_record("x");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let text = "{\n  \"name\": \"x\",\n  \"agent\": 7\n}\n";
+        std::fs::write(&p, text).unwrap();
+        let err = format!("{:#}", load_all(&d).unwrap_err());
+        assert!(err.contains("sandbox.json` line 3"), "{err}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), text);
+    }
+}

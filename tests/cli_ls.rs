@@ -1,0 +1,155 @@
+//! `ppp ls`: records on disk merged with a fake `podman machine list`.
+
+mod common;
+
+use common::{World, ok, output};
+
+fn write_record(w: &World, name: &str, port: u16, status: &str) {
+    let dir = w.data().join("sandboxes").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rec = serde_json::json!({
+        "name": name,
+        "agent": "opencode",
+        "workspace": [format!("/src/{name}")],
+        "status": status,
+        "created_at": "2026-11-29T10:00:00Z",
+        "cpus": 2,
+        "memory": 4096,
+        "port": port,
+        "inner_ip": format!("10.0.0.{}", port - 51819),
+        "kit_refs": [],
+        "template_tag": null,
+        "machine_name": format!("ppp-{name}"),
+    });
+    std::fs::write(
+        dir.join("sandbox.json"),
+        serde_json::to_string_pretty(&rec).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn lists_records_without_podman() {
+    let w = World::new();
+    write_record(&w, "red-fox", 51820, "running");
+    write_record(&w, "blue-owl", 51821, "stopped");
+    // A directory holding only a prepared policy is not a sandbox.
+    std::fs::create_dir_all(w.data().join("sandboxes/later")).unwrap();
+    std::fs::write(w.data().join("sandboxes/later/policy.yaml"), "rules: []\n").unwrap();
+
+    let out = ok(&mut w.ppp(["ls"]));
+    assert_eq!(
+        out,
+        "NAME      AGENT     STATUS   PORTS  WORKSPACE\n\
+         blue-owl  opencode  stopped  -      /src/blue-owl\n\
+         red-fox   opencode  running  -      /src/red-fox\n"
+    );
+    assert_eq!(ok(&mut w.ppp(["ls", "-q"])), "blue-owl\nred-fox\n");
+    let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();
+    assert_eq!(v[1]["name"], "red-fox");
+    assert_eq!(v[1]["port"], 51820);
+    assert_eq!(v[1]["inner_ip"], "10.0.0.1");
+    assert_eq!(v[1]["state"], "running");
+    assert!(v[1]["machine"].is_null());
+}
+
+#[test]
+fn merges_podman_machine_state() {
+    let w = World::new();
+    write_record(&w, "red-fox", 51820, "running");
+    write_record(&w, "blue-owl", 51821, "running");
+    write_record(&w, "gone", 51822, "stopped");
+    let log = w.path().join("podman.argv");
+    w.fake(
+        "podman",
+        &format!(
+            r#"echo "$@" >> {log}
+if [ "$1 $2" = "machine list" ]; then
+cat <<'JSON'
+[{{"Name":"podman-machine-default*","Running":true,"VMType":"qemu"}},
+ {{"Name":"ppp-red-fox","Running":false,"Starting":false,"VMType":"qemu"}},
+ {{"Name":"ppp-blue-owl","Running":true,"VMType":"qemu"}}]
+JSON
+fi"#,
+            log = log.display()
+        ),
+    );
+    let out = ok(&mut w.ppp(["ls"]));
+    assert_eq!(
+        out,
+        "NAME      AGENT     STATUS   PORTS  WORKSPACE\n\
+         blue-owl  opencode  running  -      /src/blue-owl\n\
+         gone      opencode  missing  -      /src/gone\n\
+         red-fox   opencode  stopped  -      /src/red-fox\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "machine list --format json\n"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();
+    assert_eq!(v[2]["machine"]["Name"], "ppp-red-fox");
+    assert_eq!(
+        v[2]["status"], "running",
+        "the record is reported as recorded"
+    );
+    assert_eq!(v[2]["state"], "stopped", "the live state wins");
+}
+
+#[test]
+fn podman_failure_falls_back_to_records() {
+    let w = World::new();
+    write_record(&w, "red-fox", 51820, "running");
+    w.fake("podman", "echo 'cannot connect' >&2; exit 125");
+    let (code, out, err) = output(&mut w.ppp(["ls"]));
+    assert_eq!(code, 0);
+    assert!(out.contains("red-fox  opencode  running"), "{out}");
+    assert!(
+        err.contains(
+            "warning: `podman machine list --format json` exited with status 125: cannot connect"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_record_is_an_error_naming_file_and_line() {
+    let w = World::new();
+    let dir = w.data().join("sandboxes/bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "{\n  \"name\": \"bad\",\n  \"agent\": \"opencode\",\n  oops\n}\n";
+    std::fs::write(dir.join("sandbox.json"), text).unwrap();
+    let (code, out, err) = output(&mut w.ppp(["ls"]));
+    assert_eq!(code, 1);
+    assert_eq!(out, "");
+    let shown = w.redact(&err);
+    assert!(
+        shown.starts_with(
+            "error: `[ROOT]/data/sandboxes/bad/sandbox.json` line 4, column 3: key must be a string"
+        ),
+        "{shown}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("sandbox.json")).unwrap(),
+        text,
+        "file untouched"
+    );
+}
+
+#[test]
+fn closed_pipe_is_not_an_error() {
+    let w = World::new();
+    for i in 0..80u16 {
+        write_record(&w, &format!("s{i:02}"), 51820 + i, "stopped");
+    }
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{:?} ls | head -1", env!("CARGO_BIN_EXE_ppp")))
+        .env("PPP_DATA", w.data())
+        .env("PPP_CONFIG", w.config())
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("NAME"));
+}
