@@ -29,6 +29,22 @@ pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
     println(&serde_json::to_string_pretty(value)?)
 }
 
+/// Ask a yes/no question on the terminal. Without a terminal there is no
+/// one to ask, so it is an error telling the user to pass `-f`.
+pub fn confirm(question: &str) -> Result<bool> {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        return Err(crate::error::fail("refusing to continue without confirmation")
+            .hint("pass -f to confirm")
+            .code(2)
+            .into());
+    }
+    eprint!("{question} [y/N] ");
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
 /// True when `err` is (caused by) a closed stdout.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|c| {

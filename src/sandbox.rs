@@ -28,7 +28,7 @@ pub const MACHINE_PREFIX: &str = "ppp-";
 /// derived from it; 48 keeps all of them well inside their limits.
 pub const MAX_NAME_LEN: usize = 48;
 /// Names that would collide with key prefixes in the secret store.
-pub const RESERVED_NAMES: &[&str] = &["custom", "global"];
+pub const RESERVED_NAMES: &[&str] = &["custom", "global", "registry"];
 
 /// Lifecycle states recorded in `sandbox.json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,13 +1,573 @@
-//! `ppp policy …` (wired up when the engine lands).
+//! `ppp policy …`: edit and query network policy. Matching itself lives in
+//! [`crate::policy`]; this module only loads files, calls the engine and
+//! prints. Every mutation holds `state.lock` and ends with a reload request
+//! to a running daemon.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use serde::Serialize;
 
 use super::Ctx;
-use crate::error::Failure;
+use crate::cli::{FlowTypeFilter, PolicyAddArgs, PolicyCommand, RuleTypeFilter, SourceFilter};
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::policy::{
+    self, Engine, GlobalFile, Preset, Resource, Rule, SandboxFile, Scope, Source, Target, Verdict, flowlog,
+};
+use crate::{output, proxy, sandbox, state};
 
 /// Run `ppp policy …`.
-pub fn run(_cmd: &crate::cli::PolicyCommand, _ctx: &Ctx) -> Result<ExitCode> {
-    Err(Failure::not_available("policy").into())
+pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    match cmd {
+        PolicyCommand::Init { preset, force } => init(dirs, *preset, *force),
+        PolicyCommand::Allow(a) => add(dirs, Verdict::Allow, a),
+        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a),
+        PolicyCommand::Check { target, sandbox, json, verbose, .. } => {
+            check(dirs, target, sandbox.as_deref(), *json, *verbose)
+        }
+        PolicyCommand::Ls { sandbox, decision, source, kind, include_inactive, json, wide } => {
+            let filter = Filter { decision: *decision, source: *source, kind: *kind };
+            ls(dirs, sandbox.as_deref(), &filter, *include_inactive, *json, *wide)
+        }
+        PolicyCommand::Inspect { id, json } => inspect(dirs, id, *json),
+        PolicyCommand::Log { sandbox, json, limit, quiet, kind } => {
+            log(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind)
+        }
+        PolicyCommand::Reset { force } => reset(dirs, *force),
+        PolicyCommand::Rm { sandbox, id, resource, .. } => rm(dirs, sandbox.as_deref(), id.as_deref(), resource.as_deref()),
+    }
+}
+
+/// The hint shown wherever the absence of a global policy matters.
+const NO_POLICY_HINT: &str = "no global policy exists, so everything is denied; choose a preset with \
+                              `ppp policy init balanced` (or `allow-all`, `deny-all`)";
+
+/// Verdict used when `policies.yaml` does not exist: fail closed.
+const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
+
+fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
+    let path = dirs.global_policy();
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let current = policy::load_global(&path)?;
+    let next = match current {
+        Some(f) if f.preset == Some(preset) && f.default == preset.default_verdict() => {
+            output::println(&format!("the global policy already uses preset `{preset}`; nothing changed"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(f) if !force => {
+            let what = f.preset.map_or_else(|| "hand-made rules".to_owned(), |p| format!("preset `{p}`"));
+            return Err(fail(format!("the global policy already uses {what}"))
+                .hint(format!("pass -f to switch to `{preset}`; your own and kit rules are kept"))
+                .into());
+        }
+        Some(mut f) => {
+            f.rules.retain(|r| r.source != Source::Preset);
+            let mut rules = preset.rules();
+            rules.append(&mut f.rules);
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
+        }
+        None => GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules: preset.rules() },
+    };
+    policy::save_global(&path, &next)?;
+    drop(_lock);
+    proxy::reload_or_warn(dirs);
+    let presets = next.rules.iter().filter(|r| r.source == Source::Preset).count();
+    output::println(&format!(
+        "global policy set to preset `{preset}`: default {}, {presets} preset rule{}",
+        next.default,
+        if presets == 1 { "" } else { "s" }
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Parse every comma-separated resource before touching anything, so one
+/// bad item adds nothing.
+fn parse_resources(list: &str) -> Result<Vec<Resource>> {
+    let mut out = Vec::new();
+    for (i, item) in list.split(',').enumerate() {
+        let r = Resource::parse(item).map_err(|e| {
+            let msg = if list.contains(',') {
+                format!("resource {} of `{list}`: {}", i + 1, e.message())
+            } else {
+                e.message().to_owned()
+            };
+            let f = fail(msg).code(2);
+            anyhow::Error::from(match e.hint() {
+                Some(h) => f.hint(h),
+                None => f,
+            })
+        })?;
+        out.push(r);
+    }
+    Ok(out)
+}
+
+fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode> {
+    let resources = parse_resources(&args.resources)?;
+    if let Some(s) = &args.sandbox {
+        sandbox::validate_name(s)?;
+    }
+    let lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut created_file = false;
+    let mut ids = Vec::new();
+    let mut apply = |rules: &mut Vec<Rule>| {
+        for resource in resources {
+            // Adding the same rule twice is a no-op that reports the
+            // existing id, so scripts can re-run safely.
+            if let Some(existing) =
+                rules.iter().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
+            {
+                ids.push(existing.id);
+                continue;
+            }
+            let rule = Rule::new(decision, resource, Source::Local);
+            ids.push(rule.id);
+            rules.push(rule);
+        }
+    };
+    match &args.sandbox {
+        Some(name) => {
+            let path = dirs.sandbox_policy(name);
+            let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
+            apply(&mut file.rules);
+            policy::save_sandbox(&path, &file)?;
+        }
+        None => {
+            let path = dirs.global_policy();
+            let mut file = match policy::load_global(&path)? {
+                Some(f) => f,
+                None => {
+                    created_file = true;
+                    GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }
+                }
+            };
+            apply(&mut file.rules);
+            policy::save_global(&path, &file)?;
+        }
+    }
+    drop(lock);
+    proxy::reload_or_warn(dirs);
+    if created_file {
+        eprintln!("note: created the global policy with default `deny`; `ppp policy init` chooses a preset");
+    }
+    let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The global file, or the fail-closed stand-in when there is none.
+fn global_or_default(dirs: &Dirs) -> Result<(GlobalFile, bool)> {
+    Ok(match policy::load_global(&dirs.global_policy())? {
+        Some(f) => (f, true),
+        None => (GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }, false),
+    })
+}
+
+fn sandbox_rules(dirs: &Dirs, name: &str) -> Result<Vec<Rule>> {
+    Ok(policy::load_sandbox(&dirs.sandbox_policy(name))?.map(|f| f.rules).unwrap_or_default())
+}
+
+/// `policy check --json` output; the field set is a public contract.
+#[derive(Debug, Serialize)]
+struct CheckJson<'a> {
+    target: &'a str,
+    host: Option<&'a str>,
+    ip: Option<String>,
+    port: u16,
+    sandbox: Option<&'a str>,
+    decision: Verdict,
+    matched_rule: Option<MatchedJson>,
+    default_used: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct MatchedJson {
+    id: String,
+    decision: Verdict,
+    resource: String,
+    scope: Scope,
+    source: Source,
+}
+
+fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<ExitCode> {
+    let t = Target::parse(target).map_err(|e| {
+        let f = fail(format!("invalid target: {}", e.message())).code(2);
+        anyhow::Error::from(match e.hint() {
+            Some(h) => f.hint(h),
+            None => f,
+        })
+    })?;
+    if let Some(s) = sandbox_name {
+        sandbox::validate_name(s)?;
+    }
+    let (global, exists) = global_or_default(dirs)?;
+    let local = match sandbox_name {
+        Some(s) => sandbox_rules(dirs, s)?,
+        None => Vec::new(),
+    };
+    let sandboxes = sandbox_name.map(|s| vec![(s.to_owned(), local.clone())]).unwrap_or_default();
+    let engine = Engine::build(global.default, global.rules.clone(), sandboxes)?;
+    let d = engine.decide(sandbox_name, t.host.as_deref(), t.ip, t.port);
+    if json {
+        let out = CheckJson {
+            target,
+            host: t.host.as_deref(),
+            ip: t.ip.map(|ip| ip.to_string()),
+            port: t.port,
+            sandbox: sandbox_name,
+            decision: d.verdict,
+            matched_rule: d.matched_rule.as_ref().map(|m| MatchedJson {
+                id: m.rule.id.to_string(),
+                decision: m.rule.decision,
+                resource: m.rule.resource.to_string(),
+                scope: m.scope,
+                source: m.rule.source,
+            }),
+            default_used: d.default_used,
+        };
+        output::println(&serde_json::to_string(&out)?)?;
+    } else {
+        let shown = t.ip.map_or_else(|| t.host.clone().unwrap_or_default(), |ip| ip.to_string());
+        let why = match &d.matched_rule {
+            Some(m) => format!("rule {} `{}` ({}, {})", m.rule.id, m.rule.resource, m.scope, m.rule.source),
+            None if exists => format!("the global default `{}`", d.verdict),
+            None => "no policy exists".to_owned(),
+        };
+        output::println(&format!("{}  {shown}:{}  by {why}", d.verdict, t.port))?;
+        if verbose {
+            let all: Vec<(Scope, &Rule)> = global
+                .rules
+                .iter()
+                .map(|r| (Scope::Global, r))
+                .chain(local.iter().map(|r| (Scope::Sandbox, r)))
+                .collect();
+            for (scope, rule) in all {
+                // One tiny engine per rule: slow, but only for --verbose, and
+                // it keeps matching in the engine rather than re-implemented.
+                let single = Engine::build(Verdict::Deny, vec![rule.clone()], Vec::new())?;
+                if single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some() {
+                    output::println(&format!("  matches: {} {} `{}` ({scope}, {})", rule.id, rule.decision, rule.resource, rule.source))?;
+                }
+            }
+        }
+    }
+    if !exists {
+        eprintln!("hint: {NO_POLICY_HINT}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Filter {
+    decision: Option<Verdict>,
+    source: Option<SourceFilter>,
+    kind: Option<RuleTypeFilter>,
+}
+
+impl Filter {
+    fn keep(&self, r: &Rule) -> bool {
+        self.decision.is_none_or(|d| d == r.decision)
+            && self.source.is_none_or(|s| s.source() == Some(r.source))
+            // Every rule is a network rule; the filter exists for the surface.
+            && self.kind.is_none_or(|RuleTypeFilter::Network| true)
+    }
+}
+
+/// A rule with where it lives, as `ls`/`inspect` print it.
+#[derive(Debug, Serialize)]
+struct Listed<'a> {
+    #[serde(flatten)]
+    rule: &'a Rule,
+    scope: Scope,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandbox: Option<&'a str>,
+}
+
+#[derive(Debug, Serialize)]
+struct LsJson<'a> {
+    default: Verdict,
+    preset: Option<Preset>,
+    policy_exists: bool,
+    rules: Vec<Listed<'a>>,
+}
+
+/// Names of sandboxes that have a policy file, sorted.
+fn sandboxes_with_policy(dirs: &Dirs) -> Result<Vec<String>> {
+    let root = dirs.sandboxes();
+    let mut names = Vec::new();
+    match std::fs::read_dir(&root) {
+        Ok(entries) => {
+            for e in entries {
+                let e = e.with_context(|| format!("could not read `{}`", root.display()))?;
+                if e.path().join("policy.yaml").exists() {
+                    names.push(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("could not read `{}`", root.display())),
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, wide: bool) -> Result<ExitCode> {
+    if let Some(s) = only {
+        sandbox::validate_name(s)?;
+    }
+    let (global, exists) = global_or_default(dirs)?;
+    let names = match (only, all) {
+        (Some(s), _) => vec![s.to_owned()],
+        (None, true) => sandboxes_with_policy(dirs)?,
+        (None, false) => Vec::new(),
+    };
+    let mut per_sandbox = Vec::new();
+    for n in names {
+        let rules = sandbox_rules(dirs, &n)?;
+        per_sandbox.push((n, rules));
+    }
+    let mut listed: Vec<Listed<'_>> =
+        global.rules.iter().filter(|r| filter.keep(r)).map(|rule| Listed { rule, scope: Scope::Global, sandbox: None }).collect();
+    for (name, rules) in &per_sandbox {
+        listed.extend(
+            rules.iter().filter(|r| filter.keep(r)).map(|rule| Listed { rule, scope: Scope::Sandbox, sandbox: Some(name) }),
+        );
+    }
+    if json {
+        output::json(&LsJson { default: global.default, preset: global.preset, policy_exists: exists, rules: listed })?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = listed
+        .iter()
+        .map(|l| {
+            let id = l.rule.id.to_string();
+            let mut row = vec![
+                if wide { id } else { id[..8].to_owned() },
+                l.sandbox.map_or_else(|| "global".to_owned(), ToOwned::to_owned),
+                l.rule.decision.to_string(),
+                l.rule.resource.to_string(),
+                l.rule.source.to_string(),
+            ];
+            if wide {
+                row.push(fmt_time(l.rule.created_at));
+            }
+            row
+        })
+        .collect();
+    let mut header = vec!["ID", "SCOPE", "DECISION", "RESOURCE", "SOURCE"];
+    if wide {
+        header.push("CREATED");
+    }
+    let mut text = output::table(&header, &rows);
+    let preset = global.preset.map(|p| format!(" (preset `{p}`)")).unwrap_or_default();
+    text.push_str(&format!("default: {}{preset}\n", global.default));
+    output::print(&text)?;
+    if !exists {
+        eprintln!("hint: {NO_POLICY_HINT}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fmt_time(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| t.to_string())
+}
+
+/// Where a rule was found.
+struct Found {
+    rule: Rule,
+    scope: Scope,
+    sandbox: Option<String>,
+    file: PathBuf,
+}
+
+/// Every rule in every policy file, with its location.
+fn all_rules(dirs: &Dirs) -> Result<Vec<Found>> {
+    let mut out = Vec::new();
+    let gpath = dirs.global_policy();
+    if let Some(g) = policy::load_global(&gpath)? {
+        out.extend(g.rules.into_iter().map(|rule| Found { rule, scope: Scope::Global, sandbox: None, file: gpath.clone() }));
+    }
+    for name in sandboxes_with_policy(dirs)? {
+        let path = dirs.sandbox_policy(&name);
+        for rule in sandbox_rules(dirs, &name)? {
+            out.push(Found { rule, scope: Scope::Sandbox, sandbox: Some(name.clone()), file: path.clone() });
+        }
+    }
+    Ok(out)
+}
+
+/// Select rules whose id starts with `prefix`; more than one is ambiguous.
+fn by_id_prefix<'a, T>(items: &'a [T], id: impl Fn(&T) -> String, prefix: &str) -> Result<Option<&'a T>> {
+    let p = prefix.to_ascii_lowercase();
+    if p.is_empty() {
+        return Err(fail("the rule id is empty").code(2).into());
+    }
+    let hits: Vec<&T> = items.iter().filter(|x| id(x).starts_with(&p)).collect();
+    match hits.len() {
+        0 => Ok(None),
+        1 => Ok(Some(hits[0])),
+        n => Err(fail(format!("`{prefix}` matches {n} rules")).hint("give more characters of the id").into()),
+    }
+}
+
+fn inspect(dirs: &Dirs, id: &str, json: bool) -> Result<ExitCode> {
+    let rules = all_rules(dirs)?;
+    let Some(f) = by_id_prefix(&rules, |f| f.rule.id.to_string(), id)? else {
+        return Err(fail(format!("no rule has id `{id}`")).hint("list rules with `ppp policy ls --include-inactive`").into());
+    };
+    if json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            #[serde(flatten)]
+            rule: &'a Rule,
+            scope: Scope,
+            sandbox: Option<&'a str>,
+            file: &'a std::path::Path,
+        }
+        output::json(&Out { rule: &f.rule, scope: f.scope, sandbox: f.sandbox.as_deref(), file: &f.file })?;
+    } else {
+        let r = &f.rule;
+        let scope = f.sandbox.as_ref().map_or_else(|| "global".to_owned(), |s| format!("sandbox `{s}`"));
+        output::print(&format!(
+            "id:         {}\ndecision:   {}\ntype:       {}\nresource:   {}\nkind:       {}\nsource:     {}\nscope:      {scope}\ncreated_at: {}\nfile:       {}\n",
+            r.id,
+            r.decision,
+            r.kind,
+            r.resource,
+            serde_json::to_value(r.resource.kind())?.as_str().unwrap_or_default(),
+            r.source,
+            fmt_time(r.created_at),
+            f.file.display(),
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn log(dirs: &Dirs, sandbox_name: Option<&str>, json: bool, limit: usize, quiet: bool, kind: FlowTypeFilter) -> Result<ExitCode> {
+    if let Some(s) = sandbox_name {
+        sandbox::validate_name(s)?;
+    }
+    // The proxy records only network flows; there is no filesystem log.
+    let flows = if kind == FlowTypeFilter::Filesystem {
+        Vec::new()
+    } else {
+        flowlog::tail(&dirs.flows_log(), limit, sandbox_name)?
+    };
+    let field = |v: &serde_json::Value, k: &str| -> String {
+        match &v[k] {
+            serde_json::Value::Null => "-".to_owned(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    };
+    let mut text = String::new();
+    if json {
+        for f in &flows {
+            text.push_str(&serde_json::to_string(f)?);
+            text.push('\n');
+        }
+    } else if quiet {
+        for f in &flows {
+            text.push_str(&field(f, "host"));
+            text.push('\n');
+        }
+    } else {
+        let rows: Vec<Vec<String>> = flows
+            .iter()
+            .map(|f| {
+                vec![
+                    field(f, "timestamp"),
+                    field(f, "sandbox"),
+                    field(f, "decision"),
+                    field(f, "method"),
+                    format!("{}:{}", field(f, "host"), field(f, "port")),
+                    field(f, "status"),
+                ]
+            })
+            .collect();
+        text = output::table(&["TIME", "SANDBOX", "DECISION", "METHOD", "HOST", "STATUS"], &rows);
+    }
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
+    if !force && !output::confirm("remove every rule you added, globally and in every sandbox?")? {
+        output::println("nothing changed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut removed = 0;
+    let gpath = dirs.global_policy();
+    if let Some(mut g) = policy::load_global(&gpath)? {
+        let before = g.rules.len();
+        g.rules.retain(|r| r.source != Source::Local);
+        if g.rules.len() != before {
+            removed += before - g.rules.len();
+            policy::save_global(&gpath, &g)?;
+        }
+    }
+    for name in sandboxes_with_policy(dirs)? {
+        let path = dirs.sandbox_policy(&name);
+        if let Some(mut f) = policy::load_sandbox(&path)? {
+            let before = f.rules.len();
+            f.rules.retain(|r| r.source != Source::Local);
+            if f.rules.len() != before {
+                removed += before - f.rules.len();
+                policy::save_sandbox(&path, &SandboxFile { rules: f.rules })?;
+            }
+        }
+    }
+    drop(lock);
+    proxy::reload_or_warn(dirs);
+    output::println(&format!("removed {removed} rule{}", if removed == 1 { "" } else { "s" }))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rm(dirs: &Dirs, sandbox_name: Option<&str>, id: Option<&str>, resource: Option<&str>) -> Result<ExitCode> {
+    if let Some(s) = sandbox_name {
+        sandbox::validate_name(s)?;
+    }
+    let wanted = resource.map(parse_resources).transpose()?;
+    let lock = state::Lock::acquire(&dirs.state_lock())?;
+    let place = sandbox_name.map_or_else(|| "the global policy".to_owned(), |s| format!("the policy of sandbox `{s}`"));
+    let select = |rules: &mut Vec<Rule>| -> Result<Vec<Rule>> {
+        let doomed: Vec<uuid::Uuid> = match (&wanted, id) {
+            (Some(res), _) => rules.iter().filter(|r| res.contains(&r.resource)).map(|r| r.id).collect(),
+            (None, Some(id)) => by_id_prefix(rules, |r| r.id.to_string(), id)?.map(|r| r.id).into_iter().collect(),
+            (None, None) => unreachable!("clap requires --id or --resource"),
+        };
+        if doomed.is_empty() {
+            let what = resource.map_or_else(|| format!("id `{}`", id.unwrap_or_default()), |r| format!("resource `{r}`"));
+            return Err(fail(format!("no rule with {what} in {place}")).hint("list rules with `ppp policy ls`").into());
+        }
+        let (gone, kept) = std::mem::take(rules).into_iter().partition(|r| doomed.contains(&r.id));
+        *rules = kept;
+        Ok(gone)
+    };
+    let removed = match sandbox_name {
+        Some(s) => {
+            let path = dirs.sandbox_policy(s);
+            let mut f = policy::load_sandbox(&path)?.unwrap_or_default();
+            let gone = select(&mut f.rules)?;
+            policy::save_sandbox(&path, &f)?;
+            gone
+        }
+        None => {
+            let path = dirs.global_policy();
+            let Some(mut f) = policy::load_global(&path)? else {
+                return Err(fail(format!("no rule matches in {place}: it does not exist")).hint(NO_POLICY_HINT).into());
+            };
+            let gone = select(&mut f.rules)?;
+            policy::save_global(&path, &f)?;
+            gone
+        }
+    };
+    drop(lock);
+    proxy::reload_or_warn(dirs);
+    let text: String = removed.iter().map(|r| format!("{}\n", r.id)).collect();
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,13 +1,240 @@
-//! `ppp secret …` (wired up when the engine lands).
+//! `ppp secret …`: store, import, list and remove the API keys the proxy
+//! injects. Storage lives in [`crate::secret`]; this module parses scopes,
+//! reads values without echoing them, and prints. No value is ever printed,
+//! logged or put in an error message.
 
+use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::Ctx;
-use crate::error::Failure;
+use crate::cli::{SecretCommand, SecretRmArgs, SecretSetArgs, SecretSetCustomArgs};
+use crate::dirs::Dirs;
+use crate::error::{Failure, fail};
+use crate::secret::{self, Kind, Scope, Store, Value, services};
+use crate::{output, proxy, sandbox};
 
 /// Run `ppp secret …`.
-pub fn run(_cmd: &crate::cli::SecretCommand, _ctx: &Ctx) -> Result<ExitCode> {
-    Err(Failure::not_available("secret").into())
+pub fn run(cmd: &SecretCommand, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    match cmd {
+        SecretCommand::Set(a) => set(dirs, a),
+        SecretCommand::SetCustom(a) => set_custom(dirs, a),
+        SecretCommand::Import { service, all, dry_run, force } => import(dirs, service.as_deref(), *all, *dry_run, *force),
+        SecretCommand::Ls { sandbox, global, service, json } => ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json),
+        SecretCommand::Rm(a) => rm(dirs, a),
+    }
+}
+
+/// Resolve `[-g | SANDBOX] NAME`. One name alone is global: that is what
+/// `ppp secret set usai --host …` means.
+fn scope_and_name(names: &[String], global: bool) -> Result<(Scope, String)> {
+    match names {
+        [name] => Ok((Scope::Global, name.clone())),
+        [sb, name] if !global => {
+            sandbox::validate_name(sb)?;
+            Ok((Scope::Sandbox(sb.clone()), name.clone()))
+        }
+        [sb, _] => Err(fail(format!("both -g and sandbox `{sb}` were given")).hint("use one of them").code(2).into()),
+        _ => Err(fail("expected `[SANDBOX] SERVICE`").code(2).into()),
+    }
+}
+
+fn scope_words(scope: &Scope) -> String {
+    match scope {
+        Scope::Global => "for every sandbox".to_owned(),
+        Scope::Sandbox(s) => format!("for sandbox `{s}`"),
+    }
+}
+
+/// Read a secret value: from `--token`/`--value`, from stdin with
+/// `--password-stdin`, or from a no-echo prompt on a terminal.
+fn read_value(given: Option<&str>, from_stdin: bool, what: &str) -> Result<Value> {
+    let raw = if let Some(v) = given {
+        v.to_owned()
+    } else if from_stdin {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("could not read the value from standard input")?;
+        // Only the line ending `echo` adds; inner whitespace is the user's.
+        let trimmed = s.trim_end_matches(['\n', '\r']).to_owned();
+        zeroize::Zeroize::zeroize(&mut s);
+        trimmed
+    } else if std::io::stdin().is_terminal() {
+        rpassword::prompt_password(format!("value for {what} (input is hidden): "))
+            .context("could not read the value from the terminal")?
+    } else {
+        return Err(fail("no value given and standard input is not a terminal")
+            .hint("pipe it in with --password-stdin")
+            .code(2)
+            .into());
+    };
+    if raw.trim().is_empty() {
+        return Err(fail("the value is empty").code(2).into());
+    }
+    Ok(Value::new(raw))
+}
+
+fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
+    if a.oauth {
+        return Err(Failure::not_available("secret set --oauth").into());
+    }
+    if a.registry {
+        return Err(Failure::not_available("secret set --registry").into());
+    }
+    let (scope, service) = scope_and_name(&a.names, a.global)?;
+    secret::validate::service(&service)?;
+    if services::builtin(&service).is_none() && a.hosts.is_empty() {
+        return Err(fail(format!("ppp does not know the hosts of service `{service}`"))
+            .hint(format!("name them: `ppp secret set {service} --host api.example.com`"))
+            .code(2)
+            .into());
+    }
+    let value = read_value(a.token.as_deref(), a.password_stdin, &format!("`{service}`"))?;
+    let store = Store::open(dirs)?;
+    store.set_service(&scope, &service, &a.hosts, &value)?;
+    proxy::reload_or_warn(dirs);
+    output::println(&format!("stored `{service}` {} ({})", scope_words(&scope), store.backend()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn set_custom(dirs: &Dirs, a: &SecretSetCustomArgs) -> Result<ExitCode> {
+    let scope = match &a.sandbox {
+        Some(s) => {
+            sandbox::validate_name(s)?;
+            Scope::Sandbox(s.clone())
+        }
+        None => Scope::Global,
+    };
+    let given = a.value.as_deref().or(a.token.as_deref());
+    let value = read_value(given, false, &format!("placeholder `{}`", a.placeholder))?;
+    let store = Store::open(dirs)?;
+    store.set_custom(&scope, &a.placeholder, &a.hosts, a.env.as_deref(), &value)?;
+    proxy::reload_or_warn(dirs);
+    output::println(&format!(
+        "stored a value for placeholder `{}` {} ({})",
+        a.placeholder,
+        scope_words(&scope),
+        store.backend()
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The first non-empty variable of `vars`, with its name.
+fn from_env(vars: &[&'static str]) -> Option<(&'static str, Value)> {
+    vars.iter().find_map(|v| {
+        let val = std::env::var(v).ok().filter(|s| !s.trim().is_empty())?;
+        Some((*v, Value::new(val)))
+    })
+}
+
+fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool) -> Result<ExitCode> {
+    if let Some(s) = only
+        && services::builtin(s).is_none()
+    {
+        let known: Vec<&str> = services::all().iter().map(|s| s.name).collect();
+        return Err(fail(format!("`{s}` is not a service ppp imports"))
+            .hint(format!("one of: {}", known.join(", ")))
+            .code(2)
+            .into());
+    }
+    let found: Vec<(&'static str, &'static str, Value)> = services::all()
+        .iter()
+        .filter(|s| only.is_none_or(|o| o == s.name))
+        .filter_map(|s| from_env(s.env_vars).map(|(var, v)| (s.name, var, v)))
+        .collect();
+    if found.is_empty() {
+        let what = only.map_or_else(|| "any service".to_owned(), |s| format!("`{s}`"));
+        return Err(fail(format!("no environment variable holds a key for {what}"))
+            .hint("see `ppp secret import --help` for the variables read")
+            .into());
+    }
+    if only.is_none() && !all {
+        let names: Vec<String> = found.iter().map(|(s, v, _)| format!("{s} (from {v})")).collect();
+        return Err(fail(format!("found keys for {}", names.join(", ")))
+            .hint("pass --all to import them all, or name one service")
+            .code(2)
+            .into());
+    }
+    let store = Store::open(dirs)?;
+    let mut imported = 0;
+    for (service, var, value) in &found {
+        let exists = store.exists(&Scope::Global, service, Kind::Service)?;
+        let line = if exists && !force {
+            format!("skipped {service}: already stored (pass -f to overwrite)")
+        } else if dry_run {
+            format!("would import {service} from {var}")
+        } else {
+            store.set_service(&Scope::Global, service, &[], value)?;
+            imported += 1;
+            format!("imported {service} from {var}")
+        };
+        output::println(&line)?;
+    }
+    if imported > 0 {
+        proxy::reload_or_warn(dirs);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&str>, json: bool) -> Result<ExitCode> {
+    if let Some(s) = sandbox_name {
+        sandbox::validate_name(s)?;
+    }
+    let store = Store::open(dirs)?;
+    let entries: Vec<_> = store
+        .list()?
+        .into_iter()
+        .filter(|e| match (&e.scope, sandbox_name, global) {
+            (Scope::Global, _, true) => true,
+            (_, _, true) => false,
+            (Scope::Sandbox(s), Some(want), false) => s == want,
+            (Scope::Global, Some(_), false) => false,
+            (_, None, false) => true,
+        })
+        .filter(|e| service.is_none_or(|s| e.name == s))
+        .collect();
+    if json {
+        output::json(&entries)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.scope.to_string(),
+                e.name.clone(),
+                e.kind.to_string(),
+                if e.hosts.is_empty() { "-".to_owned() } else { e.hosts.join(",") },
+                e.backend.to_string(),
+            ]
+        })
+        .collect();
+    output::print(&output::table(&["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND"], &rows))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
+    if a.registry {
+        return Err(Failure::not_available("secret rm --registry").into());
+    }
+    let (scope, name) = scope_and_name(&a.names, a.global)?;
+    let store = Store::open(dirs)?;
+    let kind = if store.exists(&scope, &name, Kind::Service)? {
+        Kind::Service
+    } else if store.exists(&scope, &name, Kind::Custom)? {
+        Kind::Custom
+    } else {
+        return Err(fail(format!("no secret `{name}` is stored {}", scope_words(&scope)))
+            .hint("list secrets with `ppp secret ls`")
+            .into());
+    };
+    if !a.force && !output::confirm(&format!("remove `{name}` {}?", scope_words(&scope)))? {
+        output::println("nothing changed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    store.remove(&scope, &name, kind)?;
+    proxy::reload_or_warn(dirs);
+    output::println(&format!("removed `{name}` {}", scope_words(&scope)))?;
+    Ok(ExitCode::SUCCESS)
 }

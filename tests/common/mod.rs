@@ -98,3 +98,88 @@ pub fn ok(cmd: &mut Command) -> String {
     );
     out
 }
+
+/// A real Secret Service (gnome-keyring in its own D-Bus session) that
+/// lives as long as this guard. ppp processes join it through
+/// `DBUS_SESSION_BUS_ADDRESS`.
+pub struct SecretService {
+    child: std::process::Child,
+    pub address: String,
+}
+
+impl SecretService {
+    /// Start gnome-keyring, unlocked, with `home` as its HOME. Fails loudly
+    /// when the tools are missing: `make test-deps` installs them.
+    pub fn start(home: &Path) -> Self {
+        for tool in ["dbus-run-session", "gnome-keyring-daemon", "dbus-send"] {
+            assert!(
+                std::process::Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap().status.success(),
+                "`{tool}` is missing; run `make test-deps` (scripts/install-test-deps.sh)"
+            );
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/with-secret-service.sh");
+        let addr_file = home.join("dbus-address");
+        let mut child = std::process::Command::new("dbus-run-session")
+            .arg("--")
+            .arg(&script)
+            .arg("sh")
+            .arg("-c")
+            .arg(format!("echo \"$DBUS_SESSION_BUS_ADDRESS\" > {}.tmp && mv {0}.tmp {0} && exec sleep 600", addr_file.display()))
+            .env("HOME", home)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("dbus-run-session starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let address = loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                break a.trim().to_owned();
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the Secret Service session exited early: {status}");
+            }
+            assert!(std::time::Instant::now() < deadline, "the Secret Service did not come up within 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        Self { child, address }
+    }
+
+    /// Run `secret-tool` inside this session.
+    pub fn secret_tool(&self, home: &Path, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("secret-tool")
+            .args(args)
+            .env("HOME", home)
+            .env("DBUS_SESSION_BUS_ADDRESS", &self.address)
+            .output()
+            .expect("secret-tool runs (install libsecret-tools)")
+    }
+}
+
+impl Drop for SecretService {
+    fn drop(&mut self) {
+        // Killing `sleep` ends the session: dbus-run-session then stops the
+        // bus and gnome-keyring with it.
+        let _ = std::process::Command::new("pkill").arg("-P").arg(self.child.id().to_string()).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every file under `root` whose bytes contain `needle`.
+pub fn files_containing(root: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p)
+                && bytes.windows(needle.len()).any(|w| w == needle)
+            {
+                hits.push(p);
+            }
+        }
+    }
+    hits
+}

@@ -1,0 +1,86 @@
+//! The host proxy: one mitmdump in WireGuard mode supervised by the ppp
+//! daemon. This part holds the client side of the daemon's control socket,
+//! which state-changing commands use to ask for a reload.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use crate::dirs::Dirs;
+
+/// How long a CLI command waits for the daemon to acknowledge a reload.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What became of a reload request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// No daemon is listening; the next start reads the new state anyway.
+    NoDaemon,
+    /// The daemon acknowledged.
+    Done,
+    /// A daemon is there but did not acknowledge; the message says why.
+    Failed(String),
+}
+
+/// Ask a running daemon to reload policy and secrets. Without a daemon this
+/// is a no-op: there is nothing holding stale state.
+pub fn notify_reload(dirs: &Dirs) -> Reload {
+    let path = dirs.secret_socket();
+    let Ok(mut stream) = UnixStream::connect(&path) else {
+        return Reload::NoDaemon;
+    };
+    let attempt = || -> std::io::Result<String> {
+        stream.set_read_timeout(Some(RELOAD_TIMEOUT))?;
+        stream.set_write_timeout(Some(RELOAD_TIMEOUT))?;
+        stream.write_all(b"{\"op\":\"reload\"}\n")?;
+        let mut line = String::new();
+        BufReader::new(&stream).read_line(&mut line)?;
+        Ok(line)
+    };
+    match attempt() {
+        Ok(line) if line.contains("\"ok\":true") || line.contains("\"ok\": true") => Reload::Done,
+        Ok(line) => Reload::Failed(format!("the daemon answered `{}`", line.trim())),
+        Err(e) => Reload::Failed(e.to_string()),
+    }
+}
+
+/// [`notify_reload`], reporting a failure as a warning on stderr: the
+/// change itself is already saved, so it must not turn into an error.
+pub fn reload_or_warn(dirs: &Dirs) {
+    if let Reload::Failed(why) = notify_reload(dirs) {
+        eprintln!("warning: the change is saved, but the running daemon did not reload: {why}");
+        eprintln!("hint: restart it with `ppp daemon stop && ppp daemon start -d`");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    fn dirs(tmp: &std::path::Path) -> Dirs {
+        Dirs { config: tmp.join("c"), data: tmp.to_owned(), cache: tmp.join("k") }
+    }
+
+    #[test]
+    fn no_socket_is_no_daemon() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(notify_reload(&dirs(tmp.path())), Reload::NoDaemon);
+    }
+
+    #[test]
+    fn reload_is_acknowledged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = dirs(tmp.path());
+        let listener = UnixListener::bind(d.secret_socket()).unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            (&s).write_all(b"{\"ok\":true}\n").unwrap();
+            line
+        });
+        assert_eq!(notify_reload(&d), Reload::Done);
+        assert_eq!(server.join().unwrap(), "{\"op\":\"reload\"}\n");
+    }
+}
