@@ -1,0 +1,77 @@
+# Developer and CI entry points for ppp. CI runs `make test` (see .ci/run).
+# GNU make. Pinned versions come from versions.env, shared with the scripts,
+# the dev container and the Rust code.
+
+include versions.env
+
+SHELL := /bin/sh
+MAKEFLAGS += --no-builtin-rules
+.DEFAULT_GOAL := build
+
+CARGO ?= cargo
+
+# `make install PREFIX=/usr/local` installs to $(PREFIX)/bin; without PREFIX,
+# cargo's own default applies, which INSTALL_ROOT mirrors so that the smoke
+# run below finds the binary that was just installed.
+PREFIX ?=
+INSTALL_ROOT := $(or $(PREFIX),$(CARGO_INSTALL_ROOT),$(CARGO_HOME),$(HOME)/.cargo)
+
+# The pinned mitmproxy venv the end-to-end tests run, built by test-deps.
+# Exported so that the tests and scripts/install-test-deps.sh agree on it.
+PPP_TEST_VENV ?= $(CURDIR)/target/test-venv
+PPP_TEST_MITMDUMP ?= $(PPP_TEST_VENV)/bin/mitmdump
+export PPP_TEST_VENV PPP_TEST_MITMDUMP
+
+SHELL_SCRIPTS := $(wildcard scripts/*.sh) .ci/run
+
+.PHONY: help build install test-deps test check check-versions lint clippy fmt fmt-check bench clean
+
+help:
+	@echo 'make build       release build (cargo build --release --locked)'
+	@echo 'make install     cargo install to $$PREFIX (default ~/.cargo), then run `ppp version`'
+	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
+	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
+	@echo 'make check       fmt-check, clippy -D warnings, lint, then test'
+	@echo 'make bench       criterion benchmarks'
+	@echo 'make fmt         cargo fmt'
+	@echo 'make clean       cargo clean (this also removes the default test venv in target/)'
+
+build:
+	$(CARGO) build --release --locked
+
+install:
+	$(CARGO) install --path . --locked --force $(if $(PREFIX),--root "$(PREFIX)")
+	"$(INSTALL_ROOT)/bin/ppp" version
+
+test-deps:
+	scripts/install-test-deps.sh
+
+check-versions:
+	scripts/check-versions.sh
+
+# --all-targets runs unit, integration and bench targets (criterion runs each
+# benchmark once, as a smoke test, in the debug profile) but skips doctests,
+# hence the second line. Benchmarks are never timed here.
+test: test-deps check-versions
+	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked --doc
+
+fmt:
+	$(CARGO) fmt
+
+fmt-check:
+	$(CARGO) fmt --check
+
+clippy:
+	$(CARGO) clippy --all-targets --locked -- -D warnings
+
+lint: test-deps check-versions
+	shellcheck $(SHELL_SCRIPTS)
+
+check: fmt-check clippy lint test
+
+bench:
+	$(CARGO) bench --locked
+
+clean:
+	$(CARGO) clean

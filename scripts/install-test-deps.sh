@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a Debian machine (root, no
+# prompts) and build the pinned mitmproxy venv the end-to-end tests run.
+#
+# Idempotent and quick on repeat: apt is skipped when every package is already
+# installed, and the venv is kept when its mitmdump reports the pinned version.
+#
+#   PPP_TEST_VENV  where the venv lives (default <repo>/target/test-venv)
+#   PPP_PYTHON     Python to build it with (else scripts/find-python.sh searches)
+#
+# The apt list below is also what .devcontainer/Containerfile installs: the
+# image runs this script, so the two cannot drift apart.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=/dev/null # versions.env holds only KEY=value lines
+. "$root/versions.env"
+
+# Why each package is here:
+#   gnome-keyring, dbus, dbus-daemon, dbus-bin, libsecret-tools
+#       a real Secret Service for the keyring tests: dbus-run-session comes from
+#       dbus-daemon, dbus-send (used to wait for the service) from dbus-bin,
+#       secret-tool from libsecret-tools
+#   wireguard-tools, wireguard-go   guest WireGuard in netns (no kernel module here)
+#   iproute2, nftables              netns, veth, routes, guest kill switch
+#   bind9-dnsutils                  dig, to query the tunnel's DNS in e2e tests
+#                                   (Debian's `dnsutils` is a transitional alias)
+#   curl, ca-certificates, openssl  test clients and test CA/certificates
+#   procps                          pgrep/ps to wait for pids to disappear
+#   util-linux                      nsenter, mount for per-guest mount namespaces
+#   hyperfine                       whole-command benchmarks (never in assertions)
+#   (linter) shellcheck             `make check` runs it on scripts/ and .ci/run
+APT_PACKAGES=(
+  gnome-keyring dbus dbus-daemon dbus-bin libsecret-tools
+  wireguard-tools wireguard-go iproute2 nftables bind9-dnsutils
+  curl ca-certificates openssl procps util-linux
+  hyperfine shellcheck
+)
+
+export DEBIAN_FRONTEND=noninteractive
+export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+APT=(apt-get -q -o DPkg::Lock::Timeout=600)
+
+summary=()
+say() { printf 'install-test-deps: %s\n' "$*" >&2; }
+die() { say "error: $1"; [ $# -lt 2 ] || say "hint: $2"; exit 1; }
+note() { summary+=("$(printf '%-10s %s' "$1:" "$2")"); }
+
+# --- cargo -----------------------------------------------------------------
+# The toolchain is not ours to install (rustup, pinned in versions.env).
+command -v cargo >/dev/null 2>&1 ||
+  die "cargo not found on PATH" "install Rust $RUST_VERSION with rustup, with clippy and rustfmt, then add ~/.cargo/bin to PATH"
+note cargo "$(cargo --version)"
+
+# --- apt -------------------------------------------------------------------
+start=$SECONDS
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+  [ "$status" = installed ] || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  note apt "all ${#APT_PACKAGES[@]} packages already installed"
+else
+  [ "$(id -u)" -eq 0 ] ||
+    die "missing Debian packages: ${missing[*]}" "run as root, or: sudo apt-get install ${missing[*]}"
+  say "installing ${missing[*]}"
+  "${APT[@]}" update >&2
+  "${APT[@]}" install -y --no-install-recommends "${missing[@]}" >&2
+  note apt "installed ${missing[*]} ($((SECONDS - start)) s)"
+fi
+
+# --- mitmproxy venv ----------------------------------------------------------
+venv=${PPP_TEST_VENV:-$root/target/test-venv}
+want="Mitmproxy: $MITMPROXY_VERSION"
+
+# The pinned version iff the venv's mitmdump runs and says so. Read all of its
+# output: cutting it short (| head) makes mitmdump print a BrokenPipe trace.
+venv_ok() {
+  local out
+  out=$("$venv/bin/mitmdump" --version 2>/dev/null) || return 1
+  printf '%s\n' "$out" | grep -qxF "$want"
+}
+
+start=$SECONDS
+if venv_ok; then
+  note mitmproxy "$MITMPROXY_VERSION already in $venv"
+else
+  if [ -e "$venv" ]; then
+    # Refuse to delete a directory that is not a venv: PPP_TEST_VENV may be
+    # mistyped, and rm -rf of the wrong place is not recoverable.
+    [ -f "$venv/pyvenv.cfg" ] || [ -z "$(ls -A "$venv")" ] ||
+      die "\`$venv\` exists but is not a venv; not replacing it" "point PPP_TEST_VENV at a new or venv directory"
+    say "replacing $venv: its mitmdump is missing, broken or not $MITMPROXY_VERSION"
+    rm -rf "$venv"
+  fi
+  python=$("$root/scripts/find-python.sh")
+  say "creating $venv with $python"
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q "mitmproxy==$MITMPROXY_VERSION" >&2
+  venv_ok || die "$venv/bin/mitmdump does not report $MITMPROXY_VERSION after install"
+  note mitmproxy "$MITMPROXY_VERSION installed in $venv ($((SECONDS - start)) s)"
+fi
+note python "$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])') ($(readlink -f "$venv/bin/python"))"
+
+printf '%s\n' "${summary[@]}"
