@@ -17,9 +17,11 @@ pub mod error;
 pub mod exec;
 pub mod output;
 pub mod podman;
+pub mod proxy;
 pub mod policy;
 pub mod sandbox;
 pub mod state;
+pub mod versions;
 
 /// Parse the command line, run the command, render any error.
 pub fn main() -> ExitCode {
