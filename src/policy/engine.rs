@@ -1,0 +1,670 @@
+//! The compiled, immutable rule set and the one function that evaluates it,
+//! [`Engine::decide`]. Owns precedence (deny, then allow, then default) and
+//! the indexes that keep a decision in the low microseconds at 10,000 rules.
+//!
+//! Each (scope, verdict) pair gets an [`Index`]; a query asks each index for
+//! the lowest-numbered rule that matches, so "first matching rule" falls out
+//! of taking a minimum rather than of scanning in order. The indexes:
+//! - `**`: a list, in rule order;
+//! - exact hosts, `*.base`, `**.base` and label globs: one hash map keyed by
+//!   host suffix, probed once per suffix of the query host (`a.b.c` probes
+//!   `a.b.c`, `b.c`, `c`, and the empty suffix for globs with no literal
+//!   suffix), and only for suffixes no longer than the longest key;
+//! - regexes: one `RegexSet` per index;
+//! - IPs and CIDRs: a hash map keyed by (prefix length, masked address),
+//!   probed once per prefix length present, so at most 33 or 129 probes.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::resource::{Pattern, anchored};
+use super::{Rule, Scope, Verdict};
+
+/// The outcome of [`Engine::decide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Decision<'a> {
+    pub verdict: Verdict,
+    /// The first matching rule of the winning verdict; `None` when the
+    /// default decided.
+    pub matched_rule: Option<Matched<'a>>,
+    pub default_used: bool,
+}
+
+/// A rule that decided, and which file it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Matched<'a> {
+    pub rule: &'a Rule,
+    pub scope: Scope,
+}
+
+/// Global and per-sandbox rules compiled for matching. Immutable; share it
+/// between threads behind an `Arc` and rebuild it when the files change.
+#[derive(Debug)]
+pub struct Engine {
+    default: Verdict,
+    global: Compiled,
+    sandboxes: HashMap<String, Compiled>,
+}
+
+#[derive(Debug)]
+struct Compiled {
+    rules: Vec<Rule>,
+    deny: Index,
+    allow: Index,
+}
+
+/// A rule's position in its scope's list and its port restriction. Lists of
+/// entries are kept in ascending `order`, so the first port match is the
+/// lowest-numbered match in that list.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    order: u32,
+    port: Option<u16>,
+}
+
+/// Rules anchored at one host suffix.
+#[derive(Debug, Default)]
+struct Bucket {
+    /// The suffix is the whole host.
+    exact: Vec<Entry>,
+    /// `*.suffix`: exactly one label before it.
+    one: Vec<Entry>,
+    /// `**.suffix`: one or more labels before it.
+    deep: Vec<Entry>,
+    /// Label globs whose wildcard-free tail is this suffix.
+    globs: Vec<Glob>,
+}
+
+/// `[**.]g1.g2.….gn.suffix` where each `gi` is a label pattern.
+#[derive(Debug)]
+struct Glob {
+    entry: Entry,
+    /// Starts with `**`: at least one extra label before `labels`.
+    deep: bool,
+    /// The label patterns just before the suffix, leftmost first.
+    labels: Vec<Box<[u8]>>,
+}
+
+#[derive(Debug)]
+struct Regexes {
+    set: regex::bytes::RegexSet,
+    entries: Vec<Entry>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    any: Vec<Entry>,
+    hosts: HashMap<Box<str>, Bucket>,
+    /// Most labels in any key of `hosts`; longer suffixes cannot hit.
+    max_key_labels: usize,
+    regexes: Option<Regexes>,
+    /// Keyed by (is IPv6, prefix length, masked address as u128).
+    nets: HashMap<(bool, u8, u128), Vec<Entry>>,
+    v4_lens: Vec<u8>,
+    v6_lens: Vec<u8>,
+}
+
+/// The query, normalised once and shared by the four index lookups.
+struct Query<'q> {
+    host: Option<Cow<'q, str>>,
+    /// Byte offset of each label's start in `host`.
+    starts: Vec<usize>,
+    ips: [Option<IpAddr>; 2],
+    port: u16,
+}
+
+impl Engine {
+    /// Compile the rules. Fails only on a regex that parses but cannot be
+    /// compiled (size limits), or on a sandbox listed twice.
+    pub fn build(default: Verdict, global: Vec<Rule>, sandboxes: Vec<(String, Vec<Rule>)>) -> Result<Engine> {
+        let global = Compiled::new(global).context("could not compile the global rules")?;
+        let mut map = HashMap::with_capacity(sandboxes.len());
+        for (name, rules) in sandboxes {
+            if map.contains_key(&name) {
+                bail!("sandbox `{name}` is listed twice");
+            }
+            let c = Compiled::new(rules).with_context(|| format!("could not compile the rules of sandbox `{name}`"))?;
+            map.insert(name, c);
+        }
+        Ok(Engine { default, global, sandboxes: map })
+    }
+
+    /// The global default verdict.
+    #[must_use]
+    pub fn default_verdict(&self) -> Verdict {
+        self.default
+    }
+
+    /// Evaluate a flow. `host` is the requested host name (any case, trailing
+    /// dot allowed), `ip` the destination address; either may be absent. A
+    /// `host` that is an IP literal is also matched as an address. An
+    /// unknown `sandbox` has no rules of its own.
+    #[must_use]
+    pub fn decide(&self, sandbox: Option<&str>, host: Option<&str>, ip: Option<IpAddr>, port: u16) -> Decision<'_> {
+        let q = Query::new(host, ip, port);
+        let sandbox = sandbox.and_then(|s| self.sandboxes.get(s));
+        for verdict in [Verdict::Deny, Verdict::Allow] {
+            // Global rules come first in the combined order, so a global match
+            // is always the first match and the sandbox need not be asked.
+            let scopes = [(Scope::Global, Some(&self.global)), (Scope::Sandbox, sandbox)];
+            for (scope, compiled) in scopes {
+                let Some(c) = compiled else { continue };
+                let index = match verdict {
+                    Verdict::Deny => &c.deny,
+                    Verdict::Allow => &c.allow,
+                };
+                if let Some(order) = index.first_match(&q) {
+                    let rule = &c.rules[order as usize];
+                    return Decision { verdict, matched_rule: Some(Matched { rule, scope }), default_used: false };
+                }
+            }
+        }
+        Decision { verdict: self.default, matched_rule: None, default_used: true }
+    }
+}
+
+impl Compiled {
+    fn new(rules: Vec<Rule>) -> Result<Compiled> {
+        let mut deny = IndexBuilder::default();
+        let mut allow = IndexBuilder::default();
+        let count = u32::try_from(rules.len()).context("too many rules")?;
+        for (order, rule) in (0..count).zip(&rules) {
+            let b = match rule.decision {
+                Verdict::Deny => &mut deny,
+                Verdict::Allow => &mut allow,
+            };
+            b.add(order, rule);
+        }
+        let deny = deny.finish(&rules)?;
+        let allow = allow.finish(&rules)?;
+        Ok(Compiled { rules, deny, allow })
+    }
+}
+
+#[derive(Default)]
+struct IndexBuilder {
+    index: Index,
+    regexes: Vec<(u32, Option<u16>)>,
+}
+
+impl IndexBuilder {
+    fn add(&mut self, order: u32, rule: &Rule) {
+        let port = rule.resource.port();
+        let entry = Entry { order, port };
+        let ix = &mut self.index;
+        match rule.resource.pattern() {
+            Pattern::Any => ix.any.push(entry),
+            Pattern::Exact(h) => bucket(ix, h).exact.push(entry),
+            Pattern::Sub { base, deep: false } => bucket(ix, base).one.push(entry),
+            Pattern::Sub { base, deep: true } => bucket(ix, base).deep.push(entry),
+            Pattern::Glob(g) => {
+                let mut labels: Vec<&str> = g.split('.').collect();
+                let deep = labels[0] == "**";
+                if deep {
+                    labels.remove(0);
+                }
+                let literal = labels.iter().rev().take_while(|l| !l.contains(['*', '?'])).count();
+                let split = labels.len() - literal;
+                let suffix = labels[split..].join(".");
+                let labels = labels[..split].iter().map(|l| l.as_bytes().into()).collect();
+                bucket(ix, &suffix).globs.push(Glob { entry, deep, labels });
+            }
+            Pattern::Regex(_) => self.regexes.push((order, port)),
+            Pattern::Ip(a) => add_net(ix, *a, if a.is_ipv4() { 32 } else { 128 }, entry),
+            Pattern::Net(n) => add_net(ix, n.network(), n.prefix_len(), entry),
+        }
+    }
+
+    fn finish(mut self, rules: &[Rule]) -> Result<Index> {
+        if !self.regexes.is_empty() {
+            let patterns = self.regexes.iter().map(|&(order, _)| match rules[order as usize].resource.pattern() {
+                Pattern::Regex(src) => anchored(src),
+                _ => unreachable!("only regex rules are collected"),
+            });
+            let set = regex_builder(patterns.collect()).build().or_else(|e| {
+                // Name the rule: compile them one by one to find the culprit.
+                for &(order, _) in &self.regexes {
+                    let rule = &rules[order as usize];
+                    if let Pattern::Regex(src) = rule.resource.pattern()
+                        && let Err(one) = regex_builder(vec![anchored(src)]).build()
+                    {
+                        bail!("regex `{}` (rule `{}`) does not compile: {one}", rule.resource, rule.id);
+                    }
+                }
+                bail!("the regex rules do not compile together: {e}")
+            })?;
+            let entries = self.regexes.iter().map(|&(order, port)| Entry { order, port }).collect();
+            self.index.regexes = Some(Regexes { set, entries });
+        }
+        self.index.v4_lens.sort_unstable();
+        self.index.v6_lens.sort_unstable();
+        Ok(self.index)
+    }
+}
+
+/// The settings every regex resource is compiled with; validation in
+/// `resource.rs` parses with the same ones. Bytes and no Unicode: host names
+/// are ASCII, and Unicode case folding multiplies the automaton's size.
+fn regex_builder(patterns: Vec<String>) -> regex::bytes::RegexSetBuilder {
+    let mut b = regex::bytes::RegexSetBuilder::new(patterns);
+    b.case_insensitive(true).unicode(false);
+    b
+}
+
+fn bucket<'a>(ix: &'a mut Index, key: &str) -> &'a mut Bucket {
+    ix.max_key_labels = ix.max_key_labels.max(label_count(key));
+    ix.hosts.entry(key.into()).or_default()
+}
+
+fn add_net(ix: &mut Index, addr: IpAddr, len: u8, entry: Entry) {
+    let (v6, lens) = match addr {
+        IpAddr::V4(_) => (false, &mut ix.v4_lens),
+        IpAddr::V6(_) => (true, &mut ix.v6_lens),
+    };
+    if !lens.contains(&len) {
+        lens.push(len);
+    }
+    ix.nets.entry((v6, len, masked(addr, len))).or_default().push(entry);
+}
+
+/// `addr` with all but the first `len` bits cleared, widened to u128.
+fn masked(addr: IpAddr, len: u8) -> u128 {
+    match addr {
+        IpAddr::V4(a) => u128::from(u32::from(a) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)),
+        IpAddr::V6(a) => u128::from(a) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0),
+    }
+}
+
+fn label_count(s: &str) -> usize {
+    if s.is_empty() { 0 } else { s.bytes().filter(|&b| b == b'.').count() + 1 }
+}
+
+impl<'q> Query<'q> {
+    fn new(host: Option<&'q str>, ip: Option<IpAddr>, port: u16) -> Self {
+        let host = host.map(normalize_host).filter(|h| !h.is_empty());
+        let mut starts = Vec::new();
+        if let Some(h) = &host {
+            starts.push(0);
+            starts.extend(h.bytes().enumerate().filter(|&(_, b)| b == b'.').map(|(i, _)| i + 1));
+        }
+        // Compare IPv4-mapped IPv6 as IPv4, or `::ffff:10.0.0.1` would slip
+        // past a deny on `10.0.0.0/8`.
+        let literal = host.as_deref().and_then(host_ip).map(|a| a.to_canonical());
+        Query { host, starts, ips: [ip.map(|a| a.to_canonical()), literal], port }
+    }
+
+    /// Label `i` of the host.
+    fn label(&self, i: usize) -> &str {
+        let h = self.host.as_deref().unwrap_or_default();
+        let end = self.starts.get(i + 1).map_or(h.len(), |&s| s - 1);
+        &h[self.starts[i]..end]
+    }
+}
+
+/// Lower-case without a trailing dot, borrowing when already so.
+pub(crate) fn normalize_host(h: &str) -> Cow<'_, str> {
+    let h = h.strip_suffix('.').unwrap_or(h);
+    if h.bytes().any(|b| b.is_ascii_uppercase()) { Cow::Owned(h.to_ascii_lowercase()) } else { Cow::Borrowed(h) }
+}
+
+/// A host that is an IP literal, with or without IPv6 brackets.
+fn host_ip(h: &str) -> Option<IpAddr> {
+    let first = *h.as_bytes().first()?;
+    if !(first.is_ascii_hexdigit() || first == b':' || first == b'[') {
+        return None;
+    }
+    let inner = h.strip_prefix('[').and_then(|s| s.strip_suffix(']')).unwrap_or(h);
+    inner.parse().ok()
+}
+
+/// Lower `best` to the first entry in `entries` that allows `port`.
+fn scan(entries: &[Entry], port: u16, best: &mut u32) {
+    for e in entries {
+        if e.order >= *best {
+            return;
+        }
+        if e.port.is_none_or(|p| p == port) {
+            *best = e.order;
+            return;
+        }
+    }
+}
+
+impl Index {
+    /// The lowest-numbered rule in this index that matches `q`.
+    fn first_match(&self, q: &Query<'_>) -> Option<u32> {
+        let mut best = u32::MAX;
+        scan(&self.any, q.port, &mut best);
+        if let Some(host) = &q.host {
+            self.match_host(q, host, &mut best);
+            if let Some(rx) = &self.regexes
+                && rx.entries[0].order < best
+            {
+                for i in &rx.set.matches(host.as_bytes()) {
+                    let e = rx.entries[i];
+                    if e.order >= best {
+                        break;
+                    }
+                    if e.port.is_none_or(|p| p == q.port) {
+                        best = e.order;
+                        break;
+                    }
+                }
+            }
+        }
+        if !self.nets.is_empty() {
+            for ip in q.ips.iter().flatten() {
+                self.match_ip(*ip, q.port, &mut best);
+            }
+        }
+        (best != u32::MAX).then_some(best)
+    }
+
+    fn match_host(&self, q: &Query<'_>, host: &str, best: &mut u32) {
+        if self.hosts.is_empty() {
+            return;
+        }
+        let n = q.starts.len();
+        // Suffix k starts at label k; k == n is the empty suffix.
+        let first = n.saturating_sub(self.max_key_labels);
+        for k in first..=n {
+            let suffix = if k == n { "" } else { &host[q.starts[k]..] };
+            let Some(b) = self.hosts.get(suffix) else { continue };
+            if k == 0 {
+                scan(&b.exact, q.port, best);
+                continue;
+            }
+            if k == 1 {
+                scan(&b.one, q.port, best);
+            }
+            scan(&b.deep, q.port, best);
+            for g in &b.globs {
+                if g.entry.order >= *best {
+                    break;
+                }
+                if g.entry.port.is_some_and(|p| p != q.port) {
+                    continue;
+                }
+                let need = g.labels.len();
+                let fits = if g.deep { k > need } else { k == need };
+                if fits && g.labels.iter().enumerate().all(|(j, pat)| label_matches(pat, q.label(k - need + j))) {
+                    *best = g.entry.order;
+                    break;
+                }
+            }
+        }
+    }
+
+    fn match_ip(&self, ip: IpAddr, port: u16, best: &mut u32) {
+        let (v6, lens) = match ip {
+            IpAddr::V4(_) => (false, &self.v4_lens),
+            IpAddr::V6(_) => (true, &self.v6_lens),
+        };
+        for &len in lens {
+            if let Some(entries) = self.nets.get(&(v6, len, masked(ip, len))) {
+                scan(entries, port, best);
+            }
+        }
+    }
+}
+
+/// Glob match of one label: `*` is any run of characters, `?` exactly one.
+/// Labels never contain `.`, so neither can cross into the next label.
+fn label_matches(pat: &[u8], label: &str) -> bool {
+    if label.is_ascii() {
+        wildcard(pat, label.as_bytes())
+    } else {
+        // `?` is one character, not one byte, in the rare non-ASCII host.
+        let chars: Vec<char> = label.chars().collect();
+        wildcard(pat, &chars)
+    }
+}
+
+/// Iterative wildcard matching with one backtrack point: O(len(pat) *
+/// len(text)) at worst, no recursion.
+fn wildcard<T: Copy + PartialEq + From<u8>>(pat: &[u8], text: &[T]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pat.get(p) {
+            Some(b'*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || T::from(c) == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    star = Some((sp, st + 1));
+                    p = sp + 1;
+                    t = st + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Resource, Source};
+
+    fn rule(decision: Verdict, r: &str) -> Rule {
+        Rule::new(decision, Resource::parse(r).unwrap(), Source::Local)
+    }
+    fn allow(r: &str) -> Rule {
+        rule(Verdict::Allow, r)
+    }
+    fn deny(r: &str) -> Rule {
+        rule(Verdict::Deny, r)
+    }
+
+    /// Does a lone allow rule `r` match `target` (host or IP, port 443 unless given)?
+    fn hits(r: &str, host: &str, port: u16) -> bool {
+        let e = Engine::build(Verdict::Deny, vec![allow(r)], vec![]).unwrap();
+        let ip = host.parse().ok();
+        let host = if ip.is_some() { None } else { Some(host) };
+        e.decide(None, host, ip, port).verdict == Verdict::Allow
+    }
+
+    #[test]
+    fn double_star_matches_everything() {
+        let e = Engine::build(Verdict::Deny, vec![allow("**")], vec![]).unwrap();
+        assert_eq!(e.decide(None, Some("x.y"), None, 1).verdict, Verdict::Allow);
+        assert_eq!(e.decide(None, None, Some("10.1.1.1".parse().unwrap()), 80).verdict, Verdict::Allow);
+        assert_eq!(e.decide(None, None, None, 80).verdict, Verdict::Allow);
+        assert!(hits("**:443", "example.com", 443));
+        assert!(!hits("**:443", "example.com", 80));
+    }
+
+    #[test]
+    fn exact_host() {
+        assert!(hits("example.com", "example.com", 443));
+        assert!(hits("example.com", "example.com", 8080), "any port");
+        assert!(hits("example.com", "EXAMPLE.Com", 443), "case-insensitive");
+        assert!(hits("example.com", "example.com.", 443), "trailing dot");
+        assert!(hits("Example.COM.", "example.com", 443));
+        assert!(!hits("example.com", "www.example.com", 443));
+        assert!(!hits("example.com", "example.co", 443));
+        assert!(!hits("example.com", "xexample.com", 443));
+    }
+
+    #[test]
+    fn one_label_wildcard() {
+        assert!(hits("*.example.com", "a.example.com", 443));
+        assert!(hits("*.example.com", "A.Example.COM.", 443));
+        assert!(!hits("*.example.com", "a.b.example.com", 443));
+        assert!(!hits("*.example.com", "example.com", 443));
+        assert!(!hits("*.example.com", "aexample.com", 443));
+    }
+
+    #[test]
+    fn deep_wildcard() {
+        assert!(hits("**.example.com", "a.example.com", 443));
+        assert!(hits("**.example.com", "a.b.c.example.com", 443));
+        assert!(!hits("**.example.com", "example.com", 443));
+        assert!(!hits("**.example.com", "example.org", 443));
+    }
+
+    #[test]
+    fn label_globs() {
+        assert!(hits("api-*.example.com", "api-.example.com", 443), "`*` may be empty");
+        assert!(hits("api-*.example.com", "api-eu1.example.com", 443));
+        assert!(!hits("api-*.example.com", "api.example.com", 443));
+        assert!(!hits("api-*.example.com", "api-eu.x.example.com", 443), "`*` stays in its label");
+        assert!(hits("ex?mple.com", "example.com", 443));
+        assert!(hits("ex?mple.com", "exxmple.com", 443));
+        assert!(!hits("ex?mple.com", "exmple.com", 443), "`?` is exactly one character");
+        assert!(!hits("ex?mple.com", "ex.mple.com", 443), "`?` is not a dot");
+        assert!(hits("*.*.example.com", "a.b.example.com", 443));
+        assert!(!hits("*.*.example.com", "a.example.com", 443));
+        assert!(hits("**.api-*.example.com", "x.api-1.example.com", 443));
+        assert!(hits("**.api-*.example.com", "x.y.api-1.example.com", 443));
+        assert!(!hits("**.api-*.example.com", "api-1.example.com", 443));
+        assert!(hits("*", "localhost", 443));
+        assert!(!hits("*", "a.b", 443));
+        assert!(hits("*.co?", "a.com", 443), "no literal suffix");
+        assert!(hits("a*b*c.d", "aXbYbZc.d", 443), "backtracking");
+        assert!(hits("?.d", "é.d", 443), "`?` is one character, not one byte");
+    }
+
+    #[test]
+    fn regex() {
+        assert!(hits(r"^api\d+\.example\.com$", "api12.example.com", 443));
+        assert!(hits(r"api\d+\.example\.com", "API12.EXAMPLE.COM", 443), "case-insensitive");
+        assert!(!hits(r"api\d+\.example\.com", "xapi12.example.com", 443), "anchored at the start");
+        assert!(!hits(r"api\d+\.example\.com", "api12.example.com.evil", 443), "anchored at the end");
+        assert!(hits("(foo|bar).com", "bar.com", 443), "alternation stays anchored");
+        assert!(!hits("(foo|bar).com", "xbar.com", 443));
+        assert!(!hits("foo|bar", "foox", 443));
+        assert!(hits(r"\d+\.example\.com:8080", "1.example.com", 8080));
+        assert!(!hits(r"\d+\.example\.com:8080", "1.example.com", 443));
+    }
+
+    #[test]
+    fn addresses() {
+        assert!(hits("10.0.0.1", "10.0.0.1", 443));
+        assert!(!hits("10.0.0.1", "10.0.0.2", 443));
+        assert!(hits("10.0.0.0/8", "10.255.1.2", 443));
+        assert!(!hits("10.0.0.0/8", "11.0.0.1", 443));
+        assert!(hits("0.0.0.0/0", "1.2.3.4", 443));
+        assert!(hits("2001:db8::/32", "2001:db8:1::5", 443));
+        assert!(!hits("2001:db8::/32", "2001:db9::5", 443));
+        assert!(hits("::/0", "::1", 443));
+        assert!(!hits("::/0", "1.2.3.4", 443));
+        assert!(hits("[2001:db8::1]:443", "2001:db8::1", 443));
+        assert!(!hits("[2001:db8::1]:443", "2001:db8::1", 80));
+        assert!(hits("[2001:db8::/32]:443", "2001:db8::7", 443));
+        assert!(hits("10.0.0.0/8:22", "10.1.1.1", 22));
+        assert!(!hits("10.0.0.0/8:22", "10.1.1.1", 443));
+        // IPv4-mapped IPv6 is compared as IPv4, both ways.
+        assert!(hits("10.0.0.0/8", "::ffff:10.9.9.9", 443));
+        assert!(hits("::ffff:10.0.0.0/104", "10.9.9.9", 443));
+    }
+
+    #[test]
+    fn host_or_ip() {
+        let e = Engine::build(Verdict::Deny, vec![allow("10.0.0.0/8"), allow("example.com")], vec![]).unwrap();
+        let ip = Some("10.1.2.3".parse().unwrap());
+        let other = Some("192.0.2.1".parse().unwrap());
+        assert_eq!(e.decide(None, Some("unknown.org"), ip, 443).verdict, Verdict::Allow, "ip matches");
+        assert_eq!(e.decide(None, Some("example.com"), other, 443).verdict, Verdict::Allow, "host matches");
+        assert_eq!(e.decide(None, Some("unknown.org"), other, 443).verdict, Verdict::Deny);
+        assert_eq!(e.decide(None, Some("10.1.2.3"), None, 443).verdict, Verdict::Allow, "IP literal host");
+        assert_eq!(e.decide(None, None, None, 443).verdict, Verdict::Deny);
+        assert_eq!(e.decide(None, Some(""), None, 443).verdict, Verdict::Deny);
+    }
+
+    #[test]
+    fn ports() {
+        assert!(hits("example.com:443", "example.com", 443));
+        assert!(!hits("example.com:443", "example.com", 80));
+        assert!(hits("*.example.com:8443", "a.example.com", 8443));
+        assert!(!hits("*.example.com:8443", "a.example.com", 443));
+        assert!(!hits("api-*.example.com:1", "api-1.example.com", 2));
+    }
+
+    #[test]
+    fn precedence_and_matched_rule() {
+        let global = vec![allow("**.example.com"), allow("a.example.com"), deny("b.example.com")];
+        let sandbox = vec![deny("a.example.com"), allow("c.example.com"), allow("c.example.com")];
+        let e = Engine::build(Verdict::Deny, global.clone(), vec![("s".into(), sandbox.clone())]).unwrap();
+
+        // First matching allow, in global file order.
+        let d = e.decide(None, Some("a.example.com"), None, 443);
+        assert_eq!((d.verdict, d.default_used), (Verdict::Allow, false));
+        let m = d.matched_rule.unwrap();
+        assert_eq!((m.rule.id, m.scope), (global[0].id, Scope::Global));
+
+        // A sandbox deny beats a global allow.
+        let d = e.decide(Some("s"), Some("a.example.com"), None, 443);
+        assert_eq!(d.verdict, Verdict::Deny);
+        let m = d.matched_rule.unwrap();
+        assert_eq!((m.rule.id, m.scope), (sandbox[0].id, Scope::Sandbox));
+
+        // A global deny beats everything, and is reported as global.
+        let d = e.decide(Some("s"), Some("b.example.com"), None, 443);
+        assert_eq!((d.verdict, d.matched_rule.unwrap().rule.id), (Verdict::Deny, global[2].id));
+
+        // Global allows come before sandbox allows.
+        let d = e.decide(Some("s"), Some("c.example.com"), None, 443);
+        assert_eq!(d.matched_rule.unwrap().rule.id, global[0].id);
+
+        // The default, and other sandboxes' rules do not apply.
+        let d = e.decide(Some("other"), Some("x.org"), None, 443);
+        assert_eq!((d.verdict, d.default_used, d.matched_rule), (Verdict::Deny, true, None));
+        let d = e.decide(Some("other"), Some("a.example.com"), None, 443);
+        assert_eq!(d.verdict, Verdict::Allow);
+
+        let e = Engine::build(Verdict::Allow, vec![], vec![]).unwrap();
+        let d = e.decide(None, Some("x.org"), None, 443);
+        assert_eq!((d.verdict, d.default_used), (Verdict::Allow, true));
+    }
+
+    #[test]
+    fn first_match_across_index_kinds() {
+        // The first rule in order wins even when it lives in a slower index.
+        let rules = vec![allow(r"a\.example\.com"), allow("*.example.com"), allow("a.example.com"), allow("**")];
+        let e = Engine::build(Verdict::Deny, rules.clone(), vec![]).unwrap();
+        assert_eq!(e.decide(None, Some("a.example.com"), None, 1).matched_rule.unwrap().rule.id, rules[0].id);
+        let rules = vec![allow(r"a\.example\.com:2"), allow("a.example.com:3"), allow("*.example.com")];
+        let e = Engine::build(Verdict::Deny, rules.clone(), vec![]).unwrap();
+        assert_eq!(e.decide(None, Some("a.example.com"), None, 3).matched_rule.unwrap().rule.id, rules[1].id);
+        assert_eq!(e.decide(None, Some("a.example.com"), None, 4).matched_rule.unwrap().rule.id, rules[2].id);
+    }
+
+    #[test]
+    fn build_errors() {
+        let err = Engine::build(Verdict::Deny, vec![], vec![("s".into(), vec![]), ("s".into(), vec![])]).unwrap_err();
+        assert_eq!(err.to_string(), "sandbox `s` is listed twice");
+        // Parses, but exceeds the compiled size limit.
+        let huge = deny("(a{1000}){1000}");
+        let err = Engine::build(Verdict::Deny, vec![allow("x.com"), huge.clone()], vec![]).unwrap_err();
+        let chain = format!("{err:#}");
+        assert!(chain.contains(&format!("rule `{}`", huge.id)), "{chain}");
+    }
+
+    #[test]
+    fn engine_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Engine>();
+    }
+
+    #[test]
+    fn wildcard_matcher() {
+        assert!(wildcard(b"*", b"".as_slice()));
+        assert!(wildcard(b"a*", b"a".as_slice()));
+        assert!(wildcard(b"*a*a", b"aaa".as_slice()));
+        assert!(!wildcard(b"*a*a", b"a".as_slice()));
+        assert!(wildcard(b"a?c", b"abc".as_slice()));
+        assert!(!wildcard(b"a?c", b"ac".as_slice()));
+    }
+}
