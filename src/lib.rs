@@ -8,4 +8,5 @@
 pub mod dirs;
 pub mod env;
 pub mod error;
+pub mod secret;
 pub mod state;
