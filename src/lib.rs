@@ -20,6 +20,7 @@ pub mod podman;
 pub mod proxy;
 pub mod policy;
 pub mod sandbox;
+pub mod secret;
 pub mod state;
 pub mod versions;
 

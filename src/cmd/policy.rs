@@ -113,7 +113,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut created_file = false;
     let mut ids = Vec::new();
-    let mut apply = |rules: &mut Vec<Rule>| {
+    let apply = |rules: &mut Vec<Rule>| {
         for resource in resources {
             // Adding the same rule twice is a no-op that reports the
             // existing id, so scripts can re-run safely.

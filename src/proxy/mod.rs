@@ -29,7 +29,7 @@ pub fn notify_reload(dirs: &Dirs) -> Reload {
     let Ok(mut stream) = UnixStream::connect(&path) else {
         return Reload::NoDaemon;
     };
-    let attempt = || -> std::io::Result<String> {
+    let mut attempt = || -> std::io::Result<String> {
         stream.set_read_timeout(Some(RELOAD_TIMEOUT))?;
         stream.set_write_timeout(Some(RELOAD_TIMEOUT))?;
         stream.write_all(b"{\"op\":\"reload\"}\n")?;

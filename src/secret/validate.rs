@@ -1,0 +1,222 @@
+//! The shapes of the names the secret store accepts: services, sandboxes,
+//! placeholders, environment variables, hosts.
+//!
+//! Store keys are built by joining names with dots (`ppp.<sandbox>.<service>`),
+//! so no name may contain a dot, and the sandbox names that would make two
+//! keys look alike are reserved. Errors quote the rejected name (names are
+//! not secret) and carry a hint. This module never sees a secret value.
+
+use anyhow::Result;
+
+use crate::error::fail;
+
+/// Sandbox names the store cannot tell apart from its own key layout:
+/// - `custom`: `ppp.custom.<placeholder>` is a global custom secret, so a
+///   sandbox called `custom` would read as one;
+/// - `global`: the index writes the global scope as `"global"`;
+/// - `registry`: `ppp.registry.<host>` is kept for registry credentials.
+pub const RESERVED_SANDBOX_NAMES: &[&str] = &["custom", "global", "registry"];
+
+/// Longest service, sandbox or placeholder name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Shortest placeholder: it is searched for in every outbound header of the
+/// listed hosts, so a short one would match where it was never written.
+pub const MIN_PLACEHOLDER_LEN: usize = 8;
+
+/// A service name: `[a-z0-9][a-z0-9_-]*`, at most 64 characters.
+pub fn service(name: &str) -> Result<()> {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-';
+    if name.is_empty()
+        || name.len() > MAX_NAME_LEN
+        || !name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        || !name.chars().all(ok)
+    {
+        return Err(fail(format!("`{name}` is not a valid service name"))
+            .hint(
+                "use lower-case letters, digits, `-` and `_`, starting with a letter or digit, \
+                 at most 64 characters",
+            )
+            .into());
+    }
+    Ok(())
+}
+
+/// A sandbox name as a secret scope: ASCII letters, digits, `-` and `_`,
+/// starting with a letter or digit, at most 64 characters, and not one of
+/// [`RESERVED_SANDBOX_NAMES`].
+pub fn sandbox(name: &str) -> Result<()> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if name.is_empty()
+        || name.len() > MAX_NAME_LEN
+        || !name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !name.chars().all(ok)
+    {
+        return Err(fail(format!("`{name}` is not a valid sandbox name"))
+            .hint("use letters, digits, `-` and `_`, starting with a letter or digit, at most 64 characters")
+            .into());
+    }
+    if RESERVED_SANDBOX_NAMES.contains(&name) {
+        return Err(
+            fail(format!("`{name}` is reserved and cannot name a sandbox"))
+                .hint(format!(
+                    "reserved names: {}",
+                    RESERVED_SANDBOX_NAMES.join(", ")
+                ))
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A custom-secret placeholder: ASCII letters, digits, `-` and `_`, 8 to 64
+/// characters.
+pub fn placeholder(p: &str) -> Result<()> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !p.chars().all(ok) || p.is_empty() {
+        return Err(fail(format!("`{p}` is not a valid placeholder"))
+            .hint("use letters, digits, `-` and `_`, such as `PPP_JIRA_TOKEN`")
+            .into());
+    }
+    if !(MIN_PLACEHOLDER_LEN..=MAX_NAME_LEN).contains(&p.len()) {
+        return Err(fail(format!(
+            "placeholder `{p}` must be {MIN_PLACEHOLDER_LEN} to {MAX_NAME_LEN} characters long"
+        ))
+        .hint("the placeholder is replaced wherever it appears in a request header, so make it distinctive")
+        .into());
+    }
+    Ok(())
+}
+
+/// An environment variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn env_var(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.starts_with(|c: char| c.is_ascii_digit())
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(
+            fail(format!("`{name}` is not a valid environment variable name"))
+                .hint("use letters, digits and `_`, not starting with a digit")
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A host a secret may be sent to, returned in canonical form (lower case,
+/// no trailing dot). Exact names only: a wildcard would send the key to
+/// every subdomain, including ones someone else controls.
+pub fn host(h: &str) -> Result<String> {
+    let canonical = crate::secret::services::canonical_host(h.trim()).into_owned();
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    if canonical.is_empty() || canonical.len() > 253 || !canonical.split('.').all(label_ok) {
+        let hint = if h.contains("://") || h.contains('/') {
+            "give the host name alone, such as `api.example.com`, not a URL"
+        } else if h.contains('*') {
+            "wildcards are not accepted: list each host the secret may be sent to"
+        } else if h.contains(':') {
+            "give the host name without a port"
+        } else {
+            "a host name is dot-separated labels of letters, digits and `-`"
+        };
+        return Err(fail(format!("`{h}` is not a valid host name"))
+            .hint(hint)
+            .into());
+    }
+    Ok(canonical)
+}
+
+/// [`host`] for each of `hosts`, dropping duplicates but keeping order.
+pub fn hosts(hosts: &[String]) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::with_capacity(hosts.len());
+    for h in hosts {
+        let h = host(h)?;
+        if !out.contains(&h) {
+            out.push(h);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_names() {
+        for ok in ["anthropic", "usai", "my-svc_2", "0x", &"a".repeat(64)] {
+            service(ok).unwrap();
+        }
+        for bad in ["", "-a", "_a", "A", "a.b", "a b", "ä", &"a".repeat(65)] {
+            assert!(service(bad).is_err(), "{bad}");
+        }
+        let (text, _) = crate::error::render(&service("a.b").unwrap_err());
+        assert_eq!(
+            text.lines().next().unwrap(),
+            "error: `a.b` is not a valid service name",
+        );
+        assert!(text.contains("hint:"), "{text}");
+    }
+
+    #[test]
+    fn sandbox_names() {
+        for ok in ["ppp-red-fox", "opencode-my-app", "Box_1"] {
+            sandbox(ok).unwrap();
+        }
+        for bad in ["", "a.b", "-x", "a/b", &"s".repeat(65)] {
+            assert!(sandbox(bad).is_err(), "{bad}");
+        }
+        for reserved in RESERVED_SANDBOX_NAMES {
+            let (text, _) = crate::error::render(&sandbox(reserved).unwrap_err());
+            assert!(text.contains("reserved"), "{text}");
+        }
+    }
+
+    #[test]
+    fn placeholders_and_env_vars() {
+        placeholder("PPP_JIRA_TOKEN").unwrap();
+        placeholder("abcdefgh").unwrap();
+        for bad in ["short", "", "has.dot_long", "with space x", &"P".repeat(65)] {
+            assert!(placeholder(bad).is_err(), "{bad}");
+        }
+        env_var("JIRA_TOKEN").unwrap();
+        env_var("_x1").unwrap();
+        for bad in ["", "1X", "A-B", "A B"] {
+            assert!(env_var(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_names() {
+        assert_eq!(host("API.Example.com.").unwrap(), "api.example.com");
+        assert_eq!(host("localhost").unwrap(), "localhost");
+        assert_eq!(host("10.0.0.1").unwrap(), "10.0.0.1");
+        for bad in [
+            "",
+            ".",
+            "a..b",
+            "-a.com",
+            "a-.com",
+            "https://api.x.ai",
+            "api.x.ai/v1",
+            "*.x.ai",
+            "api.x.ai:443",
+            "a_b.com",
+            &format!("{}.com", "a".repeat(64)),
+        ] {
+            assert!(host(bad).is_err(), "{bad}");
+        }
+        let (text, _) = crate::error::render(&host("https://api.x.ai").unwrap_err());
+        assert!(text.contains("not a URL"), "{text}");
+        assert_eq!(
+            hosts(&["A.com".into(), "b.com".into(), "a.com".into()]).unwrap(),
+            ["a.com", "b.com"]
+        );
+    }
+}
