@@ -34,10 +34,12 @@ pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
 pub fn confirm(question: &str) -> Result<bool> {
     use std::io::IsTerminal;
     if !std::io::stdin().is_terminal() {
-        return Err(crate::error::fail("refusing to continue without confirmation")
-            .hint("pass -f to confirm")
-            .code(2)
-            .into());
+        return Err(
+            crate::error::fail("refusing to continue without confirmation")
+                .hint("pass -f to confirm")
+                .code(2)
+                .into(),
+        );
     }
     eprint!("{question} [y/N] ");
     let mut answer = String::new();

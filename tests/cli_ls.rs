@@ -1,5 +1,11 @@
 //! `ppp ls`: records on disk merged with a fake `podman machine list`.
 
+#![allow(
+    clippy::similar_names,
+    clippy::many_single_char_names,
+    reason = "short names read better in tests"
+)]
+
 mod common;
 
 use common::{World, ok, output};

@@ -2,6 +2,12 @@
 //! the commands that refuse until their release, completion scripts that
 //! really complete in bash, and `ppp version`.
 
+#![allow(
+    clippy::similar_names,
+    clippy::many_single_char_names,
+    reason = "short names read better in tests"
+)]
+
 mod common;
 
 use clap::CommandFactory;

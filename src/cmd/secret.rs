@@ -21,8 +21,18 @@ pub fn run(cmd: &SecretCommand, ctx: &Ctx) -> Result<ExitCode> {
     match cmd {
         SecretCommand::Set(a) => set(dirs, a),
         SecretCommand::SetCustom(a) => set_custom(dirs, a),
-        SecretCommand::Import { service, all, dry_run, force } => import(dirs, service.as_deref(), *all, *dry_run, *force),
-        SecretCommand::Ls { sandbox, global, service, json } => ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json),
+        SecretCommand::Import {
+            service,
+            all,
+            dry_run,
+            force,
+        } => import(dirs, service.as_deref(), *all, *dry_run, *force),
+        SecretCommand::Ls {
+            sandbox,
+            global,
+            service,
+            json,
+        } => ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json),
         SecretCommand::Rm(a) => rm(dirs, a),
     }
 }
@@ -36,7 +46,10 @@ fn scope_and_name(names: &[String], global: bool) -> Result<(Scope, String)> {
             sandbox::validate_name(sb)?;
             Ok((Scope::Sandbox(sb.clone()), name.clone()))
         }
-        [sb, _] => Err(fail(format!("both -g and sandbox `{sb}` were given")).hint("use one of them").code(2).into()),
+        [sb, _] => Err(fail(format!("both -g and sandbox `{sb}` were given"))
+            .hint("use one of them")
+            .code(2)
+            .into()),
         _ => Err(fail("expected `[SANDBOX] SERVICE`").code(2).into()),
     }
 }
@@ -55,7 +68,9 @@ fn read_value(given: Option<&str>, from_stdin: bool, what: &str) -> Result<Value
         v.to_owned()
     } else if from_stdin {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("could not read the value from standard input")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("could not read the value from standard input")?;
         // Only the line ending `echo` adds; inner whitespace is the user's.
         let trimmed = s.trim_end_matches(['\n', '\r']).to_owned();
         zeroize::Zeroize::zeroize(&mut s);
@@ -85,16 +100,28 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
     let (scope, service) = scope_and_name(&a.names, a.global)?;
     secret::validate::service(&service)?;
     if services::builtin(&service).is_none() && a.hosts.is_empty() {
-        return Err(fail(format!("ppp does not know the hosts of service `{service}`"))
-            .hint(format!("name them: `ppp secret set {service} --host api.example.com`"))
-            .code(2)
-            .into());
+        return Err(fail(format!(
+            "ppp does not know the hosts of service `{service}`"
+        ))
+        .hint(format!(
+            "name them: `ppp secret set {service} --host api.example.com`"
+        ))
+        .code(2)
+        .into());
     }
-    let value = read_value(a.token.as_deref(), a.password_stdin, &format!("`{service}`"))?;
+    let value = read_value(
+        a.token.as_deref(),
+        a.password_stdin,
+        &format!("`{service}`"),
+    )?;
     let store = Store::open(dirs)?;
     store.set_service(&scope, &service, &a.hosts, &value)?;
     proxy::reload_or_warn(dirs);
-    output::println(&format!("stored `{service}` {} ({})", scope_words(&scope), store.backend()))?;
+    output::println(&format!(
+        "stored `{service}` {} ({})",
+        scope_words(&scope),
+        store.backend()
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -128,7 +155,13 @@ fn from_env(vars: &[&'static str]) -> Option<(&'static str, Value)> {
     })
 }
 
-fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool) -> Result<ExitCode> {
+fn import(
+    dirs: &Dirs,
+    only: Option<&str>,
+    all: bool,
+    dry_run: bool,
+    force: bool,
+) -> Result<ExitCode> {
     if let Some(s) = only
         && services::builtin(s).is_none()
     {
@@ -145,12 +178,17 @@ fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool
         .collect();
     if found.is_empty() {
         let what = only.map_or_else(|| "any service".to_owned(), |s| format!("`{s}`"));
-        return Err(fail(format!("no environment variable holds a key for {what}"))
-            .hint("see `ppp secret import --help` for the variables read")
-            .into());
+        return Err(
+            fail(format!("no environment variable holds a key for {what}"))
+                .hint("see `ppp secret import --help` for the variables read")
+                .into(),
+        );
     }
     if only.is_none() && !all {
-        let names: Vec<String> = found.iter().map(|(s, v, _)| format!("{s} (from {v})")).collect();
+        let names: Vec<String> = found
+            .iter()
+            .map(|(s, v, _)| format!("{s} (from {v})"))
+            .collect();
         return Err(fail(format!("found keys for {}", names.join(", ")))
             .hint("pass --all to import them all, or name one service")
             .code(2)
@@ -177,7 +215,13 @@ fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool
     Ok(ExitCode::SUCCESS)
 }
 
-fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&str>, json: bool) -> Result<ExitCode> {
+fn ls(
+    dirs: &Dirs,
+    sandbox_name: Option<&str>,
+    global: bool,
+    service: Option<&str>,
+    json: bool,
+) -> Result<ExitCode> {
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
@@ -185,12 +229,11 @@ fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&st
     let entries: Vec<_> = store
         .list()?
         .into_iter()
-        .filter(|e| match (&e.scope, sandbox_name, global) {
-            (Scope::Global, _, true) => true,
-            (_, _, true) => false,
-            (Scope::Sandbox(s), Some(want), false) => s == want,
-            (Scope::Global, Some(_), false) => false,
-            (_, None, false) => true,
+        .filter(|e| match (&e.scope, sandbox_name) {
+            _ if global => e.scope == Scope::Global,
+            (Scope::Sandbox(s), Some(want)) => s == want,
+            (Scope::Global, Some(_)) => false,
+            (_, None) => true,
         })
         .filter(|e| service.is_none_or(|s| e.name == s))
         .collect();
@@ -205,12 +248,19 @@ fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&st
                 e.scope.to_string(),
                 e.name.clone(),
                 e.kind.to_string(),
-                if e.hosts.is_empty() { "-".to_owned() } else { e.hosts.join(",") },
+                if e.hosts.is_empty() {
+                    "-".to_owned()
+                } else {
+                    e.hosts.join(",")
+                },
                 e.backend.to_string(),
             ]
         })
         .collect();
-    output::print(&output::table(&["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND"], &rows))?;
+    output::print(&output::table(
+        &["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND"],
+        &rows,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -225,9 +275,12 @@ fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
     } else if store.exists(&scope, &name, Kind::Custom)? {
         Kind::Custom
     } else {
-        return Err(fail(format!("no secret `{name}` is stored {}", scope_words(&scope)))
-            .hint("list secrets with `ppp secret ls`")
-            .into());
+        return Err(fail(format!(
+            "no secret `{name}` is stored {}",
+            scope_words(&scope)
+        ))
+        .hint("list secrets with `ppp secret ls`")
+        .into());
     };
     if !a.force && !output::confirm(&format!("remove `{name}` {}?", scope_words(&scope)))? {
         output::println("nothing changed")?;

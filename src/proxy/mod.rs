@@ -59,7 +59,11 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     fn dirs(tmp: &std::path::Path) -> Dirs {
-        Dirs { config: tmp.join("c"), data: tmp.to_owned(), cache: tmp.join("k") }
+        Dirs {
+            config: tmp.join("c"),
+            data: tmp.to_owned(),
+            cache: tmp.join("k"),
+        }
     }
 
     #[test]

@@ -113,18 +113,28 @@ impl SecretService {
     pub fn start(home: &Path) -> Self {
         for tool in ["dbus-run-session", "gnome-keyring-daemon", "dbus-send"] {
             assert!(
-                std::process::Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap().status.success(),
+                std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {tool}"))
+                    .output()
+                    .unwrap()
+                    .status
+                    .success(),
                 "`{tool}` is missing; run `make test-deps` (scripts/install-test-deps.sh)"
             );
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/with-secret-service.sh");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/with-secret-service.sh");
         let addr_file = home.join("dbus-address");
         let mut child = std::process::Command::new("dbus-run-session")
             .arg("--")
             .arg(&script)
             .arg("sh")
             .arg("-c")
-            .arg(format!("echo \"$DBUS_SESSION_BUS_ADDRESS\" > {}.tmp && mv {0}.tmp {0} && exec sleep 600", addr_file.display()))
+            .arg(format!(
+                "echo \"$DBUS_SESSION_BUS_ADDRESS\" > {}.tmp && mv {0}.tmp {0} && exec sleep 600",
+                addr_file.display()
+            ))
             .env("HOME", home)
             .stdin(std::process::Stdio::null())
             .spawn()
@@ -137,7 +147,10 @@ impl SecretService {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("the Secret Service session exited early: {status}");
             }
-            assert!(std::time::Instant::now() < deadline, "the Secret Service did not come up within 30 s");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Secret Service did not come up within 30 s"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         Self { child, address }
@@ -158,7 +171,10 @@ impl Drop for SecretService {
     fn drop(&mut self) {
         // Killing `sleep` ends the session: dbus-run-session then stops the
         // bus and gnome-keyring with it.
-        let _ = std::process::Command::new("pkill").arg("-P").arg(self.child.id().to_string()).status();
+        let _ = std::process::Command::new("pkill")
+            .arg("-P")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -169,7 +185,9 @@ pub fn files_containing(root: &Path, needle: &[u8]) -> Vec<PathBuf> {
     let mut hits = Vec::new();
     let mut stack = vec![root.to_owned()];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
