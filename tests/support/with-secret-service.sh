@@ -32,7 +32,9 @@ for tool in gnome-keyring-daemon dbus-send; do
     command -v "$tool" >/dev/null 2>&1 ||
         die "\`$tool\` is not installed (Debian: apt-get install gnome-keyring dbus-daemon dbus-bin)"
 done
-[ -n "${HOME:-}" ] && [ -d "$HOME" ] || die "HOME must be an existing directory"
+if [ -z "${HOME:-}" ] || [ ! -d "$HOME" ]; then
+    die "HOME must be an existing directory"
+fi
 # Refuse a HOME that already has keyrings: it is either someone's real home
 # or a reused test home whose keyring this run's password cannot open.
 [ ! -e "$HOME/.local/share/keyrings" ] ||
@@ -42,7 +44,7 @@ done
 # XDG_RUNTIME_DIR; keep it inside the throwaway HOME.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
     XDG_RUNTIME_DIR="$HOME/.run"
-    mkdir -m 700 -p "$XDG_RUNTIME_DIR"
+    mkdir -m 700 "$XDG_RUNTIME_DIR"
     export XDG_RUNTIME_DIR
 fi
 
