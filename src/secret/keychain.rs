@@ -26,8 +26,11 @@ const USER: &str = "ppp";
 const PROBE_SERVICE: &str = "ppp.probe";
 const PROBE_USER: &str = "ppp-availability-probe";
 
-const HINT_UNAVAILABLE: &str = "unset `PPP_SECRET_BACKEND` or set it to `file` to use the age-encrypted file store; \
-     on Linux the keychain is the Secret Service (gnome-keyring, KeePassXC) on the D-Bus session bus";
+/// Fits both a write (the backend was forced or picked) and a read of an
+/// entry the index places in the keychain (only the keychain has it).
+const HINT_UNAVAILABLE: &str = "start and unlock the keychain (on Linux: a Secret Service such as gnome-keyring \
+     on the D-Bus session bus); to store new secrets in the age-encrypted file instead, \
+     set `PPP_SECRET_BACKEND=file`";
 
 /// `Ok` when the keychain answers; otherwise why not, in words that are safe
 /// to print.
@@ -181,7 +184,10 @@ mod tests {
                 "  caused by: keychain item `ppp.anthropic`: platform failure: no bus",
             ]
         );
-        assert!(text.contains("hint: unset `PPP_SECRET_BACKEND`"), "{text}");
+        assert!(
+            text.contains("hint: start and unlock the keychain"),
+            "{text}"
+        );
 
         let err = map("ppp.x", K::Invalid("service".into(), "too long".into()));
         assert!(matches!(err.downcast_ref::<Error>(), Some(Error::Keychain)));

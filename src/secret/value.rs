@@ -175,12 +175,11 @@ mod tests {
     proptest! {
         #[test]
         fn no_format_reveals_the_value(s in "\\PC{1,64}") {
-            // A value that is itself a substring of the marker cannot be told
-            // apart from it; any other value must not appear.
-            prop_assume!(!REDACTED.contains(s.as_str()));
+            // Compared with the exact expected text, so even a one-letter
+            // value that also occurs in the marker cannot slip through.
             let v = Value::new(s.clone());
-            let out = format!("{v} {v:?} {v:#?} {:?}", Some(vec![v.clone()]));
-            prop_assert!(!out.contains(s.as_str()));
+            let out = format!("{v} {v:?} {v:#?} {:?} {v:>9}", Some(vec![v.clone()]));
+            prop_assert_eq!(out, "[redacted] [redacted] [redacted] Some([[redacted]]) [redacted]");
             prop_assert_eq!(v.expose(), s.as_str());
         }
     }
