@@ -29,12 +29,14 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 #   procps                          pgrep/ps to wait for pids to disappear
 #   util-linux                      nsenter, mount for per-guest mount namespaces
 #   hyperfine                       whole-command benchmarks (never in assertions)
+#   age                             stock `age` decrypts secrets.age in the store
+#                                   tests, proving the file is plain age format
 #   (linter) shellcheck             `make check` runs it on scripts/ and .ci/run
 APT_PACKAGES=(
   gnome-keyring dbus dbus-daemon dbus-bin libsecret-tools
   wireguard-tools wireguard-go iproute2 nftables bind9-dnsutils
   curl ca-certificates openssl procps util-linux
-  hyperfine shellcheck
+  hyperfine shellcheck age
 )
 
 export DEBIAN_FRONTEND=noninteractive

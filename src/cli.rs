@@ -546,9 +546,6 @@ impl SourceFilter {
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
     /// Create the global policy from a preset
-    #[command(
-        after_help = "Presets:\n  allow-all  allow everything\n  balanced   deny by default; allow LLM APIs, package registries, code hosts and OS mirrors\n  deny-all   deny everything"
-    )]
     Init {
         /// The preset
         #[arg(value_enum)]

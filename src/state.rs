@@ -68,6 +68,20 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("could not create directory `{}`", dir.display()))
 }
 
+/// Make `dir` (created if missing) accessible to its owner only. Used for
+/// directories that hold secret material: a root the user created 0755
+/// before ppp ran would otherwise expose file names and allow listing.
+pub fn tighten_dir(dir: &Path) -> Result<()> {
+    create_private_dir(dir)?;
+    let meta =
+        std::fs::metadata(dir).with_context(|| format!("could not inspect `{}`", dir.display()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("could not make `{}` private (mode 0700)", dir.display()))?;
+    }
+    Ok(())
+}
+
 /// Replace `path` with `bytes` atomically: temp file in the same directory,
 /// fsync, rename, fsync the directory. The file gets `mode`.
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {

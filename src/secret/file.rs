@@ -175,6 +175,9 @@ impl FileStore {
         serde_json::to_writer(&mut *plaintext, vault)
             .context("could not serialise the secret store")?;
         let ciphertext = encrypt(&identity.to_public(), &plaintext)?;
+        if let Some(dir) = self.path.parent() {
+            state::tighten_dir(dir)?;
+        }
         state::write_atomic(&self.path, &ciphertext)
     }
 
@@ -207,6 +210,9 @@ impl FileStore {
             id.to_string().expose_secret()
         )
         .context("could not format the age identity")?;
+        if let Some(dir) = self.identity.parent() {
+            state::tighten_dir(dir)?;
+        }
         state::write_atomic(&self.identity, text.as_bytes())
             .context("could not save the new age identity")?;
         Ok(id)
