@@ -49,12 +49,11 @@ test-deps:
 check-versions:
 	scripts/check-versions.sh
 
-# --all-targets runs unit, integration and bench targets (criterion runs each
-# benchmark once, as a smoke test, in the debug profile) but skips doctests,
-# hence the second line. Benchmarks are never timed here.
+# scripts/run-tests.sh runs every test target plus doctests and ends with a
+# `total: N passed, N failed` line. Benchmarks run once as smoke tests only;
+# nothing is timed here.
 test: test-deps check-versions
-	$(CARGO) test --locked --all-targets
-	$(CARGO) test --locked --doc
+	scripts/run-tests.sh
 
 fmt:
 	$(CARGO) fmt
