@@ -11,10 +11,8 @@ MAKEFLAGS += --no-builtin-rules
 CARGO ?= cargo
 
 # `make install PREFIX=/usr/local` installs to $(PREFIX)/bin; without PREFIX,
-# cargo's own default applies, which INSTALL_ROOT mirrors so that the smoke
-# run below finds the binary that was just installed.
+# cargo's own default (~/.cargo/bin) applies.
 PREFIX ?=
-INSTALL_ROOT := $(or $(PREFIX),$(CARGO_INSTALL_ROOT),$(CARGO_HOME),$(HOME)/.cargo)
 
 # The pinned mitmproxy venv the end-to-end tests run, built by test-deps.
 # Exported so that the tests and scripts/install-test-deps.sh agree on it.
@@ -22,13 +20,13 @@ PPP_TEST_VENV ?= $(CURDIR)/target/test-venv
 PPP_TEST_MITMDUMP ?= $(PPP_TEST_VENV)/bin/mitmdump
 export PPP_TEST_VENV PPP_TEST_MITMDUMP
 
-SHELL_SCRIPTS := $(wildcard scripts/*.sh) .ci/run
+SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh) .ci/run
 
 .PHONY: help build install test-deps test check check-versions lint clippy fmt fmt-check bench clean
 
 help:
 	@echo 'make build       release build (cargo build --release --locked)'
-	@echo 'make install     cargo install to $$PREFIX (default ~/.cargo), then run `ppp version`'
+	@echo 'make install     ppp to $$PREFIX (default ~/.cargo) and the mitmproxy venv to $$PPP_DATA/venv, then `ppp version`'
 	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
 	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
 	@echo 'make check       fmt-check, clippy -D warnings, lint, then test'
@@ -40,8 +38,7 @@ build:
 	$(CARGO) build --release --locked
 
 install:
-	$(CARGO) install --path . --locked --force $(if $(PREFIX),--root "$(PREFIX)")
-	"$(INSTALL_ROOT)/bin/ppp" version
+	PREFIX="$(PREFIX)" scripts/install.sh
 
 test-deps:
 	scripts/install-test-deps.sh

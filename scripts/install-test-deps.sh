@@ -74,36 +74,7 @@ fi
 
 # --- mitmproxy venv ----------------------------------------------------------
 venv=${PPP_TEST_VENV:-$root/target/test-venv}
-want="Mitmproxy: $MITMPROXY_VERSION"
-
-# The pinned version iff the venv's mitmdump runs and says so. Read all of its
-# output: cutting it short (| head) makes mitmdump print a BrokenPipe trace.
-venv_ok() {
-  local out
-  out=$("$venv/bin/mitmdump" --version 2>/dev/null) || return 1
-  printf '%s\n' "$out" | grep -qxF "$want"
-}
-
-start=$SECONDS
-if venv_ok; then
-  note mitmproxy "$MITMPROXY_VERSION already in $venv"
-else
-  if [ -e "$venv" ]; then
-    # Refuse to delete a directory that is not a venv: PPP_TEST_VENV may be
-    # mistyped, and rm -rf of the wrong place is not recoverable.
-    [ -f "$venv/pyvenv.cfg" ] || [ -z "$(ls -A "$venv")" ] ||
-      die "\`$venv\` exists but is not a venv; not replacing it" "point PPP_TEST_VENV at a new or venv directory"
-    say "replacing $venv: its mitmdump is missing, broken or not $MITMPROXY_VERSION"
-    rm -rf "$venv"
-  fi
-  python=$("$root/scripts/find-python.sh")
-  say "creating $venv with $python"
-  mkdir -p "$(dirname "$venv")"
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q "mitmproxy==$MITMPROXY_VERSION" >&2
-  venv_ok || die "$venv/bin/mitmdump does not report $MITMPROXY_VERSION after install"
-  note mitmproxy "$MITMPROXY_VERSION installed in $venv ($((SECONDS - start)) s)"
-fi
+note mitmproxy "$("$root/scripts/install-mitmproxy-venv.sh" "$venv")"
 note python "$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])') ($(readlink -f "$venv/bin/python"))"
 
 printf '%s\n' "${summary[@]}"

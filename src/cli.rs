@@ -4,10 +4,7 @@
 //! Parsing touches nothing: no files, no environment beyond clap's own
 //! `env` fallbacks, no processes. Commands resolve what they need later.
 
-#![allow(
-    clippy::struct_excessive_bools,
-    reason = "clap flags are naturally bools"
-)]
+#![allow(clippy::struct_excessive_bools, reason = "clap flags are naturally bools")]
 
 use std::path::PathBuf;
 
@@ -229,12 +226,7 @@ pub struct ExecArgs {
     pub sandbox: String,
 
     /// The command and its arguments, passed through unchanged
-    #[arg(
-        value_name = "COMMAND",
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
+    #[arg(value_name = "COMMAND", required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
 }
 
@@ -561,9 +553,7 @@ pub enum PolicyCommand {
     #[command(after_help = RESOURCE_HELP)]
     Deny(PolicyAddArgs),
     /// Show the decision for a target without changing anything
-    #[command(
-        after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443"
-    )]
+    #[command(after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443")]
     Check {
         /// Rule kind
         #[arg(value_enum)]
@@ -647,12 +637,7 @@ pub enum PolicyCommand {
         #[arg(long, value_name = "SANDBOX")]
         sandbox: Option<String>,
         /// The rule id, or a unique prefix of it
-        #[arg(
-            long,
-            value_name = "ID",
-            required_unless_present = "resource",
-            conflicts_with = "resource"
-        )]
+        #[arg(long, value_name = "ID", required_unless_present = "resource", conflicts_with = "resource")]
         id: Option<String>,
         /// Remove every rule with this resource
         #[arg(long, value_name = "RESOURCE")]
@@ -697,9 +682,7 @@ pub enum SecretCommand {
     )]
     Set(SecretSetArgs),
     /// Store a value the proxy substitutes for a placeholder (experimental)
-    #[command(
-        override_usage = "ppp secret set-custom [OPTIONS] --placeholder <P> --host <HOST> [-g | SANDBOX]"
-    )]
+    #[command(override_usage = "ppp secret set-custom [OPTIONS] --placeholder <P> --host <HOST> [-g | SANDBOX]")]
     SetCustom(SecretSetCustomArgs),
     /// Import API keys from environment variables
     #[command(
@@ -735,7 +718,7 @@ pub enum SecretCommand {
         json: bool,
     },
     /// Remove a secret
-    #[command(override_usage = "ppp secret rm [OPTIONS] [-g | SANDBOX] SERVICE")]
+    #[command(override_usage = "ppp secret rm [OPTIONS] [-g | SANDBOX] SERVICE|PLACEHOLDER")]
     Rm(SecretRmArgs),
 }
 
@@ -749,6 +732,10 @@ pub struct SecretSetArgs {
     /// Store globally, for every sandbox
     #[arg(short, long)]
     pub global: bool,
+
+    /// Scope the key to this sandbox (same as giving SANDBOX)
+    #[arg(long, value_name = "SANDBOX", conflicts_with = "global")]
+    pub sandbox: Option<String>,
 
     /// API host the key is sent to (repeatable; required for services ppp does not know)
     #[arg(long = "host", value_name = "HOST")]
@@ -795,8 +782,12 @@ pub struct SecretSetCustomArgs {
     pub value: Option<String>,
 
     /// The real value (alias of --value)
-    #[arg(short, long, value_name = "TOKEN")]
+    #[arg(short, long, value_name = "TOKEN", conflicts_with = "password_stdin")]
     pub token: Option<String>,
+
+    /// Read the real value from standard input
+    #[arg(long, conflicts_with = "value")]
+    pub password_stdin: bool,
 
     /// Also export the placeholder in the sandbox as this environment variable
     #[arg(long, value_name = "NAME")]
@@ -821,6 +812,10 @@ pub struct SecretRmArgs {
     /// Remove a container registry credential
     #[arg(long)]
     pub registry: bool,
+
+    /// Remove the custom secret with this placeholder, not a service key of the same name
+    #[arg(long)]
+    pub custom: bool,
 }
 
 /// `ppp template …`.
@@ -870,30 +865,19 @@ mod tests {
 
     #[test]
     fn exec_passes_guest_flags_through() {
-        let cli =
-            Cli::try_parse_from(["ppp", "exec", "red-fox", "--", "ls", "-la", "--color"]).unwrap();
-        let Command::Exec(a) = cli.command else {
-            panic!()
-        };
+        let cli = Cli::try_parse_from(["ppp", "exec", "red-fox", "--", "ls", "-la", "--color"]).unwrap();
+        let Command::Exec(a) = cli.command else { panic!() };
         assert_eq!(a.command, ["ls", "-la", "--color"]);
-        let cli =
-            Cli::try_parse_from(["ppp", "exec", "-e", "A=1", "red-fox", "printf", "-x"]).unwrap();
-        let Command::Exec(a) = cli.command else {
-            panic!()
-        };
+        let cli = Cli::try_parse_from(["ppp", "exec", "-e", "A=1", "red-fox", "printf", "-x"]).unwrap();
+        let Command::Exec(a) = cli.command else { panic!() };
         assert_eq!(a.env, ["A=1"]);
         assert_eq!(a.command, ["printf", "-x"]);
     }
 
     #[test]
     fn run_takes_agent_args_after_dashes() {
-        let cli = Cli::try_parse_from([
-            "ppp", "run", "-m", "8g", "opencode", ".", "--", "--model", "x",
-        ])
-        .unwrap();
-        let Command::Run(a) = cli.command else {
-            panic!()
-        };
+        let cli = Cli::try_parse_from(["ppp", "run", "-m", "8g", "opencode", ".", "--", "--model", "x"]).unwrap();
+        let Command::Run(a) = cli.command else { panic!() };
         assert_eq!(a.spec.agent, "opencode");
         assert_eq!(a.spec.memory.as_deref(), Some("8g"));
         assert_eq!(a.agent_args, ["--model", "x"]);

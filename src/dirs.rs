@@ -11,7 +11,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::env;
 
@@ -44,14 +44,13 @@ impl Dirs {
                     return Ok(p.join("ppp"));
                 }
             }
-            match &home {
-                Some(h) => Ok(fallback
-                    .iter()
-                    .fold(h.clone(), |acc, c| acc.join(c))
-                    .join("ppp")),
-                None => bail!(
-                    "cannot locate ppp's {fallback:?} directory: neither `{over}`, `{xdg}` nor `HOME` is set"
-                ),
+            if let Some(h) = &home {
+                Ok(fallback.iter().fold(h.clone(), |acc, c| acc.join(c)).join("ppp"))
+            } else {
+                let what = over.trim_start_matches("PPP_").to_lowercase();
+                Err(crate::error::fail(format!("cannot locate ppp's {what} directory"))
+                    .hint(format!("set `{over}`, `{xdg}` or `HOME`"))
+                    .into())
             }
         };
         Ok(Self {
@@ -171,9 +170,8 @@ fn absolute(var: &str, p: PathBuf) -> Result<PathBuf> {
     }
     // A relative override would silently move state when the working
     // directory changes, so anchor it once, here, at resolution time.
-    let cwd = std::env::current_dir().map_err(|e| {
-        anyhow::anyhow!("`{var}` is relative and the working directory is unknown: {e}")
-    })?;
+    let cwd = std::env::current_dir()
+        .map_err(|e| anyhow::anyhow!("`{var}` is relative and the working directory is unknown: {e}"))?;
     Ok(cwd.join(p))
 }
 
@@ -188,10 +186,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn resolve(vars: &[(&str, &str)]) -> Dirs {
-        let map: HashMap<String, OsString> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
-            .collect();
+        let map: HashMap<String, OsString> = vars.iter().map(|(k, v)| ((*k).to_owned(), OsString::from(v))).collect();
         Dirs::resolve(|k| map.get(k).cloned()).unwrap()
     }
 
@@ -214,19 +209,17 @@ mod tests {
         assert_eq!(d.config, PathBuf::from("/x/c/ppp"));
         assert_eq!(d.data, PathBuf::from("/home/u/.local/share/ppp"));
         assert_eq!(d.cache, PathBuf::from("/p/cache"));
-        assert_eq!(
-            d.sandbox_policy("a"),
-            PathBuf::from("/home/u/.local/share/ppp/sandboxes/a/policy.yaml")
-        );
-        assert_eq!(
-            d.wg_keys(51820),
-            PathBuf::from("/home/u/.local/share/ppp/wg/keys-51820.conf")
-        );
+        assert_eq!(d.sandbox_policy("a"), PathBuf::from("/home/u/.local/share/ppp/sandboxes/a/policy.yaml"));
+        assert_eq!(d.wg_keys(51820), PathBuf::from("/home/u/.local/share/ppp/wg/keys-51820.conf"));
     }
 
     #[test]
     fn no_home_is_an_error() {
-        let err = Dirs::resolve(|_| None).unwrap_err().to_string();
-        assert!(err.contains("PPP_CONFIG"), "{err}");
+        let err = Dirs::resolve(|_| None).unwrap_err();
+        let (text, _) = crate::error::render(&err);
+        assert_eq!(
+            text,
+            "error: cannot locate ppp's config directory\nhint: set `PPP_CONFIG`, `XDG_CONFIG_HOME` or `HOME`\n"
+        );
     }
 }

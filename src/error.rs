@@ -17,11 +17,7 @@ pub struct Failure {
 impl Failure {
     /// A failure with exit code 1.
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            hint: None,
-            code: 1,
-        }
+        Self { message: message.into(), hint: None, code: 1 }
     }
 
     /// Attach a `hint:` line.
@@ -88,10 +84,8 @@ mod tests {
 
     #[test]
     fn renders_chain_hint_and_code() {
-        let inner: anyhow::Result<()> = Err(fail("port 70000 is out of range")
-            .hint("ports run from 1 to 65535")
-            .code(2)
-            .into());
+        let inner: anyhow::Result<()> =
+            Err(fail("port 70000 is out of range").hint("ports run from 1 to 65535").code(2).into());
         let err = inner.context("could not add rule").unwrap_err();
         let (text, code) = render(&err);
         assert_eq!(

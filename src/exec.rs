@@ -24,12 +24,7 @@ pub struct Invocation {
 impl Invocation {
     /// An invocation of `program` with no arguments.
     pub fn new(program: impl Into<PathBuf>) -> Self {
-        Self {
-            program: program.into(),
-            args: Vec::new(),
-            env: Vec::new(),
-            timeout: None,
-        }
+        Self { program: program.into(), args: Vec::new(), env: Vec::new(), timeout: None }
     }
 
     /// Append one argument.
@@ -77,10 +72,7 @@ impl Invocation {
 impl fmt::Display for Invocation {
     /// The command line as a user would type it, for error messages.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = self
-            .program
-            .file_name()
-            .map_or_else(|| self.program.as_os_str().to_owned(), ToOwned::to_owned);
+        let name = self.program.file_name().map_or_else(|| self.program.as_os_str().to_owned(), ToOwned::to_owned);
         write!(f, "{}", name.to_string_lossy())?;
         for a in &self.args {
             write!(f, " {}", a.to_string_lossy())?;
@@ -102,51 +94,28 @@ pub enum ExecError {
     #[error("`{program}` was not found", program = program.display())]
     NotFound { program: PathBuf },
     #[error("could not run `{command}`: {source}")]
-    Spawn {
-        command: String,
-        source: std::io::Error,
-    },
+    Spawn { command: String, source: std::io::Error },
     #[error("`{command}` exited with {status}{}", stderr_suffix(stderr))]
-    Failed {
-        command: String,
-        status: String,
-        stderr: String,
-    },
+    Failed { command: String, status: String, stderr: String },
     #[error("`{command}` did not finish within {secs} s", secs = timeout.as_secs())]
     TimedOut { command: String, timeout: Duration },
 }
 
 fn stderr_suffix(stderr: &str) -> String {
-    let last = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    if last.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", last.trim())
-    }
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+    if last.is_empty() { String::new() } else { format!(": {}", last.trim()) }
 }
 
 /// Run `inv` to completion, capturing stdout and stderr. Non-zero exit is an
 /// error.
 pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     let command = inv.to_string();
-    let mut child = inv
-        .command()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => ExecError::NotFound {
-                program: inv.program.clone(),
-            },
-            _ => ExecError::Spawn {
-                command: command.clone(),
-                source,
-            },
+    let mut child =
+        inv.command().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|source| {
+            match source.kind() {
+                std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+                _ => ExecError::Spawn { command: command.clone(), source },
+            }
         })?;
     // Drain both pipes on threads so a chatty child cannot block on a full
     // pipe while we wait on it.
@@ -174,10 +143,7 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
         {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(ExecError::TimedOut {
-                command,
-                timeout: t,
-            });
+            return Err(ExecError::TimedOut { command, timeout: t });
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -186,23 +152,15 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     if status.success() {
         Ok(Output { stdout, stderr })
     } else {
-        let status = status
-            .code()
-            .map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
-        Err(ExecError::Failed {
-            command,
-            status,
-            stderr,
-        })
+        let status = status.code().map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
+        Err(ExecError::Failed { command, status, stderr })
     }
 }
 
 /// Find `name` on `PATH`, like a shell would.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| is_executable(p))
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| is_executable(p))
 }
 
 /// The program to use for a tool: the override variable if set, else `PATH`.
@@ -227,22 +185,15 @@ mod tests {
         let ok = run(&Invocation::new("/bin/sh").args(["-c", "echo out; echo err >&2"])).unwrap();
         assert_eq!(ok.stdout, "out\n");
         assert_eq!(ok.stderr, "err\n");
-        let err =
-            run(&Invocation::new("/bin/sh").args(["-c", "echo boom >&2; exit 3"])).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "`sh -c echo boom >&2; exit 3` exited with status 3: boom"
-        );
+        let err = run(&Invocation::new("/bin/sh").args(["-c", "echo boom >&2; exit 3"])).unwrap_err();
+        assert_eq!(err.to_string(), "`sh -c echo boom >&2; exit 3` exited with status 3: boom");
         let err = run(&Invocation::new("/nonexistent/podman")).unwrap_err();
         assert!(matches!(err, ExecError::NotFound { .. }), "{err}");
     }
 
     #[test]
     fn times_out() {
-        let err = run(&Invocation::new("/bin/sleep")
-            .arg("5")
-            .timeout(Duration::from_millis(100)))
-        .unwrap_err();
+        let err = run(&Invocation::new("/bin/sleep").arg("5").timeout(Duration::from_millis(100))).unwrap_err();
         assert!(matches!(err, ExecError::TimedOut { .. }), "{err}");
     }
 }

@@ -34,12 +34,10 @@ pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
 pub fn confirm(question: &str) -> Result<bool> {
     use std::io::IsTerminal;
     if !std::io::stdin().is_terminal() {
-        return Err(
-            crate::error::fail("refusing to continue without confirmation")
-                .hint("pass -f to confirm")
-                .code(2)
-                .into(),
-        );
+        return Err(crate::error::fail("refusing to continue without confirmation")
+            .hint("pass -f to confirm")
+            .code(2)
+            .into());
     }
     eprint!("{question} [y/N] ");
     let mut answer = String::new();
@@ -49,10 +47,7 @@ pub fn confirm(question: &str) -> Result<bool> {
 
 /// True when `err` is (caused by) a closed stdout.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 /// Render rows as left-aligned columns separated by two spaces. The last
@@ -91,10 +86,7 @@ mod tests {
     fn table_aligns() {
         let t = super::table(
             &["NAME", "STATUS"],
-            &[
-                vec!["a".into(), "running".into()],
-                vec!["long-name".into(), "-".into()],
-            ],
+            &[vec!["a".into(), "running".into()], vec!["long-name".into(), "-".into()]],
         );
         assert_eq!(t, "NAME       STATUS\na          running\nlong-name  -\n");
     }

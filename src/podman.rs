@@ -21,16 +21,12 @@ pub fn program() -> Option<PathBuf> {
 
 /// `podman machine list --format json`.
 pub fn machine_list(program: PathBuf) -> Invocation {
-    Invocation::new(program)
-        .args(["machine", "list", "--format", "json"])
-        .timeout(LIST_TIMEOUT)
+    Invocation::new(program).args(["machine", "list", "--format", "json"]).timeout(LIST_TIMEOUT)
 }
 
 /// `podman --version`.
 pub fn version(program: PathBuf) -> Invocation {
-    Invocation::new(program)
-        .arg("--version")
-        .timeout(Duration::from_secs(10))
+    Invocation::new(program).arg("--version").timeout(Duration::from_secs(10))
 }
 
 /// One row of `podman machine list --format json`. Podman emits more
@@ -81,10 +77,7 @@ pub fn parse_machine_list(json: &str) -> Result<Vec<Machine>, serde_json::Error>
 
 /// Pull the version number out of `podman version 5.8.1`.
 pub fn parse_version(text: &str) -> Option<String> {
-    text.split_whitespace()
-        .last()
-        .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
-        .map(str::to_owned)
+    text.split_whitespace().last().filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit())).map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -111,10 +104,7 @@ mod tests {
 
     #[test]
     fn parses_version() {
-        assert_eq!(
-            parse_version("podman version 5.8.1\n").as_deref(),
-            Some("5.8.1")
-        );
+        assert_eq!(parse_version("podman version 5.8.1\n").as_deref(), Some("5.8.1"));
         assert_eq!(parse_version("garbage"), None);
     }
 }

@@ -68,11 +68,7 @@ impl std::fmt::Display for Published {
         if let Some(ip) = &self.host_ip {
             write!(f, "{ip}:")?;
         }
-        write!(
-            f,
-            "{}->{}/{}",
-            self.host_port, self.sandbox_port, self.protocol
-        )
+        write!(f, "{}->{}/{}", self.host_port, self.sandbox_port, self.protocol)
     }
 }
 
@@ -116,10 +112,7 @@ pub fn validate_name(name: &str) -> Result<()> {
     if name.len() > MAX_NAME_LEN {
         return Err(bad(&format!("it is longer than {MAX_NAME_LEN} characters")));
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
+    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
         return Err(bad("it may contain only lowercase letters, digits and `-`"));
     }
     if name.starts_with('-') || name.ends_with('-') {
@@ -217,15 +210,10 @@ impl PortRegistry {
         if let Some(p) = self.port_of(name) {
             return Ok(p);
         }
-        let port = (POOL_START..=POOL_END)
-            .find(|p| !self.ports.contains_key(p))
-            .ok_or_else(|| {
-                fail(format!(
-                    "all {} WireGuard ports ({POOL_START}-{POOL_END}) are in use",
-                    POOL_END - POOL_START + 1
-                ))
+        let port = (POOL_START..=POOL_END).find(|p| !self.ports.contains_key(p)).ok_or_else(|| {
+            fail(format!("all {} WireGuard ports ({POOL_START}-{POOL_END}) are in use", POOL_END - POOL_START + 1))
                 .hint("remove sandboxes you no longer need with `ppp rm`")
-            })?;
+        })?;
         self.ports.insert(port, name.to_owned());
         Ok(port)
     }
@@ -252,11 +240,7 @@ mod tests {
     use super::*;
 
     fn dirs(tmp: &Path) -> Dirs {
-        Dirs {
-            config: tmp.join("c"),
-            data: tmp.join("d"),
-            cache: tmp.join("k"),
-        }
+        Dirs { config: tmp.join("c"), data: tmp.join("d"), cache: tmp.join("k") }
     }
 
     #[test]
@@ -264,17 +248,7 @@ mod tests {
         for ok in ["a", "red-fox", "x1", &"a".repeat(MAX_NAME_LEN)] {
             validate_name(ok).unwrap();
         }
-        for bad in [
-            "",
-            "-a",
-            "a-",
-            "A",
-            "a_b",
-            "a.b",
-            "custom",
-            "a b",
-            &"a".repeat(MAX_NAME_LEN + 1),
-        ] {
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "custom", "a b", &"a".repeat(MAX_NAME_LEN + 1)] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
         assert_eq!(machine_name("red-fox"), "ppp-red-fox");
@@ -293,17 +267,9 @@ mod tests {
         let d = dirs(tmp.path());
         assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820);
         assert_eq!(with_registry(&d, |r| r.allocate("b")).unwrap(), 51821);
-        assert_eq!(
-            with_registry(&d, |r| r.allocate("a")).unwrap(),
-            51820,
-            "idempotent"
-        );
+        assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820, "idempotent");
         assert_eq!(with_registry(&d, |r| Ok(r.free("a"))).unwrap(), Some(51820));
-        assert_eq!(
-            with_registry(&d, |r| r.allocate("c")).unwrap(),
-            51820,
-            "freed port reused"
-        );
+        assert_eq!(with_registry(&d, |r| r.allocate("c")).unwrap(), 51820, "freed port reused");
         let mut reg = PortRegistry::load(&d).unwrap();
         for i in 0..78 {
             reg.allocate(&format!("s{i}")).unwrap();
@@ -319,9 +285,7 @@ mod tests {
         let handles: Vec<_> = (0..16)
             .map(|i| {
                 let d = d.clone();
-                std::thread::spawn(move || {
-                    with_registry(&d, |r| r.allocate(&format!("s{i}"))).unwrap()
-                })
+                std::thread::spawn(move || with_registry(&d, |r| r.allocate(&format!("s{i}"))).unwrap())
             })
             .collect();
         let mut ports: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();

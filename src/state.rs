@@ -38,12 +38,8 @@ impl Lock {
             .with_context(|| format!("could not open lock file `{}`", path.display()))?;
         // fs4 rather than std's inherent `File::lock`: it keeps flock(2)
         // semantics explicit, and fully qualified to avoid the std method.
-        fs4::FileExt::lock(&file)
-            .with_context(|| format!("could not lock `{}`", path.display()))?;
-        Ok(Self {
-            file,
-            path: path.to_owned(),
-        })
+        fs4::FileExt::lock(&file).with_context(|| format!("could not lock `{}`", path.display()))?;
+        Ok(Self { file, path: path.to_owned() })
     }
 
     /// The lock file's path.
@@ -73,8 +69,7 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
 /// before ppp ran would otherwise expose file names and allow listing.
 pub fn tighten_dir(dir: &Path) -> Result<()> {
     create_private_dir(dir)?;
-    let meta =
-        std::fs::metadata(dir).with_context(|| format!("could not inspect `{}`", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("could not inspect `{}`", dir.display()))?;
     if meta.permissions().mode() & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("could not make `{}` private (mode 0700)", dir.display()))?;
@@ -85,9 +80,7 @@ pub fn tighten_dir(dir: &Path) -> Result<()> {
 /// Replace `path` with `bytes` atomically: temp file in the same directory,
 /// fsync, rename, fsync the directory. The file gets `mode`.
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| anyhow!("`{}` has no parent directory", path.display()))?;
+    let dir = path.parent().ok_or_else(|| anyhow!("`{}` has no parent directory", path.display()))?;
     create_private_dir(dir)?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
@@ -97,9 +90,7 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .with_context(|| format!("could not write `{}`", tmp.path().display()))?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .with_context(|| format!("could not replace `{}`", path.display()))?;
+    tmp.persist(path).map_err(|e| e.error).with_context(|| format!("could not replace `{}`", path.display()))?;
     // The rename is durable only once the directory entry is.
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -159,12 +150,7 @@ pub fn parse_json<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Par
 pub fn parse_yaml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ParseError> {
     serde_norway::from_str(text).map_err(|e| {
         let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
-        ParseError {
-            path: path.to_owned(),
-            line,
-            column,
-            message: strip_location(&e.to_string()),
-        }
+        ParseError { path: path.to_owned(), line, column, message: strip_location(&e.to_string()) }
     })
 }
 
@@ -188,18 +174,8 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        assert_eq!(
-            std::fs::metadata(p.parent().unwrap())
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o777,
-            0o700
-        );
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(p.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         // No temp files are left behind.
         assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1);
     }
@@ -210,8 +186,7 @@ mod tests {
         let err = parse_yaml::<serde_json::Value>(p, "a: 1\nb: [\n").unwrap_err();
         assert_eq!(err.path, p);
         assert!(err.line >= 2, "{err}");
-        let err =
-            parse_json::<serde_json::Value>(Path::new("/x/s.json"), "{\n\"a\": ,}").unwrap_err();
+        let err = parse_json::<serde_json::Value>(Path::new("/x/s.json"), "{\n\"a\": ,}").unwrap_err();
         assert_eq!(err.line, 2);
         assert!(err.to_string().starts_with("`/x/s.json` line 2"), "{err}");
     }

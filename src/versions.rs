@@ -48,10 +48,7 @@ mod tests {
         assert_eq!(python_min(), "3.12");
         assert!(podman_tested().starts_with(char::is_numeric));
         for agent in ["opencode", "claude", "codex", "gemini"] {
-            assert!(
-                agent_image(agent).is_some_and(|i| i.contains(':')),
-                "{agent}"
-            );
+            assert!(agent_image(agent).is_some_and(|i| i.contains(':')), "{agent}");
         }
         assert_eq!(agent_image("nope"), None);
     }

@@ -1,10 +1,6 @@
 //! `ppp policy …` end to end through the real binary and real files.
 
-#![allow(
-    clippy::similar_names,
-    clippy::many_single_char_names,
-    reason = "short names read better in tests"
-)]
+#![allow(clippy::similar_names, clippy::many_single_char_names, reason = "short names read better in tests")]
 
 mod common;
 
@@ -30,8 +26,7 @@ fn check(w: &World, args: &[&str]) -> Value {
 #[test]
 fn no_policy_denies_and_says_how_to_choose() {
     let w = World::new();
-    let (code, out, err) =
-        output(&mut w.ppp(["policy", "check", "network", "example.com", "--json"]));
+    let (code, out, err) = output(&mut w.ppp(["policy", "check", "network", "example.com", "--json"]));
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -42,22 +37,14 @@ fn no_policy_denies_and_says_how_to_choose() {
         })
     );
     assert!(err.contains("ppp policy init balanced"), "{err}");
-    assert!(
-        !w.config().join("policies.yaml").exists(),
-        "check changes nothing"
-    );
+    assert!(!w.config().join("policies.yaml").exists(), "check changes nothing");
 }
 
 #[test]
 fn allow_deny_and_check() {
     let w = World::new();
     ok(&mut w.ppp(["policy", "init", "deny-all"]));
-    let out = ok(&mut w.ppp([
-        "policy",
-        "allow",
-        "network",
-        "**.example.com,api.other.io:8443,10.0.0.0/8",
-    ]));
+    let out = ok(&mut w.ppp(["policy", "allow", "network", "**.example.com,api.other.io:8443,10.0.0.0/8"]));
     let ids: Vec<&str> = out.lines().collect();
     assert_eq!(ids.len(), 3, "{out}");
     for id in &ids {
@@ -78,24 +65,12 @@ fn allow_deny_and_check() {
     assert_eq!(v["matched_rule"]["source"], "local");
     assert_eq!(v["matched_rule"]["resource"], "**.example.com");
     assert_eq!(v["default_used"], false);
-    assert_eq!(
-        check(&w, &["example.com"])["decision"],
-        "deny",
-        "`**.` needs a label below"
-    );
+    assert_eq!(check(&w, &["example.com"])["decision"], "deny", "`**.` needs a label below");
     assert_eq!(check(&w, &["API.other.io.:8443"])["decision"], "allow");
-    assert_eq!(
-        check(&w, &["api.other.io"])["decision"],
-        "deny",
-        "port 443 by default"
-    );
+    assert_eq!(check(&w, &["api.other.io"])["decision"], "deny", "port 443 by default");
     let v = check(&w, &["10.1.2.3:22"]);
     assert_eq!(
-        (
-            v["decision"].as_str(),
-            v["ip"].as_str(),
-            v["host"].is_null()
-        ),
+        (v["decision"].as_str(), v["ip"].as_str(), v["host"].is_null()),
         (Some("allow"), Some("10.1.2.3"), true)
     );
 
@@ -107,19 +82,9 @@ fn allow_deny_and_check() {
 
     // Human output names the rule.
     let text = ok(&mut w.ppp(["policy", "check", "network", "bad.example.com"]));
-    assert!(
-        text.starts_with("deny  bad.example.com:443  by rule "),
-        "{text}"
-    );
+    assert!(text.starts_with("deny  bad.example.com:443  by rule "), "{text}");
     let verbose = ok(&mut w.ppp(["policy", "check", "network", "bad.example.com", "-v"]));
-    assert_eq!(
-        verbose
-            .lines()
-            .filter(|l| l.starts_with("  matches: "))
-            .count(),
-        2,
-        "{verbose}"
-    );
+    assert_eq!(verbose.lines().filter(|l| l.starts_with("  matches: ")).count(), 2, "{verbose}");
 }
 
 #[test]
@@ -144,15 +109,8 @@ fn bad_resources_add_nothing() {
         assert!(err.contains(needle), "{res}: expected `{needle}` in {err}");
     }
     let (_, _, err) = output(&mut w.ppp(["policy", "allow", "network", "10.0.0.1/8"]));
-    assert!(
-        err.contains("hint: ") && err.contains("10.0.0.0/8"),
-        "{err}"
-    );
-    assert_eq!(
-        std::fs::read(w.config().join("policies.yaml")).unwrap(),
-        before,
-        "file untouched"
-    );
+    assert!(err.contains("hint: ") && err.contains("10.0.0.0/8"), "{err}");
+    assert_eq!(std::fs::read(w.config().join("policies.yaml")).unwrap(), before, "file untouched");
 }
 
 #[test]
@@ -163,13 +121,7 @@ fn presets_are_idempotent_and_switching_needs_force() {
     let path = w.config().join("policies.yaml");
     let first = std::fs::read(&path).unwrap();
     assert_eq!(yaml(&path)["preset"], "balanced");
-    for host in [
-        "api.anthropic.com",
-        "pypi.org",
-        "registry.npmjs.org",
-        "github.com",
-        "deb.debian.org",
-    ] {
+    for host in ["api.anthropic.com", "pypi.org", "registry.npmjs.org", "github.com", "deb.debian.org"] {
         let v = check(&w, &[host]);
         assert_eq!(v["decision"], "allow", "{host}");
         assert_eq!(v["matched_rule"]["source"], "preset", "{host}");
@@ -178,25 +130,15 @@ fn presets_are_idempotent_and_switching_needs_force() {
 
     let again = ok(&mut w.ppp(["policy", "init", "balanced"]));
     assert!(again.contains("nothing changed"), "{again}");
-    assert_eq!(
-        std::fs::read(&path).unwrap(),
-        first,
-        "re-running init is a no-op"
-    );
+    assert_eq!(std::fs::read(&path).unwrap(), first, "re-running init is a no-op");
 
     let local = ok(&mut w.ppp(["policy", "allow", "network", "mine.example"]));
     let (code, _, err) = output(&mut w.ppp(["policy", "init", "allow-all"]));
     assert_eq!(code, 1);
-    assert!(
-        err.contains("preset `balanced`") && err.contains("hint: pass -f"),
-        "{err}"
-    );
+    assert!(err.contains("preset `balanced`") && err.contains("hint: pass -f"), "{err}");
     ok(&mut w.ppp(["policy", "init", "allow-all", "-f"]));
     let f = yaml(&path);
-    assert_eq!(
-        (f["default"].as_str(), f["preset"].as_str()),
-        (Some("allow"), Some("allow-all"))
-    );
+    assert_eq!((f["default"].as_str(), f["preset"].as_str()), (Some("allow"), Some("allow-all")));
     let rules = f["rules"].as_array().unwrap();
     assert_eq!(rules.len(), 1, "preset rules replaced, local kept");
     assert_eq!(rules[0]["id"], local.trim());
@@ -210,25 +152,14 @@ fn sandbox_policy_may_precede_the_sandbox() {
     let id = ok(&mut w.ppp(["policy", "deny", "network", "--sandbox", "later", "**"]));
     let path = w.data().join("sandboxes/later/policy.yaml");
     assert_eq!(yaml(&path)["rules"][0]["id"], id.trim());
-    assert_eq!(
-        check(&w, &["x.com"])["decision"],
-        "allow",
-        "other sandboxes unaffected"
-    );
+    assert_eq!(check(&w, &["x.com"])["decision"], "allow", "other sandboxes unaffected");
     let v = check(&w, &["x.com", "--sandbox", "later"]);
     assert_eq!(v["decision"], "deny");
     assert_eq!(v["sandbox"], "later");
     assert_eq!(v["matched_rule"]["scope"], "sandbox");
     // A prepared policy does not make a sandbox.
     assert_eq!(ok(&mut w.ppp(["ls", "-q"])), "");
-    let (code, _, err) = output(&mut w.ppp([
-        "policy",
-        "allow",
-        "network",
-        "--sandbox",
-        "Bad_Name",
-        "x.com",
-    ]));
+    let (code, _, err) = output(&mut w.ppp(["policy", "allow", "network", "--sandbox", "Bad_Name", "x.com"]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("invalid sandbox name `Bad_Name`"), "{err}");
 }
@@ -237,140 +168,56 @@ fn sandbox_policy_may_precede_the_sandbox() {
 fn ls_inspect_rm_reset() {
     let w = World::new();
     ok(&mut w.ppp(["policy", "init", "balanced"]));
-    let a = ok(&mut w.ppp(["policy", "allow", "network", "a.example"]))
-        .trim()
-        .to_owned();
-    let d = ok(&mut w.ppp(["policy", "deny", "network", "d.example"]))
-        .trim()
-        .to_owned();
-    let s = ok(&mut w.ppp(["policy", "allow", "network", "--sandbox", "sb", "s.example"]))
-        .trim()
-        .to_owned();
+    let a = ok(&mut w.ppp(["policy", "allow", "network", "a.example"])).trim().to_owned();
+    let d = ok(&mut w.ppp(["policy", "deny", "network", "d.example"])).trim().to_owned();
+    let s = ok(&mut w.ppp(["policy", "allow", "network", "--sandbox", "sb", "s.example"])).trim().to_owned();
 
-    let v: Value = serde_json::from_str(&ok(
-        &mut w.ppp(["policy", "ls", "--source", "local", "--json"])
-    ))
-    .unwrap();
-    let ids: Vec<&str> = v["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap())
-        .collect();
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--source", "local", "--json"]))).unwrap();
+    let ids: Vec<&str> = v["rules"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [a.as_str(), d.as_str()]);
-    assert_eq!(
-        (v["default"].as_str(), v["preset"].as_str()),
-        (Some("deny"), Some("balanced"))
-    );
-    let v: Value = serde_json::from_str(&ok(
-        &mut w.ppp(["policy", "ls", "sb", "--source", "local", "--json"])
-    ))
-    .unwrap();
+    assert_eq!((v["default"].as_str(), v["preset"].as_str()), (Some("deny"), Some("balanced")));
+    let v: Value =
+        serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "sb", "--source", "local", "--json"]))).unwrap();
     assert_eq!(v["rules"].as_array().unwrap().len(), 3);
     assert_eq!(v["rules"][2]["sandbox"], "sb");
-    let v: Value = serde_json::from_str(&ok(&mut w.ppp([
-        "policy",
-        "ls",
-        "--decision",
-        "deny",
-        "--json",
-    ])))
-    .unwrap();
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--decision", "deny", "--json"]))).unwrap();
     assert_eq!(v["rules"].as_array().unwrap().len(), 1);
-    let v: Value = serde_json::from_str(&ok(&mut w.ppp([
-        "policy",
-        "ls",
-        "--include-inactive",
-        "--source",
-        "local",
-        "--json",
-    ])))
-    .unwrap();
+    let v: Value =
+        serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--include-inactive", "--source", "local", "--json"])))
+            .unwrap();
     assert_eq!(v["rules"].as_array().unwrap().len(), 3);
-    let v: Value = serde_json::from_str(&ok(
-        &mut w.ppp(["policy", "ls", "--source", "org", "--json"])
-    ))
-    .unwrap();
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--source", "org", "--json"]))).unwrap();
     assert!(v["rules"].as_array().unwrap().is_empty(), "org is a stub");
     let table = ok(&mut w.ppp(["policy", "ls", "--source", "local"]));
-    assert!(
-        table.starts_with("ID        SCOPE   DECISION  RESOURCE   SOURCE\n"),
-        "{table}"
-    );
-    assert!(
-        table.contains(&format!("{}  global  deny      d.example  local", &d[..8])),
-        "{table}"
-    );
-    assert!(
-        table.ends_with("default: deny (preset `balanced`)\n"),
-        "{table}"
-    );
+    assert!(table.starts_with("ID        SCOPE   DECISION  RESOURCE   SOURCE\n"), "{table}");
+    assert!(table.contains(&format!("{}  global  deny      d.example  local", &d[..8])), "{table}");
+    assert!(table.ends_with("default: deny (preset `balanced`)\n"), "{table}");
 
     let text = ok(&mut w.ppp(["policy", "inspect", &s[..10]]));
-    assert!(
-        text.contains(&format!("id:         {s}")) && text.contains("scope:      sandbox `sb`"),
-        "{text}"
-    );
-    let v: Value =
-        serde_json::from_str(&ok(&mut w.ppp(["policy", "inspect", &a, "--json"]))).unwrap();
-    assert_eq!(
-        (v["resource"].as_str(), v["scope"].as_str()),
-        (Some("a.example"), Some("global"))
-    );
+    assert!(text.contains(&format!("id:         {s}")) && text.contains("scope:      sandbox `sb`"), "{text}");
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "inspect", &a, "--json"]))).unwrap();
+    assert_eq!((v["resource"].as_str(), v["scope"].as_str()), (Some("a.example"), Some("global")));
     let (code, _, err) = output(&mut w.ppp(["policy", "inspect", "ffffffff"]));
     assert_eq!(code, 1, "{err}");
 
-    assert_eq!(
-        ok(&mut w.ppp(["policy", "rm", "network", "--id", &a[..8]])).trim(),
-        a
-    );
-    assert_eq!(
-        ok(&mut w.ppp(["policy", "rm", "network", "--resource", "D.Example."])).trim(),
-        d
-    );
+    assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--id", &a[..8]])).trim(), a);
+    assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--resource", "D.Example."])).trim(), d);
     let (code, _, err) = output(&mut w.ppp(["policy", "rm", "network", "--resource", "s.example"]));
     assert_eq!(code, 1);
-    assert!(
-        err.contains("no rule with resource `s.example` in the global policy"),
-        "{err}"
-    );
-    assert_eq!(
-        ok(&mut w.ppp([
-            "policy",
-            "rm",
-            "network",
-            "--sandbox",
-            "sb",
-            "--resource",
-            "s.example"
-        ]))
-        .trim(),
-        s
-    );
+    assert!(err.contains("no rule with resource `s.example` in the global policy"), "{err}");
+    assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--sandbox", "sb", "--resource", "s.example"])).trim(), s);
 
     ok(&mut w.ppp(["policy", "allow", "network", "x.example"]));
     ok(&mut w.ppp(["policy", "allow", "network", "--sandbox", "sb", "y.example"]));
     let (code, _, err) = output(&mut w.ppp(["policy", "reset"]));
     assert_eq!(code, 2, "no terminal, no -f: {err}");
-    assert_eq!(
-        ok(&mut w.ppp(["policy", "reset", "-f"])),
-        "removed 2 rules\n"
-    );
-    let v: Value = serde_json::from_str(&ok(&mut w.ppp([
-        "policy",
-        "ls",
-        "--include-inactive",
-        "--source",
-        "local",
-        "--json",
-    ])))
-    .unwrap();
+    assert_eq!(ok(&mut w.ppp(["policy", "reset", "-f"])), "removed 2 rules\n");
+    let v: Value =
+        serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--include-inactive", "--source", "local", "--json"])))
+            .unwrap();
     assert!(v["rules"].as_array().unwrap().is_empty());
     let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--json"]))).unwrap();
-    assert!(
-        !v["rules"].as_array().unwrap().is_empty(),
-        "preset rules survive reset"
-    );
+    assert!(!v["rules"].as_array().unwrap().is_empty(), "preset rules survive reset");
 }
 
 #[test]
@@ -379,28 +226,47 @@ fn malformed_policy_names_file_and_line_and_stays() {
     let path = w.config().join("policies.yaml");
     let text = "default: deny\nrules:\n  - id: 5b3c9a4e-8f7c-4d1e-9a2b-3c4d5e6f7a8b\n    decision: allow\n    type: network\n    resource: \"a..b\"\n    created_at: 2026-11-29T10:00:00Z\n    source: local\n";
     std::fs::write(&path, text).unwrap();
-    for args in [
-        &["policy", "allow", "network", "x.com"][..],
-        &["policy", "check", "network", "x.com"],
-        &["policy", "ls"],
-    ] {
+    for args in
+        [&["policy", "allow", "network", "x.com"][..], &["policy", "check", "network", "x.com"], &["policy", "ls"]]
+    {
         let (code, _, err) = output(&mut w.ppp(args));
         assert_eq!(code, 1, "{args:?}");
         let err = w.redact(&err);
-        assert!(
-            err.contains("`[ROOT]/config/policies.yaml` line "),
-            "{args:?}: {err}"
-        );
+        assert!(err.contains("`[ROOT]/config/policies.yaml` line "), "{args:?}: {err}");
         assert!(err.contains("empty label"), "{args:?}: {err}");
     }
     std::fs::write(&path, "default: maybe\n").unwrap();
     let (_, _, err) = output(&mut w.ppp(["policy", "ls"]));
-    assert!(
-        w.redact(&err)
-            .contains("`[ROOT]/config/policies.yaml` line 1"),
-        "{err}"
-    );
+    assert!(w.redact(&err).contains("`[ROOT]/config/policies.yaml` line 1"), "{err}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "default: maybe\n");
+}
+
+#[test]
+fn init_adopts_a_file_made_by_allow() {
+    let w = World::new();
+    let (code, _, err) = output(&mut w.ppp(["policy", "allow", "network", "mine.example"]));
+    assert_eq!(code, 0);
+    assert!(err.contains("`ppp policy init` chooses a preset"), "{err}");
+    // Following that advice must work without -f, and keep the rule.
+    ok(&mut w.ppp(["policy", "init", "balanced"]));
+    let f = yaml(&w.config().join("policies.yaml"));
+    assert_eq!(f["preset"], "balanced");
+    assert_eq!(check(&w, &["mine.example"])["matched_rule"]["source"], "local");
+    assert_eq!(check(&w, &["pypi.org"])["matched_rule"]["source"], "preset");
+}
+
+#[test]
+fn ipv6_targets_print_bracketed() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    ok(&mut w.ppp(["policy", "allow", "network", "[2001:db8::/32]:443"]));
+    let text = ok(&mut w.ppp(["policy", "check", "network", "[2001:db8::1]:443"]));
+    assert!(text.starts_with("allow  [2001:db8::1]:443  by rule "), "{text}");
+    let v = check(&w, &["[2001:db8::1]:80"]);
+    assert_eq!(
+        (v["decision"].as_str(), v["ip"].as_str(), v["port"].as_u64()),
+        (Some("deny"), Some("2001:db8::1"), Some(80))
+    );
 }
 
 #[test]
@@ -419,21 +285,15 @@ fn sixteen_parallel_allows_leave_sixteen_rules() {
         assert!(c.wait().unwrap().success());
     }
     let f = yaml(&w.config().join("policies.yaml"));
-    let mut res: Vec<String> = f["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["resource"].as_str().unwrap().to_owned())
-        .collect();
+    let mut res: Vec<String> =
+        f["rules"].as_array().unwrap().iter().map(|r| r["resource"].as_str().unwrap().to_owned()).collect();
     res.sort();
     let mut want: Vec<String> = (0..16).map(|i| format!("h{i}.example")).collect();
     want.sort();
     assert_eq!(res, want);
     // No temp files were left beside it.
-    let names: Vec<String> = std::fs::read_dir(w.config())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let names: Vec<String> =
+        std::fs::read_dir(w.config()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["policies.yaml"]);
 }
 
@@ -452,14 +312,8 @@ fn log_reads_the_tail() {
         text.push('\n');
     }
     std::fs::write(w.data().join("flows.jsonl"), text).unwrap();
-    assert_eq!(
-        ok(&mut w.ppp(["policy", "log", "--limit", "3", "-q"])),
-        "h497.example\nh498.example\nh499.example\n"
-    );
-    assert_eq!(
-        ok(&mut w.ppp(["policy", "log", "blue", "--limit", "2", "-q"])),
-        "h497.example\nh499.example\n"
-    );
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "--limit", "3", "-q"])), "h497.example\nh498.example\nh499.example\n");
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "blue", "--limit", "2", "-q"])), "h497.example\nh499.example\n");
     let json = ok(&mut w.ppp(["policy", "log", "red", "--limit", "1", "--json"]));
     let v: Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(v["host"], "h498.example");
@@ -469,16 +323,9 @@ fn log_reads_the_tail() {
         "TIME                  SANDBOX  DECISION  METHOD  HOST              STATUS\n\
          2026-11-29T10:08:19Z  blue     allow     GET     h499.example:443  200\n"
     );
-    assert_eq!(
-        ok(&mut w.ppp(["policy", "log", "--type", "filesystem", "-q"])),
-        ""
-    );
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "--type", "filesystem", "-q"])), "");
     let empty = World::new();
-    assert_eq!(
-        ok(&mut empty.ppp(["policy", "log", "-q"])),
-        "",
-        "no flows yet"
-    );
+    assert_eq!(ok(&mut empty.ppp(["policy", "log", "-q"])), "", "no flows yet");
 }
 
 #[test]
@@ -498,8 +345,5 @@ fn mutations_ask_a_running_daemon_to_reload() {
     });
     ok(&mut w.ppp(["policy", "init", "balanced"]));
     ok(&mut w.ppp(["policy", "allow", "network", "x.example"]));
-    assert_eq!(
-        server.join().unwrap(),
-        ["{\"op\":\"reload\"}\n", "{\"op\":\"reload\"}\n"]
-    );
+    assert_eq!(server.join().unwrap(), ["{\"op\":\"reload\"}\n", "{\"op\":\"reload\"}\n"]);
 }

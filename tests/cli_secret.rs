@@ -1,11 +1,7 @@
 //! `ppp secret …` end to end, against a real Secret Service (gnome-keyring
 //! on a private D-Bus session) and against the age file store.
 
-#![allow(
-    clippy::similar_names,
-    clippy::many_single_char_names,
-    reason = "short names read better in tests"
-)]
+#![allow(clippy::similar_names, clippy::many_single_char_names, reason = "short names read better in tests")]
 
 mod common;
 
@@ -23,8 +19,7 @@ const CUSTOM: &str = "real-custom-value-5555555555";
 /// `ppp` inside the Secret Service session.
 fn kc(w: &World, ss: &SecretService, args: &[&str]) -> Command {
     let mut c = w.ppp(args);
-    c.env("DBUS_SESSION_BUS_ADDRESS", &ss.address)
-        .env("PPP_SECRET_BACKEND", "keychain");
+    c.env("DBUS_SESSION_BUS_ADDRESS", &ss.address).env("PPP_SECRET_BACKEND", "keychain");
     c
 }
 
@@ -36,18 +31,8 @@ fn file(w: &World, args: &[&str]) -> Command {
 }
 
 fn with_stdin(mut cmd: Command, input: &str) -> (i32, String, String) {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     (
         out.status.code().unwrap_or(-1),
@@ -68,29 +53,13 @@ fn journey(ppp: &dyn Fn(&[&str]) -> Command, backend: &str) -> Vec<String> {
         out
     };
     let out = run(ppp(&["secret", "set", "-g", "anthropic", "-t", KEY_A]));
-    assert_eq!(
-        out,
-        format!("stored `anthropic` for every sandbox ({backend})\n")
-    );
-    let (code, out, err) = with_stdin(
-        ppp(&["secret", "set", "red-fox", "openai", "--password-stdin"]),
-        &format!("{KEY_B}\n"),
-    );
+    assert_eq!(out, format!("stored `anthropic` for every sandbox ({backend})\n"));
+    let (code, out, err) =
+        with_stdin(ppp(&["secret", "set", "red-fox", "openai", "--password-stdin"]), &format!("{KEY_B}\n"));
     assert_eq!(code, 0, "{err}");
-    assert_eq!(
-        out,
-        format!("stored `openai` for sandbox `red-fox` ({backend})\n")
-    );
+    assert_eq!(out, format!("stored `openai` for sandbox `red-fox` ({backend})\n"));
     seen.borrow_mut().extend([out, err]);
-    run(ppp(&[
-        "secret",
-        "set",
-        "usai",
-        "--host",
-        "api.gsa.usai.gov",
-        "-t",
-        KEY_C,
-    ]));
+    run(ppp(&["secret", "set", "usai", "--host", "api.gsa.usai.gov", "-t", KEY_C]));
     run(ppp(&[
         "secret",
         "set-custom",
@@ -119,26 +88,12 @@ fn journey(ppp: &dyn Fn(&[&str]) -> Command, backend: &str) -> Vec<String> {
         })
         .collect();
     assert_eq!(names.len(), 4, "{list}");
-    assert!(
-        names.contains(&("global".into(), "anthropic".into(), backend.into())),
-        "{names:?}"
-    );
-    assert!(
-        names.contains(&("red-fox".into(), "openai".into(), backend.into())),
-        "{names:?}"
-    );
-    let only: Value =
-        serde_json::from_str(&run(ppp(&["secret", "ls", "red-fox", "--json"]))).unwrap();
+    assert!(names.contains(&("global".into(), "anthropic".into(), backend.into())), "{names:?}");
+    assert!(names.contains(&("red-fox".into(), "openai".into(), backend.into())), "{names:?}");
+    let only: Value = serde_json::from_str(&run(ppp(&["secret", "ls", "red-fox", "--json"]))).unwrap();
     assert_eq!(only.as_array().unwrap().len(), 1);
-    let global: Value = serde_json::from_str(&run(ppp(&[
-        "secret",
-        "ls",
-        "-g",
-        "--service",
-        "usai",
-        "--json",
-    ])))
-    .unwrap();
+    let global: Value =
+        serde_json::from_str(&run(ppp(&["secret", "ls", "-g", "--service", "usai", "--json"]))).unwrap();
     assert_eq!(global[0]["hosts"][0], "api.gsa.usai.gov");
     let table = run(ppp(&["secret", "ls"]));
     assert!(table.starts_with("SCOPE    NAME"), "{table}");
@@ -147,10 +102,7 @@ fn journey(ppp: &dyn Fn(&[&str]) -> Command, backend: &str) -> Vec<String> {
     assert_eq!(code, 2);
     assert!(err.contains("--host"), "{err}");
 
-    assert_eq!(
-        run(ppp(&["secret", "rm", "red-fox", "openai", "-f"])),
-        "removed `openai` for sandbox `red-fox`\n"
-    );
+    assert_eq!(run(ppp(&["secret", "rm", "red-fox", "openai", "-f"])), "removed `openai` for sandbox `red-fox`\n");
     let (code, _, err) = output(&mut ppp(&["secret", "rm", "red-fox", "openai", "-f"]));
     assert_eq!(code, 1, "{err}");
     let list: Value = serde_json::from_str(&run(ppp(&["secret", "ls", "--json"]))).unwrap();
@@ -176,27 +128,14 @@ fn keychain_backend_stores_in_the_secret_service() {
     let ss = SecretService::start(&w.home());
     let outputs = journey(&|a| kc(&w, &ss, a), "keychain");
     assert_no_plaintext(&w, &outputs);
-    assert!(
-        !w.data().join("secrets.age").exists(),
-        "the file store was not used"
-    );
+    assert!(!w.data().join("secrets.age").exists(), "the file store was not used");
 
     // The values really live in the Secret Service.
     let found = ss.secret_tool(&w.home(), &["search", "--all", "service", "ppp.anthropic"]);
-    let text = String::from_utf8_lossy(&found.stdout).into_owned()
-        + &String::from_utf8_lossy(&found.stderr);
-    assert!(
-        text.contains(&format!("secret = {KEY_A}")),
-        "secret-tool did not find the key:\n{text}"
-    );
-    let gone = ss.secret_tool(
-        &w.home(),
-        &["search", "--all", "service", "ppp.red-fox.openai"],
-    );
-    assert!(
-        !String::from_utf8_lossy(&gone.stdout).contains(KEY_B),
-        "removed secret still stored"
-    );
+    let text = String::from_utf8_lossy(&found.stdout).into_owned() + &String::from_utf8_lossy(&found.stderr);
+    assert!(text.contains(&format!("secret = {KEY_A}")), "secret-tool did not find the key:\n{text}");
+    let gone = ss.secret_tool(&w.home(), &["search", "--all", "service", "ppp.red-fox.openai"]);
+    assert!(!String::from_utf8_lossy(&gone.stdout).contains(KEY_B), "removed secret still stored");
 }
 
 #[test]
@@ -208,16 +147,8 @@ fn file_backend_is_encrypted_and_private() {
     let store = w.data().join("secrets.age");
     let meta = std::fs::metadata(&store).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-    assert_eq!(
-        std::fs::metadata(w.data()).unwrap().permissions().mode() & 0o777,
-        0o700
-    );
-    assert!(
-        std::fs::read(&store)
-            .unwrap()
-            .starts_with(b"age-encryption.org/v1"),
-        "not an age file"
-    );
+    assert_eq!(std::fs::metadata(w.data()).unwrap().permissions().mode() & 0o777, 0o700);
+    assert!(std::fs::read(&store).unwrap().starts_with(b"age-encryption.org/v1"), "not an age file");
 }
 
 #[test]
@@ -228,10 +159,8 @@ fn no_session_bus_falls_back_to_the_file_store() {
     let out = ok(&mut w.ppp(["secret", "set", "-g", "groq", "-t", KEY_A]));
     assert_eq!(out, "stored `groq` for every sandbox (file)\n");
     assert!(w.data().join("secrets.age").exists());
-    let (code, _, err) = output(
-        w.ppp(["secret", "set", "-g", "groq", "-t", KEY_A])
-            .env("PPP_SECRET_BACKEND", "keychain"),
-    );
+    let (code, _, err) =
+        output(w.ppp(["secret", "set", "-g", "groq", "-t", KEY_A]).env("PPP_SECRET_BACKEND", "keychain"));
     assert_ne!(code, 0, "forcing an unreachable keychain fails");
     assert!(err.contains("hint:"), "{err}");
     assert!(!err.contains(KEY_A));
@@ -242,33 +171,20 @@ fn import_reads_the_usual_variables() {
     let w = World::new();
     let imp = |args: &[&str]| {
         let mut c = file(&w, args);
-        c.env("ANTHROPIC_API_KEY", KEY_A)
-            .env("GITHUB_TOKEN", KEY_C)
-            .env("OPENAI_API_KEY", "");
+        c.env("ANTHROPIC_API_KEY", KEY_A).env("GITHUB_TOKEN", KEY_C).env("OPENAI_API_KEY", "");
         c
     };
     let (code, _, err) = output(&mut imp(&["secret", "import"]));
     assert_eq!(code, 2);
-    assert!(
-        err.contains("anthropic (from ANTHROPIC_API_KEY)")
-            && err.contains("github (from GITHUB_TOKEN)"),
-        "{err}"
-    );
+    assert!(err.contains("anthropic (from ANTHROPIC_API_KEY)") && err.contains("github (from GITHUB_TOKEN)"), "{err}");
     assert!(err.contains("hint: pass --all"), "{err}");
 
     assert_eq!(
         ok(&mut imp(&["secret", "import", "--all", "--dry-run"])),
         "would import anthropic from ANTHROPIC_API_KEY\nwould import github from GITHUB_TOKEN\n"
     );
-    assert_eq!(
-        ok(&mut file(&w, &["secret", "ls", "--json"])),
-        "[]\n",
-        "dry run stores nothing"
-    );
-    assert_eq!(
-        ok(&mut imp(&["secret", "import", "anthropic"])),
-        "imported anthropic from ANTHROPIC_API_KEY\n"
-    );
+    assert_eq!(ok(&mut file(&w, &["secret", "ls", "--json"])), "[]\n", "dry run stores nothing");
+    assert_eq!(ok(&mut imp(&["secret", "import", "anthropic"])), "imported anthropic from ANTHROPIC_API_KEY\n");
     assert_eq!(
         ok(&mut imp(&["secret", "import", "--all"])),
         "skipped anthropic: already stored (pass -f to overwrite)\nimported github from GITHUB_TOKEN\n"
@@ -283,22 +199,97 @@ fn import_reads_the_usual_variables() {
 }
 
 #[test]
+fn debug_logs_never_carry_values() {
+    let w = World::new();
+    for args in [
+        &["-D", "secret", "set", "-g", "anthropic", "-t", KEY_A][..],
+        &["-D", "secret", "set", "--sandbox", "red-fox", "openai", "-t", KEY_B],
+        &["-D", "secret", "ls", "--json"],
+        &["-D", "secret", "rm", "-g", "anthropic", "-f"],
+    ] {
+        let (code, out, err) = output(file(&w, args).env("PPP_LOG", "trace"));
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(err.contains("debug: ") || err.contains("trace: ") || err.is_empty(), "{err}");
+        assert!(!err.contains('\u{1b}'), "no colour codes: {err:?}");
+        assert_no_plaintext(&w, &[out, err]);
+    }
+    let list: Value = serde_json::from_str(&ok(&mut file(&w, &["secret", "ls", "red-fox", "--json"]))).unwrap();
+    assert_eq!(list[0]["name"], "openai", "--sandbox scopes like the positional");
+}
+
+#[test]
+fn custom_secrets_can_be_removed() {
+    let w = World::new();
+    ok(&mut file(
+        &w,
+        &[
+            "secret",
+            "set-custom",
+            "-g",
+            "--placeholder",
+            "PPP_JIRA_TOKEN",
+            "--host",
+            "jira.example.com",
+            "--value",
+            CUSTOM,
+        ],
+    ));
+    let (code, _, err) = with_stdin(
+        file(
+            &w,
+            &[
+                "secret",
+                "set-custom",
+                "box1",
+                "--placeholder",
+                "myplaceholder1",
+                "--host",
+                "a.example.com",
+                "--password-stdin",
+            ],
+        ),
+        CUSTOM,
+    );
+    assert_eq!(code, 0, "{err}");
+    ok(&mut file(&w, &["secret", "set", "box1", "myplaceholder1", "--host", "b.example.com", "-t", KEY_A]));
+    assert_eq!(
+        ok(&mut file(&w, &["secret", "rm", "-g", "PPP_JIRA_TOKEN", "-f"])),
+        "removed `PPP_JIRA_TOKEN` for every sandbox\n"
+    );
+    // Same name as a service key and a custom secret: the service goes
+    // first, and --custom picks the custom one.
+    ok(&mut file(&w, &["secret", "rm", "box1", "myplaceholder1", "--custom", "-f"]));
+    let list: Value = serde_json::from_str(&ok(&mut file(&w, &["secret", "ls", "--json"]))).unwrap();
+    let left: Vec<(&str, &str)> =
+        list.as_array().unwrap().iter().map(|e| (e["name"].as_str().unwrap(), e["kind"].as_str().unwrap())).collect();
+    assert_eq!(left, [("myplaceholder1", "service")]);
+}
+
+#[test]
+fn key_shaped_arguments_are_not_echoed() {
+    let w = World::new();
+    for args in [
+        &["secret", "set", "anthropic", "sk-ant-api03-AbCdEf_123"][..],
+        &["secret", "set", "-g", "ghp_abc123def456ghi789jkl"],
+    ] {
+        let (code, out, err) = output(&mut file(&w, args));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("looks like a secret value"), "{err}");
+        assert!(!err.contains(args[args.len() - 1]) && !out.contains(args[args.len() - 1]), "{err}");
+    }
+}
+
+#[test]
 fn values_come_from_stdin_not_argv_echo() {
     let w = World::new();
     let (code, _, err) = output(file(&w, &["secret", "set", "-g", "openai"]).stdin(Stdio::null()));
     assert_eq!(code, 2);
     assert!(err.contains("--password-stdin"), "{err}");
-    let (code, _, err) = with_stdin(
-        file(&w, &["secret", "set", "-g", "openai", "--password-stdin"]),
-        "\n",
-    );
+    let (code, _, err) = with_stdin(file(&w, &["secret", "set", "-g", "openai", "--password-stdin"]), "\n");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("empty"), "{err}");
     let (code, _, err) = output(&mut file(&w, &["secret", "set", "-g", "x", "y"]));
     assert_eq!(code, 2, "-g with a sandbox is ambiguous: {err}");
     let (code, _, err) = output(&mut file(&w, &["secret", "set", "-g", "openai", "--oauth"]));
-    assert_eq!(
-        (code, err.as_str()),
-        (2, "error: `ppp secret set --oauth` is not available yet\n")
-    );
+    assert_eq!((code, err.as_str()), (2, "error: `ppp secret set --oauth` is not available yet\n"));
 }

@@ -2,11 +2,7 @@
 //! the commands that refuse until their release, completion scripts that
 //! really complete in bash, and `ppp version`.
 
-#![allow(
-    clippy::similar_names,
-    clippy::many_single_char_names,
-    reason = "short names read better in tests"
-)]
+#![allow(clippy::similar_names, clippy::many_single_char_names, reason = "short names read better in tests")]
 
 mod common;
 
@@ -32,20 +28,12 @@ fn command_paths() -> Vec<Vec<String>> {
 fn help_texts() {
     let w = World::new();
     let paths = command_paths();
-    assert_eq!(
-        paths.len(),
-        49,
-        "root + 19 commands + 28 sub-verbs + `log-level set`"
-    );
+    assert_eq!(paths.len(), 49, "root + 19 commands + 28 sub-verbs + `log-level set`");
     for path in paths {
         let mut args = path.clone();
         args.push("--help".into());
         let out = ok(&mut w.ppp(&args));
-        let name = if path.is_empty() {
-            "ppp".to_owned()
-        } else {
-            format!("ppp-{}", path.join("-"))
-        };
+        let name = if path.is_empty() { "ppp".to_owned() } else { format!("ppp-{}", path.join("-")) };
         insta::assert_snapshot!(name, out);
     }
 }
@@ -79,23 +67,11 @@ fn top_level_surface_is_complete() {
         ]
     );
     let verbs = |group: &str| -> Vec<String> {
-        cmd.find_subcommand(group)
-            .unwrap()
-            .get_subcommands()
-            .map(|c| c.get_name().to_owned())
-            .collect()
+        cmd.find_subcommand(group).unwrap().get_subcommands().map(|c| c.get_name().to_owned()).collect()
     };
     assert_eq!(verbs("daemon"), ["start", "stop", "status", "log-level"]);
-    assert_eq!(
-        verbs("kit"),
-        ["add", "inspect", "pack", "pull", "push", "validate"]
-    );
-    assert_eq!(
-        verbs("policy"),
-        [
-            "init", "allow", "deny", "check", "ls", "inspect", "log", "reset", "rm"
-        ]
-    );
+    assert_eq!(verbs("kit"), ["add", "inspect", "pack", "pull", "push", "validate"]);
+    assert_eq!(verbs("policy"), ["init", "allow", "deny", "check", "ls", "inspect", "log", "reset", "rm"]);
     assert_eq!(verbs("secret"), ["set", "set-custom", "import", "ls", "rm"]);
     assert_eq!(verbs("template"), ["save", "load", "ls", "rm"]);
 }
@@ -127,11 +103,7 @@ fn later_commands_refuse_with_exit_2() {
         let (code, out, err) = output(&mut w.ppp(*args));
         assert_eq!(code, 2, "{args:?}: {err}");
         assert_eq!(out, "", "{args:?}");
-        assert_eq!(
-            err,
-            format!("error: `ppp {name}` is not available yet\n"),
-            "{args:?}"
-        );
+        assert_eq!(err, format!("error: `ppp {name}` is not available yet\n"), "{args:?}");
     }
     // Nothing was created by any of them.
     assert_eq!(std::fs::read_dir(w.data()).unwrap().count(), 0);
@@ -154,20 +126,9 @@ fn bash_complete(script: &str, words: &[&str]) -> Vec<String> {
         "{script}\nCOMP_WORDS=({line})\nCOMP_CWORD={cword}\nCOMP_LINE='{line}'\nCOMP_POINT=${{#COMP_LINE}}\n_ppp ppp \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
         cword = words.len() - 1,
     );
-    let out = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(program)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    let out = std::process::Command::new("bash").arg("-c").arg(program).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
 }
 
 #[test]
@@ -175,10 +136,7 @@ fn bash_completion_completes() {
     let w = World::new();
     let script = ok(&mut w.ppp(["completion", "bash"]));
     let top = bash_complete(&script, &["ppp", "po"]);
-    assert!(
-        top.contains(&"policy".to_owned()) && top.contains(&"ports".to_owned()),
-        "{top:?}"
-    );
+    assert!(top.contains(&"policy".to_owned()) && top.contains(&"ports".to_owned()), "{top:?}");
     let verbs = bash_complete(&script, &["ppp", "policy", "i"]);
     assert_eq!(verbs, ["init", "inspect"]);
     let presets = bash_complete(&script, &["ppp", "policy", "init", ""]);
@@ -191,19 +149,10 @@ fn completion_scripts_for_every_shell() {
     for shell in ["bash", "zsh", "fish", "powershell"] {
         let with = ok(&mut w.ppp(["completion", shell]));
         let without = ok(&mut w.ppp(["completion", shell, "--no-descriptions"]));
-        assert!(
-            with.contains("policy") && without.contains("policy"),
-            "{shell}"
-        );
+        assert!(with.contains("policy") && without.contains("policy"), "{shell}");
         if shell != "bash" {
-            assert!(
-                with.contains("Manage network policy"),
-                "{shell} lacks descriptions"
-            );
-            assert!(
-                !without.contains("Manage network policy"),
-                "{shell} kept descriptions"
-            );
+            assert!(with.contains("Manage network policy"), "{shell} lacks descriptions");
+            assert!(!without.contains("Manage network policy"), "{shell} kept descriptions");
         }
     }
 }
@@ -211,14 +160,8 @@ fn completion_scripts_for_every_shell() {
 #[test]
 fn version_reports_tools() {
     let w = World::new();
-    w.fake(
-        "podman",
-        r#"[ "$1" = --version ] && echo "podman version 5.8.1""#,
-    );
-    w.fake(
-        "mitmdump",
-        r#"[ "$1" = --version ] && printf 'Mitmproxy: 12.2.3\nPython:    3.13.0\n'"#,
-    );
+    w.fake("podman", r#"[ "$1" = --version ] && echo "podman version 5.8.1""#);
+    w.fake("mitmdump", r#"[ "$1" = --version ] && printf 'Mitmproxy: 12.2.3\nPython:    3.13.0\n'"#);
     let out = ok(&mut w.ppp(["version", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ppp"], env!("CARGO_PKG_VERSION"));
@@ -227,16 +170,9 @@ fn version_reports_tools() {
     assert_eq!(v["platform"]["os"], std::env::consts::OS);
     assert_eq!(v["provider"], "qemu");
     let text = ok(&mut w.ppp(["version"]));
-    assert!(
-        text.starts_with(&format!(
-            "ppp {}\npodman:   5.8.1 (",
-            env!("CARGO_PKG_VERSION")
-        )),
-        "{text}"
-    );
+    assert!(text.starts_with(&format!("ppp {}\npodman:   5.8.1 (", env!("CARGO_PKG_VERSION"))), "{text}");
 
     let bare = World::new();
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(&mut bare.ppp(["version", "--json"]))).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(&mut bare.ppp(["version", "--json"]))).unwrap();
     assert!(v["podman"].is_null() && v["mitmdump"].is_null(), "{v}");
 }

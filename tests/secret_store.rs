@@ -47,14 +47,7 @@ fn ctx() -> Ctx {
 }
 
 fn open(dirs: &Dirs, backend: Option<Backend>) -> Store {
-    Store::open_with(
-        dirs,
-        &Settings {
-            backend,
-            age_identity: None,
-        },
-    )
-    .unwrap()
+    Store::open_with(dirs, &Settings { backend, age_identity: None }).unwrap()
 }
 
 /// A fresh value nobody else could have written, so finding it proves where
@@ -72,17 +65,11 @@ fn tool(name: &str) -> PathBuf {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("`{name}` is not installed; this test needs it (Debian: {APT_HINT})")
-        })
+        .unwrap_or_else(|| panic!("`{name}` is not installed; this test needs it (Debian: {APT_HINT})"))
 }
 
 fn mode(p: &Path) -> u32 {
-    std::fs::metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o777
+    std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
 }
 
 /// Every file under `roots` whose bytes contain one of `secrets`, and every
@@ -121,46 +108,25 @@ fn assert_no_plaintext(dirs: &Dirs, secrets: &[&str], must_cover: &[PathBuf]) {
     let (hits, files) = plaintext_hits(&[&dirs.data, &dirs.config], secrets);
     assert_eq!(hits, Vec::<String>::new());
     for p in must_cover {
-        assert!(
-            files.contains(p),
-            "the scan missed `{}`; scanned {files:?}",
-            p.display()
-        );
+        assert!(files.contains(p), "the scan missed `{}`; scanned {files:?}", p.display());
     }
 }
 
 /// What the Secret Service holds under `key`, asked with libsecret's CLI.
 fn secret_tool_lookup(key: &str) -> Option<String> {
-    let out = Command::new(tool("secret-tool"))
-        .args(["lookup", "service", key, "username", "ppp"])
-        .output()
-        .unwrap();
+    let out = Command::new(tool("secret-tool")).args(["lookup", "service", key, "username", "ppp"]).output().unwrap();
     // secret-tool exits 1 with no output when nothing matches.
     if !out.status.success() && out.stdout.is_empty() {
         return None;
     }
-    assert!(
-        out.status.success(),
-        "secret-tool lookup {key}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "secret-tool lookup {key}: {}", String::from_utf8_lossy(&out.stderr));
     Some(String::from_utf8(out.stdout).unwrap())
 }
 
 /// The plaintext map inside `secrets.age`, decrypted with the `age` CLI.
 fn age_decrypt(file: &Path, identity: &Path) -> serde_json::Map<String, serde_json::Value> {
-    let out = Command::new(tool("age"))
-        .arg("--decrypt")
-        .arg("-i")
-        .arg(identity)
-        .arg(file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "age --decrypt: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(tool("age")).arg("--decrypt").arg("-i").arg(identity).arg(file).output().unwrap();
+    assert!(out.status.success(), "age --decrypt: {}", String::from_utf8_lossy(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["version"], 1);
     doc["secrets"].as_object().unwrap().clone()
@@ -197,12 +163,7 @@ impl Scenario<'_> {
         got.map(|(scope, v)| (scope, v.expose().to_owned()))
     }
 
-    fn inject(
-        &self,
-        sandbox: Option<&str>,
-        svc: &str,
-        host: &str,
-    ) -> Option<(Scope, String, String)> {
+    fn inject(&self, sandbox: Option<&str>, svc: &str, host: &str) -> Option<(Scope, String, String)> {
         let got = self.store.header_for(sandbox, svc, host).unwrap();
         got.map(|i| (i.scope, i.header, i.value.expose().to_owned()))
     }
@@ -221,60 +182,30 @@ impl Scenario<'_> {
         assert!(store.list().unwrap().is_empty());
         assert_eq!(self.get(&Scope::Global, "anthropic", Kind::Service), None);
         assert_eq!(self.lookup(Some(&self.sandbox), "anthropic"), None);
-        assert!(
-            !store
-                .exists(&Scope::Global, "anthropic", Kind::Service)
-                .unwrap()
-        );
+        assert!(!store.exists(&Scope::Global, "anthropic", Kind::Service).unwrap());
     }
 
     fn write_and_read(&self) {
         let (g, s, u, c) = (self.v(0), self.v(1), self.v(2), self.v(3));
         self.set(&Scope::Global, "anthropic", &[], g).unwrap();
         self.set(&self.boxed, "anthropic", &[], s).unwrap();
-        self.set(&Scope::Global, "usai", &["API.gsa.usai.gov"], u)
-            .unwrap();
+        self.set(&Scope::Global, "usai", &["API.gsa.usai.gov"], u).unwrap();
         let err = self.set(&Scope::Global, "usai2", &[], u).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("its hosts must be given"),
-            "{err:#}"
-        );
+        assert!(format!("{err:#}").contains("its hosts must be given"), "{err:#}");
         let jira = ["jira.example.com".to_owned()];
-        self.store
-            .set_custom(
-                &Scope::Global,
-                "PPP_JIRA_TOKEN",
-                &jira,
-                Some("JIRA_TOKEN"),
-                &value(c),
-            )
-            .unwrap();
+        self.store.set_custom(&Scope::Global, "PPP_JIRA_TOKEN", &jira, Some("JIRA_TOKEN"), &value(c)).unwrap();
 
         // The values really are in the backend, under the documented keys.
         assert_eq!(self.peek("ppp.anthropic").as_deref(), Some(g));
-        assert_eq!(
-            self.peek(&format!("ppp.{}.anthropic", self.sandbox))
-                .as_deref(),
-            Some(s)
-        );
+        assert_eq!(self.peek(&format!("ppp.{}.anthropic", self.sandbox)).as_deref(), Some(s));
         assert_eq!(self.peek("ppp.usai").as_deref(), Some(u));
         assert_eq!(self.peek("ppp.custom.PPP_JIRA_TOKEN").as_deref(), Some(c));
 
         let some = |v: &str| Some(v.to_owned());
-        assert_eq!(
-            self.get(&Scope::Global, "anthropic", Kind::Service),
-            some(g)
-        );
+        assert_eq!(self.get(&Scope::Global, "anthropic", Kind::Service), some(g));
         assert_eq!(self.get(&self.boxed, "anthropic", Kind::Service), some(s));
-        assert_eq!(
-            self.get(&Scope::Global, "PPP_JIRA_TOKEN", Kind::Custom),
-            some(c)
-        );
-        assert_eq!(
-            self.get(&self.boxed, "usai", Kind::Service),
-            None,
-            "get reads one scope"
-        );
+        assert_eq!(self.get(&Scope::Global, "PPP_JIRA_TOKEN", Kind::Custom), some(c));
+        assert_eq!(self.get(&self.boxed, "usai", Kind::Service), None, "get reads one scope");
     }
 
     fn lookup_and_inject(&self) {
@@ -282,10 +213,7 @@ impl Scenario<'_> {
         let sb = Some(self.sandbox.as_str());
         let global = |v: &str| Some((Scope::Global, v.to_owned()));
         // The sandbox's own key first, then the global one.
-        assert_eq!(
-            self.lookup(sb, "anthropic"),
-            Some((self.boxed.clone(), s.to_owned()))
-        );
+        assert_eq!(self.lookup(sb, "anthropic"), Some((self.boxed.clone(), s.to_owned())));
         assert_eq!(self.lookup(Some("other-box"), "anthropic"), global(g));
         assert_eq!(self.lookup(None, "anthropic"), global(g));
         assert_eq!(self.lookup(sb, "usai"), global(u));
@@ -302,17 +230,9 @@ impl Scenario<'_> {
             Some((Scope::Global, "authorization".into(), format!("Bearer {u}")))
         );
         let subs = self.store.substitutions(sb, "jira.example.com").unwrap();
-        let subs: Vec<_> = subs
-            .iter()
-            .map(|s| (s.placeholder.as_str(), s.value.expose()))
-            .collect();
+        let subs: Vec<_> = subs.iter().map(|s| (s.placeholder.as_str(), s.value.expose())).collect();
         assert_eq!(subs, [("PPP_JIRA_TOKEN", c)]);
-        assert!(
-            self.store
-                .substitutions(sb, "api.anthropic.com")
-                .unwrap()
-                .is_empty()
-        );
+        assert!(self.store.substitutions(sb, "api.anthropic.com").unwrap().is_empty());
     }
 
     fn check_index(&self) {
@@ -322,13 +242,7 @@ impl Scenario<'_> {
             .iter()
             .map(|e| {
                 let header = e.header.as_deref().unwrap_or("-");
-                let row = format!(
-                    "{} {} {} {} [{header}]",
-                    e.scope,
-                    e.kind,
-                    e.name,
-                    e.hosts.join(",")
-                );
+                let row = format!("{} {} {} {} [{header}]", e.scope, e.kind, e.name, e.hosts.join(","));
                 (row, e.backend)
             })
             .collect();
@@ -336,22 +250,10 @@ impl Scenario<'_> {
         assert_eq!(
             summary,
             [
-                (
-                    "global service anthropic api.anthropic.com [x-api-key]".into(),
-                    b
-                ),
-                (
-                    "global service usai api.gsa.usai.gov [authorization: Bearer]".into(),
-                    b
-                ),
-                (
-                    "global custom PPP_JIRA_TOKEN jira.example.com [-]".into(),
-                    b
-                ),
-                (
-                    format!("{sb} service anthropic api.anthropic.com [x-api-key]"),
-                    b
-                ),
+                ("global service anthropic api.anthropic.com [x-api-key]".into(), b),
+                ("global service usai api.gsa.usai.gov [authorization: Bearer]".into(), b),
+                ("global custom PPP_JIRA_TOKEN jira.example.com [-]".into(), b),
+                (format!("{sb} service anthropic api.anthropic.com [x-api-key]"), b),
             ]
         );
         assert_eq!(list[2].placeholder.as_deref(), Some("PPP_JIRA_TOKEN"));
@@ -368,40 +270,20 @@ impl Scenario<'_> {
         let (g2, store) = (self.v(4), self.store);
         // Setting again replaces the value and keeps one entry.
         self.set(&Scope::Global, "anthropic", &[], g2).unwrap();
-        assert_eq!(
-            self.get(&Scope::Global, "anthropic", Kind::Service)
-                .as_deref(),
-            Some(g2)
-        );
+        assert_eq!(self.get(&Scope::Global, "anthropic", Kind::Service).as_deref(), Some(g2));
         assert_eq!(self.peek("ppp.anthropic").as_deref(), Some(g2));
         assert_eq!(store.list().unwrap().len(), 4);
-        assert!(
-            store
-                .exists(&self.boxed, "anthropic", Kind::Service)
-                .unwrap()
-        );
+        assert!(store.exists(&self.boxed, "anthropic", Kind::Service).unwrap());
         let all: Vec<&str> = self.values.iter().map(String::as_str).collect();
         assert_no_plaintext(self.dirs, &all, &[self.dirs.secrets_index()]);
 
         // The sandbox's key goes; lookup falls back to the global one.
-        assert!(
-            store
-                .remove(&self.boxed, "anthropic", Kind::Service)
-                .unwrap()
-        );
-        assert!(
-            !store
-                .remove(&self.boxed, "anthropic", Kind::Service)
-                .unwrap()
-        );
+        assert!(store.remove(&self.boxed, "anthropic", Kind::Service).unwrap());
+        assert!(!store.remove(&self.boxed, "anthropic", Kind::Service).unwrap());
         assert_eq!(self.peek(&format!("ppp.{}.anthropic", self.sandbox)), None);
         let found = self.lookup(Some(&self.sandbox), "anthropic");
         assert_eq!(found, Some((Scope::Global, g2.to_owned())));
-        assert!(
-            store
-                .remove(&Scope::Global, "PPP_JIRA_TOKEN", Kind::Custom)
-                .unwrap()
-        );
+        assert!(store.remove(&Scope::Global, "PPP_JIRA_TOKEN", Kind::Custom).unwrap());
         assert_eq!(self.peek("ppp.custom.PPP_JIRA_TOKEN"), None);
         assert_eq!(store.list().unwrap().len(), 2);
     }
@@ -409,19 +291,12 @@ impl Scenario<'_> {
     fn refuse_bad_input(&self) {
         let g = self.v(0);
         // Bad names are refused, quoting the name and never the value.
-        let err = self
-            .set(&Scope::Sandbox("custom".into()), "anthropic", &[], g)
-            .unwrap_err();
+        let err = self.set(&Scope::Sandbox("custom".into()), "anthropic", &[], g).unwrap_err();
         let text = format!("{err:#}");
         assert!(text.contains("reserved") && !text.contains(g), "{text}");
-        let err = self
-            .set(&Scope::Global, "anthropic", &[], &format!("{g}\n"))
-            .unwrap_err();
+        let err = self.set(&Scope::Global, "anthropic", &[], &format!("{g}\n")).unwrap_err();
         let (text, _) = ppp::error::render(&err);
-        assert!(
-            text.contains("control character") && !text.contains(g),
-            "{text}"
-        );
+        assert!(text.contains("control character") && !text.contains(g), "{text}");
     }
 }
 
@@ -451,58 +326,29 @@ fn file_backend() {
     let store = open(&cx.dirs, Some(Backend::File));
     assert_eq!(store.backend(), Backend::File);
     store.list().unwrap();
-    assert!(
-        !cx.dirs.data.exists() && !cx.dirs.config.exists(),
-        "opening and reading must create nothing"
-    );
+    assert!(!cx.dirs.data.exists() && !cx.dirs.config.exists(), "opening and reading must create nothing");
 
     let secrets_file = cx.dirs.secrets_file();
     let identity = cx.dirs.age_identity();
-    let peek = |key: &str| {
-        age_decrypt(&secrets_file, &identity)
-            .get(key)
-            .map(|v| v.as_str().unwrap().to_owned())
-    };
+    let peek = |key: &str| age_decrypt(&secrets_file, &identity).get(key).map(|v| v.as_str().unwrap().to_owned());
     let values = scenario(&store, &cx.dirs, &peek);
 
     assert_eq!(mode(&secrets_file), 0o600);
     assert_eq!(mode(&cx.dirs.data), 0o700);
     assert_eq!(mode(&identity), 0o600);
     assert_eq!(mode(&cx.dirs.config), 0o700);
-    assert_ne!(
-        secrets_file.parent(),
-        identity.parent(),
-        "lock and key live in different roots"
-    );
+    assert_ne!(secrets_file.parent(), identity.parent(), "lock and key live in different roots");
     let bytes = std::fs::read(&secrets_file).unwrap();
-    assert!(
-        bytes.starts_with(b"age-encryption.org/v1\n-> X25519 "),
-        "an x25519 age file, not scrypt"
-    );
+    assert!(bytes.starts_with(b"age-encryption.org/v1\n-> X25519 "), "an x25519 age file, not scrypt");
     let refs: Vec<&str> = values.iter().map(String::as_str).collect();
-    assert_no_plaintext(
-        &cx.dirs,
-        &refs,
-        &[
-            secrets_file.clone(),
-            identity.clone(),
-            cx.dirs.secrets_index(),
-        ],
-    );
+    assert_no_plaintext(&cx.dirs, &refs, &[secrets_file.clone(), identity.clone(), cx.dirs.secrets_index()]);
     // The identity is in age-keygen's format: the public key it names is the
     // one `age-keygen -y` derives.
-    let out = Command::new(tool("age-keygen"))
-        .arg("-y")
-        .arg(&identity)
-        .output()
-        .unwrap();
+    let out = Command::new(tool("age-keygen")).arg("-y").arg(&identity).output().unwrap();
     assert!(out.status.success());
     let text = std::fs::read_to_string(&identity).unwrap();
     let public = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        text.contains(&format!("# public key: {}", public.trim())),
-        "{text}"
-    );
+    assert!(text.contains(&format!("# public key: {}", public.trim())), "{text}");
 }
 
 #[test]
@@ -510,16 +356,8 @@ fn file_backend_with_an_identity_from_age_keygen() {
     let cx = ctx();
     let key = cx.tmp.path().join("keys/ppp.txt");
     std::fs::create_dir_all(key.parent().unwrap()).unwrap();
-    let out = Command::new(tool("age-keygen"))
-        .arg("-o")
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(tool("age-keygen")).arg("-o").arg(&key).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // `PPP_AGE_IDENTITY` as the daemon would read it from its environment.
@@ -531,32 +369,17 @@ fn file_backend_with_an_identity_from_age_keygen() {
     .unwrap();
     let store = Store::open_with(&cx.dirs, &settings).unwrap();
     let v = fresh("keygen");
-    store
-        .set_service(&Scope::Global, "openai", &[], &value(&v))
-        .unwrap();
-    assert_eq!(
-        age_decrypt(&cx.dirs.secrets_file(), &key)["ppp.openai"],
-        v.as_str()
-    );
-    assert!(
-        !cx.dirs.age_identity().exists(),
-        "a given identity replaces the default one"
-    );
+    store.set_service(&Scope::Global, "openai", &[], &value(&v)).unwrap();
+    assert_eq!(age_decrypt(&cx.dirs.secrets_file(), &key)["ppp.openai"], v.as_str());
+    assert!(!cx.dirs.age_identity().exists(), "a given identity replaces the default one");
 
     // Without it the file is locked, and says so rather than reading as empty.
     let store = open(&cx.dirs, Some(Backend::File));
-    let err = store
-        .get(&Scope::Global, "openai", Kind::Service)
-        .unwrap_err();
+    let err = store.get(&Scope::Global, "openai", Kind::Service).unwrap_err();
     assert!(secret::is_unavailable(&err), "{err:#}");
-    let err = store
-        .set_service(&Scope::Global, "groq", &[], &value(&v))
-        .unwrap_err();
+    let err = store.set_service(&Scope::Global, "groq", &[], &value(&v)).unwrap_err();
     assert!(secret::is_unavailable(&err), "{err:#}");
-    assert!(
-        !cx.dirs.age_identity().exists(),
-        "must not mint a new key over existing secrets"
-    );
+    assert!(!cx.dirs.age_identity().exists(), "must not mint a new key over existing secrets");
 }
 
 #[test]
@@ -574,36 +397,19 @@ fn concurrent_writers_lose_nothing() {
                         .map(|i| {
                             let name = format!("svc-{t}-{i}");
                             let v = fresh(&name);
-                            store
-                                .set_service(
-                                    &Scope::Global,
-                                    &name,
-                                    &["api.example.com".into()],
-                                    &value(&v),
-                                )
-                                .unwrap();
+                            store.set_service(&Scope::Global, &name, &["api.example.com".into()], &value(&v)).unwrap();
                             (name, v)
                         })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     let store = open(&cx.dirs, Some(Backend::File));
     assert_eq!(store.list().unwrap().len(), expected.len());
     for (name, v) in &expected {
-        assert_eq!(
-            store
-                .get(&Scope::Global, name, Kind::Service)
-                .unwrap()
-                .unwrap()
-                .expose(),
-            v
-        );
+        assert_eq!(store.get(&Scope::Global, name, Kind::Service).unwrap().unwrap().expose(), v);
     }
 }
 
@@ -663,10 +469,7 @@ fn run_inner(names: &[&str], wrapper: &[PathBuf], env: &[(&str, &Path)], marker:
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
             let _ = child.wait();
             let mut text = String::new();
-            std::fs::File::open(&out_path)
-                .unwrap()
-                .read_to_string(&mut text)
-                .unwrap();
+            std::fs::File::open(&out_path).unwrap().read_to_string(&mut text).unwrap();
             panic!("the inner tests did not finish within 180 s:\n{text}");
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -675,15 +478,9 @@ fn run_inner(names: &[&str], wrapper: &[PathBuf], env: &[(&str, &Path)], marker:
     println!("{text}");
     assert!(status.success(), "inner tests failed ({status}):\n{text}");
     for n in names {
-        assert!(
-            text.contains(&format!("test {n} ... ok")),
-            "`{n}` did not run and pass:\n{text}"
-        );
+        assert!(text.contains(&format!("test {n} ... ok")), "`{n}` did not run and pass:\n{text}");
     }
-    let summary = format!(
-        "test result: ok. {} passed; 0 failed; 0 ignored",
-        names.len()
-    );
+    let summary = format!("test result: ok. {} passed; 0 failed; 0 ignored", names.len());
     assert!(text.contains(&summary), "expected `{summary}`:\n{text}");
 }
 
@@ -699,10 +496,7 @@ fn keychain_backend_against_real_secret_service() {
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/with-secret-service.sh");
     run_inner(
-        &[
-            "inner::keychain_scenario",
-            "inner::keychain_and_file_entries_coexist",
-        ],
+        &["inner::keychain_scenario", "inner::keychain_and_file_entries_coexist"],
         &[tool("dbus-run-session"), "--".into(), script],
         &[("HOME", &home)],
         INSIDE_SECRET_SERVICE,
@@ -742,11 +536,7 @@ mod inner {
     fn keychain_scenario() {
         require(INSIDE_SECRET_SERVICE);
         assert!(std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some());
-        assert!(
-            secret::keychain_available(),
-            "{:?}",
-            secret::keychain_status()
-        );
+        assert!(secret::keychain_available(), "{:?}", secret::keychain_status());
         let cx = ctx();
         // Auto-detection, from the (cleared) environment: the keychain.
         let store = Store::open(&cx.dirs).unwrap();
@@ -755,25 +545,13 @@ mod inner {
         let values = scenario(&store, &cx.dirs, &secret_tool_lookup);
 
         // The Secret Service item carries the documented attributes.
-        let out = Command::new(tool("secret-tool"))
-            .args(["search", "--all", "service", "ppp.usai"])
-            .output()
-            .unwrap();
+        let out = Command::new(tool("secret-tool")).args(["search", "--all", "service", "ppp.usai"]).output().unwrap();
         let listing = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
         assert!(listing.contains("attribute.username = ppp"), "{listing}");
-        assert!(
-            listing.contains("attribute.service = ppp.usai"),
-            "{listing}"
-        );
+        assert!(listing.contains("attribute.service = ppp.usai"), "{listing}");
 
-        assert!(
-            !cx.dirs.secrets_file().exists(),
-            "keychain writes must not create secrets.age"
-        );
-        assert!(
-            !cx.dirs.age_identity().exists(),
-            "keychain writes must not create an age identity"
-        );
+        assert!(!cx.dirs.secrets_file().exists(), "keychain writes must not create secrets.age");
+        assert!(!cx.dirs.age_identity().exists(), "keychain writes must not create an age identity");
         let refs: Vec<&str> = values.iter().map(String::as_str).collect();
         assert_no_plaintext(&cx.dirs, &refs, &[cx.dirs.secrets_index()]);
 
@@ -791,10 +569,7 @@ mod inner {
         let cx = ctx();
         let keychain = open(&cx.dirs, Some(Backend::Keychain));
         let file = open(&cx.dirs, Some(Backend::File));
-        assert_eq!(
-            (keychain.backend(), file.backend()),
-            (Backend::Keychain, Backend::File)
-        );
+        assert_eq!((keychain.backend(), file.backend()), (Backend::Keychain, Backend::File));
         let (a, o, a2) = (fresh("anthropic"), fresh("openai"), fresh("anthropic2"));
         let in_file = |key: &str| {
             age_decrypt(&cx.dirs.secrets_file(), &cx.dirs.age_identity())
@@ -802,73 +577,31 @@ mod inner {
                 .map(|v| v.as_str().unwrap().to_owned())
         };
 
-        keychain
-            .set_service(&Scope::Global, "anthropic", &[], &value(&a))
-            .unwrap();
-        file.set_service(&Scope::Global, "openai", &[], &value(&o))
-            .unwrap();
-        let backends: Vec<_> = file
-            .list()
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.name, e.backend))
-            .collect();
-        assert_eq!(
-            backends,
-            [
-                ("anthropic".into(), Backend::Keychain),
-                ("openai".into(), Backend::File)
-            ]
-        );
+        keychain.set_service(&Scope::Global, "anthropic", &[], &value(&a)).unwrap();
+        file.set_service(&Scope::Global, "openai", &[], &value(&o)).unwrap();
+        let backends: Vec<_> = file.list().unwrap().into_iter().map(|e| (e.name, e.backend)).collect();
+        assert_eq!(backends, [("anthropic".into(), Backend::Keychain), ("openai".into(), Backend::File)]);
 
         // Each read goes where the index says, whatever the store would
         // write to now.
-        assert_eq!(
-            file.get(&Scope::Global, "anthropic", Kind::Service)
-                .unwrap()
-                .unwrap()
-                .expose(),
-            a
-        );
-        assert_eq!(
-            keychain.lookup(None, "openai").unwrap().unwrap().1.expose(),
-            o
-        );
+        assert_eq!(file.get(&Scope::Global, "anthropic", Kind::Service).unwrap().unwrap().expose(), a);
+        assert_eq!(keychain.lookup(None, "openai").unwrap().unwrap().1.expose(), o);
         assert_eq!(secret_tool_lookup("ppp.openai"), None);
         assert_eq!(in_file("ppp.anthropic"), None);
         assert_eq!(in_file("ppp.openai"), Some(o.clone()));
 
         // Setting it again through the file store moves it: no stale copy
         // stays in the keychain.
-        file.set_service(&Scope::Global, "anthropic", &[], &value(&a2))
-            .unwrap();
+        file.set_service(&Scope::Global, "anthropic", &[], &value(&a2)).unwrap();
         assert_eq!(secret_tool_lookup("ppp.anthropic"), None);
         assert_eq!(in_file("ppp.anthropic"), Some(a2.clone()));
-        assert_eq!(
-            keychain
-                .get(&Scope::Global, "anthropic", Kind::Service)
-                .unwrap()
-                .unwrap()
-                .expose(),
-            a2
-        );
+        assert_eq!(keychain.get(&Scope::Global, "anthropic", Kind::Service).unwrap().unwrap().expose(), a2);
 
         // Removing through either store removes from the recorded backend.
-        assert!(
-            keychain
-                .remove(&Scope::Global, "openai", Kind::Service)
-                .unwrap()
-        );
+        assert!(keychain.remove(&Scope::Global, "openai", Kind::Service).unwrap());
         assert_eq!(in_file("ppp.openai"), None);
-        assert_no_plaintext(
-            &cx.dirs,
-            &[&a, &o, &a2],
-            &[cx.dirs.secrets_file(), cx.dirs.secrets_index()],
-        );
-        assert!(
-            file.remove(&Scope::Global, "anthropic", Kind::Service)
-                .unwrap()
-        );
+        assert_no_plaintext(&cx.dirs, &[&a, &o, &a2], &[cx.dirs.secrets_file(), cx.dirs.secrets_index()]);
+        assert!(file.remove(&Scope::Global, "anthropic", Kind::Service).unwrap());
     }
 
     #[test]
@@ -884,57 +617,29 @@ mod inner {
         let store = Store::open(&cx.dirs).unwrap();
         assert_eq!(store.backend(), Backend::File);
         let v = fresh("fallback");
-        store
-            .set_service(&Scope::Global, "xai", &[], &value(&v))
-            .unwrap();
-        assert_eq!(
-            store
-                .lookup(Some("some-box"), "xai")
-                .unwrap()
-                .unwrap()
-                .1
-                .expose(),
-            v
-        );
+        store.set_service(&Scope::Global, "xai", &[], &value(&v)).unwrap();
+        assert_eq!(store.lookup(Some("some-box"), "xai").unwrap().unwrap().1.expose(), v);
         assert_eq!(store.list().unwrap()[0].backend, Backend::File);
         assert_eq!(mode(&cx.dirs.secrets_file()), 0o600);
         assert_eq!(mode(&cx.dirs.data), 0o700);
         assert_no_plaintext(&cx.dirs, &[&v], &[cx.dirs.secrets_file()]);
 
         // Forcing the keychain is an error that says how to get going.
-        let err = Store::open_with(
-            &cx.dirs,
-            &Settings {
-                backend: Some(Backend::Keychain),
-                age_identity: None,
-            },
-        )
-        .unwrap_err();
+        let err =
+            Store::open_with(&cx.dirs, &Settings { backend: Some(Backend::Keychain), age_identity: None }).unwrap_err();
         assert!(secret::is_unavailable(&err));
         let (text, _) = ppp::error::render(&err);
-        assert!(
-            text.starts_with("error: `PPP_SECRET_BACKEND` is `keychain`"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hint: unset `PPP_SECRET_BACKEND` or set it to `file`"),
-            "{text}"
-        );
+        assert!(text.starts_with("error: `PPP_SECRET_BACKEND` is `keychain`"), "{text}");
+        assert!(text.contains("hint: unset `PPP_SECRET_BACKEND` or set it to `file`"), "{text}");
 
         // An entry the index places in the keychain is not silently missing
         // when the keychain is gone: reading it is a "locked" error.
         let index = std::fs::read_to_string(cx.dirs.secrets_index()).unwrap();
-        std::fs::write(
-            cx.dirs.secrets_index(),
-            index.replace("\"backend\": \"file\"", "\"backend\": \"keychain\""),
-        )
-        .unwrap();
+        std::fs::write(cx.dirs.secrets_index(), index.replace("\"backend\": \"file\"", "\"backend\": \"keychain\""))
+            .unwrap();
         let err = store.get(&Scope::Global, "xai", Kind::Service).unwrap_err();
         assert!(secret::is_unavailable(&err), "{err:#}");
         let (text, _) = ppp::error::render(&err);
-        assert!(
-            text.contains("from the keychain") && text.contains("hint:"),
-            "{text}"
-        );
+        assert!(text.contains("from the keychain") && text.contains("hint:"), "{text}");
     }
 }

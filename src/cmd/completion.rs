@@ -20,6 +20,9 @@ pub fn run(args: &CompletionArgs) -> Result<ExitCode> {
 pub fn script(shell: Shell, descriptions: bool) -> String {
     let mut cmd = Cli::command();
     if !descriptions {
+        // Building first materialises the automatic `--help`/`--version`
+        // flags in every subcommand, so their descriptions get stripped too.
+        cmd.build();
         cmd = strip_descriptions(cmd);
     }
     let generator = match shell {
@@ -36,25 +39,14 @@ pub fn script(shell: Shell, descriptions: bool) -> String {
 /// Remove every about/help text, including those of enum values, so the
 /// generators have nothing to describe.
 fn strip_descriptions(mut cmd: clap::Command) -> clap::Command {
-    let subs: Vec<String> = cmd
-        .get_subcommands()
-        .map(|s| s.get_name().to_owned())
-        .collect();
+    let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
     for name in subs {
         cmd = cmd.mut_subcommand(name, strip_descriptions);
     }
     cmd.about(None).long_about(None).mut_args(|a| {
-        let values: Vec<_> = a
-            .get_possible_values()
-            .into_iter()
-            .map(|v| v.help(None))
-            .collect();
+        let values: Vec<_> = a.get_possible_values().into_iter().map(|v| v.help(None)).collect();
         let a = a.help(None).long_help(None);
-        if values.is_empty() {
-            a
-        } else {
-            a.value_parser(PossibleValuesParser::new(values))
-        }
+        if values.is_empty() { a } else { a.value_parser(PossibleValuesParser::new(values)) }
     })
 }
 
@@ -66,12 +58,11 @@ mod tests {
     fn descriptions_can_be_left_out() {
         let with = script(Shell::Zsh, true);
         let without = script(Shell::Zsh, false);
-        assert!(
-            with.contains("Manage network policy"),
-            "zsh script lacks descriptions"
-        );
+        assert!(with.contains("Manage network policy"), "zsh script lacks descriptions");
         assert!(!without.contains("Manage network policy"));
-        assert!(!without.contains("deny by default"));
+        assert!(!without.contains("Print help"), "automatic flags keep no description");
+        assert!(!without.contains("Default deny"), "enum values keep no description");
+        assert!(with.contains("Default deny"));
         assert!(without.contains("policy"));
         assert!(script(Shell::Fish, false).contains("complete -c ppp"));
         assert!(script(Shell::Powershell, true).contains("Register-ArgumentCompleter"));

@@ -61,9 +61,7 @@ fn machines() -> Option<Vec<Machine>> {
     match podman::parse_machine_list(&out.stdout) {
         Ok(m) => Some(m),
         Err(e) => {
-            eprintln!(
-                "warning: could not parse `podman machine list` output: {e}; showing recorded states"
-            );
+            eprintln!("warning: could not parse `podman machine list` output: {e}; showing recorded states");
             None
         }
     }
@@ -75,18 +73,13 @@ pub fn merge(records: Vec<Record>, machines: Option<&[Machine]>) -> Vec<Row> {
     records
         .into_iter()
         .map(|record| {
-            let machine =
-                machines.and_then(|ms| ms.iter().find(|m| m.name == record.machine_name).cloned());
+            let machine = machines.and_then(|ms| ms.iter().find(|m| m.name == record.machine_name).cloned());
             let state = match (machines, &machine) {
                 (None, _) => record.status.to_string(),
                 (Some(_), Some(m)) => m.state().to_owned(),
                 (Some(_), None) => "missing".to_owned(),
             };
-            Row {
-                record,
-                state,
-                machine,
-            }
+            Row { record, state, machine }
         })
         .collect()
 }
@@ -99,20 +92,9 @@ pub fn render(rows: &[Row]) -> String {
             let ports = if r.record.published.is_empty() {
                 "-".to_owned()
             } else {
-                r.record
-                    .published
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
+                r.record.published.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
             };
-            vec![
-                r.record.name.clone(),
-                r.record.agent.clone(),
-                r.state.clone(),
-                ports,
-                r.record.workspace.join(","),
-            ]
+            vec![r.record.name.clone(), r.record.agent.clone(), r.state.clone(), ports, r.record.workspace.join(",")]
         })
         .collect();
     crate::output::table(&["NAME", "AGENT", "STATUS", "PORTS", "WORKSPACE"], &body)

@@ -31,7 +31,7 @@ pub mod version;
 /// What every command may need, resolved once after parsing.
 #[derive(Debug)]
 pub struct Ctx {
-    dirs: std::result::Result<Dirs, String>,
+    dirs: Option<Dirs>,
     pub debug: bool,
 }
 
@@ -39,23 +39,24 @@ impl Ctx {
     /// Resolve the context from the environment. Path resolution failing is
     /// not fatal here: `version` and `completion` work without a HOME.
     pub fn from_env(debug: bool) -> Self {
-        Self {
-            dirs: Dirs::from_env().map_err(|e| e.to_string()),
-            debug,
-        }
+        Self { dirs: Dirs::from_env().ok(), debug }
     }
 
     /// A context with explicit directories.
     pub fn with_dirs(dirs: Dirs, debug: bool) -> Self {
-        Self {
-            dirs: Ok(dirs),
-            debug,
-        }
+        Self { dirs: Some(dirs), debug }
     }
 
     /// ppp's directories; an error if they cannot be located.
     pub fn dirs(&self) -> Result<&Dirs> {
-        self.dirs.as_ref().map_err(|e| anyhow::anyhow!("{e}"))
+        match &self.dirs {
+            Some(d) => Ok(d),
+            // Resolving again reproduces the original error with its hint;
+            // resolution is a pure function of the environment.
+            None => Err(Dirs::from_env()
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("ppp's directories changed while running"))),
+        }
     }
 }
 

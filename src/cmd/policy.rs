@@ -15,8 +15,7 @@ use crate::cli::{FlowTypeFilter, PolicyAddArgs, PolicyCommand, RuleTypeFilter, S
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{
-    self, Engine, GlobalFile, Preset, Resource, Rule, SandboxFile, Scope, Source, Target, Verdict,
-    flowlog,
+    self, Engine, GlobalFile, Preset, Resource, Rule, SandboxFile, Scope, Source, Target, Verdict, flowlog,
 };
 use crate::{output, proxy, sandbox, state};
 
@@ -27,51 +26,21 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
         PolicyCommand::Init { preset, force } => init(dirs, *preset, *force),
         PolicyCommand::Allow(a) => add(dirs, Verdict::Allow, a),
         PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a),
-        PolicyCommand::Check {
-            target,
-            sandbox,
-            json,
-            verbose,
-            ..
-        } => check(dirs, target, sandbox.as_deref(), *json, *verbose),
-        PolicyCommand::Ls {
-            sandbox,
-            decision,
-            source,
-            kind,
-            include_inactive,
-            json,
-            wide,
-        } => {
-            let filter = Filter {
-                decision: *decision,
-                source: *source,
-                kind: *kind,
-            };
-            ls(
-                dirs,
-                sandbox.as_deref(),
-                &filter,
-                *include_inactive,
-                *json,
-                *wide,
-            )
+        PolicyCommand::Check { target, sandbox, json, verbose, .. } => {
+            check(dirs, target, sandbox.as_deref(), *json, *verbose)
+        }
+        PolicyCommand::Ls { sandbox, decision, source, kind, include_inactive, json, wide } => {
+            let filter = Filter { decision: *decision, source: *source, kind: *kind };
+            ls(dirs, sandbox.as_deref(), &filter, *include_inactive, *json, *wide)
         }
         PolicyCommand::Inspect { id, json } => inspect(dirs, id, *json),
-        PolicyCommand::Log {
-            sandbox,
-            json,
-            limit,
-            quiet,
-            kind,
-        } => log(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind),
+        PolicyCommand::Log { sandbox, json, limit, quiet, kind } => {
+            log(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind)
+        }
         PolicyCommand::Reset { force } => reset(dirs, *force),
-        PolicyCommand::Rm {
-            sandbox,
-            id,
-            resource,
-            ..
-        } => rm(dirs, sandbox.as_deref(), id.as_deref(), resource.as_deref()),
+        PolicyCommand::Rm { sandbox, id, resource, .. } => {
+            rm(dirs, sandbox.as_deref(), id.as_deref(), resource.as_deref())
+        }
     }
 }
 
@@ -88,45 +57,34 @@ fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
     let current = policy::load_global(&path)?;
     let next = match current {
         Some(f) if f.preset == Some(preset) && f.default == preset.default_verdict() => {
-            output::println(&format!(
-                "the global policy already uses preset `{preset}`; nothing changed"
-            ))?;
+            output::println(&format!("the global policy already uses preset `{preset}`; nothing changed"))?;
             return Ok(ExitCode::SUCCESS);
         }
+        // A file made by `policy allow|deny` before any preset was chosen:
+        // choosing one now is what the note after that command suggested.
+        Some(mut f) if f.preset.is_none() && f.rules.iter().all(|r| r.source != Source::Preset) => {
+            let mut rules = preset.rules();
+            rules.append(&mut f.rules);
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
+        }
         Some(f) if !force => {
-            let what = f
-                .preset
-                .map_or_else(|| "hand-made rules".to_owned(), |p| format!("preset `{p}`"));
+            let what = f.preset.map_or_else(|| "hand-made rules".to_owned(), |p| format!("preset `{p}`"));
             return Err(fail(format!("the global policy already uses {what}"))
-                .hint(format!(
-                    "pass -f to switch to `{preset}`; your own and kit rules are kept"
-                ))
+                .hint(format!("pass -f to switch to `{preset}`; your own and kit rules are kept"))
                 .into());
         }
         Some(mut f) => {
             f.rules.retain(|r| r.source != Source::Preset);
             let mut rules = preset.rules();
             rules.append(&mut f.rules);
-            GlobalFile {
-                default: preset.default_verdict(),
-                preset: Some(preset),
-                rules,
-            }
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
         }
-        None => GlobalFile {
-            default: preset.default_verdict(),
-            preset: Some(preset),
-            rules: preset.rules(),
-        },
+        None => GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules: preset.rules() },
     };
     policy::save_global(&path, &next)?;
     drop(lock);
     proxy::reload_or_warn(dirs);
-    let presets = next
-        .rules
-        .iter()
-        .filter(|r| r.source == Source::Preset)
-        .count();
+    let presets = next.rules.iter().filter(|r| r.source == Source::Preset).count();
     output::println(&format!(
         "global policy set to preset `{preset}`: default {}, {presets} preset rule{}",
         next.default,
@@ -169,9 +127,9 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
         for resource in resources {
             // Adding the same rule twice is a no-op that reports the
             // existing id, so scripts can re-run safely.
-            if let Some(existing) = rules.iter().find(|r| {
-                r.decision == decision && r.resource == resource && r.source == Source::Local
-            }) {
+            if let Some(existing) =
+                rules.iter().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
+            {
                 ids.push(existing.id);
                 continue;
             }
@@ -191,11 +149,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
             f
         } else {
             created_file = true;
-            GlobalFile {
-                default: DEFAULT_WITHOUT_FILE,
-                preset: None,
-                rules: Vec::new(),
-            }
+            GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }
         };
         apply(&mut file.rules);
         policy::save_global(&path, &file)?;
@@ -203,9 +157,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
     drop(lock);
     proxy::reload_or_warn(dirs);
     if created_file {
-        eprintln!(
-            "note: created the global policy with default `deny`; `ppp policy init` chooses a preset"
-        );
+        eprintln!("note: created the global policy with default `deny`; `ppp policy init` chooses a preset");
     }
     output::print(&lines(ids.iter()))?;
     Ok(ExitCode::SUCCESS)
@@ -224,21 +176,12 @@ fn lines<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
 fn global_or_default(dirs: &Dirs) -> Result<(GlobalFile, bool)> {
     Ok(match policy::load_global(&dirs.global_policy())? {
         Some(f) => (f, true),
-        None => (
-            GlobalFile {
-                default: DEFAULT_WITHOUT_FILE,
-                preset: None,
-                rules: Vec::new(),
-            },
-            false,
-        ),
+        None => (GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }, false),
     })
 }
 
 fn sandbox_rules(dirs: &Dirs, name: &str) -> Result<Vec<Rule>> {
-    Ok(policy::load_sandbox(&dirs.sandbox_policy(name))?
-        .map(|f| f.rules)
-        .unwrap_or_default())
+    Ok(policy::load_sandbox(&dirs.sandbox_policy(name))?.map(|f| f.rules).unwrap_or_default())
 }
 
 /// `policy check --json` output; the field set is a public contract.
@@ -263,13 +206,7 @@ struct MatchedJson {
     source: Source,
 }
 
-fn check(
-    dirs: &Dirs,
-    target: &str,
-    sandbox_name: Option<&str>,
-    json: bool,
-    verbose: bool,
-) -> Result<ExitCode> {
+fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<ExitCode> {
     let t = Target::parse(target).map_err(|e| {
         let f = fail(format!("invalid target: {}", e.message())).code(2);
         anyhow::Error::from(match e.hint() {
@@ -285,9 +222,7 @@ fn check(
         Some(s) => sandbox_rules(dirs, s)?,
         None => Vec::new(),
     };
-    let sandboxes = sandbox_name
-        .map(|s| vec![(s.to_owned(), local.clone())])
-        .unwrap_or_default();
+    let sandboxes = sandbox_name.map(|s| vec![(s.to_owned(), local.clone())]).unwrap_or_default();
     let engine = Engine::build(global.default, global.rules.clone(), sandboxes)?;
     let d = engine.decide(sandbox_name, t.host.as_deref(), t.ip, t.port);
     if json {
@@ -309,17 +244,17 @@ fn check(
         };
         output::println(&serde_json::to_string(&out)?)?;
     } else {
-        let shown =
-            t.ip.map_or_else(|| t.host.clone().unwrap_or_default(), |ip| ip.to_string());
+        let endpoint = match (t.ip, &t.host) {
+            (Some(std::net::IpAddr::V6(ip)), _) => format!("[{ip}]:{}", t.port),
+            (Some(ip), _) => format!("{ip}:{}", t.port),
+            (None, host) => format!("{}:{}", host.as_deref().unwrap_or_default(), t.port),
+        };
         let why = match &d.matched_rule {
-            Some(m) => format!(
-                "rule {} `{}` ({}, {})",
-                m.rule.id, m.rule.resource, m.scope, m.rule.source
-            ),
+            Some(m) => format!("rule {} `{}` ({}, {})", m.rule.id, m.rule.resource, m.scope, m.rule.source),
             None if exists => format!("the global default `{}`", d.verdict),
             None => "no policy exists".to_owned(),
         };
-        output::println(&format!("{}  {shown}:{}  by {why}", d.verdict, t.port))?;
+        output::println(&format!("{}  {endpoint}  by {why}", d.verdict))?;
         if verbose {
             let all: Vec<(Scope, &Rule)> = global
                 .rules
@@ -331,11 +266,7 @@ fn check(
                 // One tiny engine per rule: slow, but only for --verbose, and
                 // it keeps matching in the engine rather than re-implemented.
                 let single = Engine::build(Verdict::Deny, vec![rule.clone()], Vec::new())?;
-                if single
-                    .decide(None, t.host.as_deref(), t.ip, t.port)
-                    .matched_rule
-                    .is_some()
-                {
+                if single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some() {
                     output::println(&format!(
                         "  matches: {} {} `{}` ({scope}, {})",
                         rule.id, rule.decision, rule.resource, rule.source
@@ -403,14 +334,7 @@ fn sandboxes_with_policy(dirs: &Dirs) -> Result<Vec<String>> {
     Ok(names)
 }
 
-fn ls(
-    dirs: &Dirs,
-    only: Option<&str>,
-    filter: &Filter,
-    all: bool,
-    json: bool,
-    wide: bool,
-) -> Result<ExitCode> {
+fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, wide: bool) -> Result<ExitCode> {
     if let Some(s) = only {
         sandbox::validate_name(s)?;
     }
@@ -429,11 +353,7 @@ fn ls(
         .rules
         .iter()
         .filter(|r| filter.keep(r))
-        .map(|rule| Listed {
-            rule,
-            scope: Scope::Global,
-            sandbox: None,
-        })
+        .map(|rule| Listed { rule, scope: Scope::Global, sandbox: None })
         .collect();
     for (name, rules) in &per_sandbox {
         listed.extend(rules.iter().filter(|r| filter.keep(r)).map(|rule| Listed {
@@ -443,12 +363,7 @@ fn ls(
         }));
     }
     if json {
-        output::json(&LsJson {
-            default: global.default,
-            preset: global.preset,
-            policy_exists: exists,
-            rules: listed,
-        })?;
+        output::json(&LsJson { default: global.default, preset: global.preset, policy_exists: exists, rules: listed })?;
         return Ok(ExitCode::SUCCESS);
     }
     let rows: Vec<Vec<String>> = listed
@@ -457,8 +372,7 @@ fn ls(
             let id = l.rule.id.to_string();
             let mut row = vec![
                 if wide { id } else { id[..8].to_owned() },
-                l.sandbox
-                    .map_or_else(|| "global".to_owned(), ToOwned::to_owned),
+                l.sandbox.map_or_else(|| "global".to_owned(), ToOwned::to_owned),
                 l.rule.decision.to_string(),
                 l.rule.resource.to_string(),
                 l.rule.source.to_string(),
@@ -474,10 +388,7 @@ fn ls(
         header.push("CREATED");
     }
     let mut text = output::table(&header, &rows);
-    let preset = global
-        .preset
-        .map(|p| format!(" (preset `{p}`)"))
-        .unwrap_or_default();
+    let preset = global.preset.map(|p| format!(" (preset `{p}`)")).unwrap_or_default();
     let _ = writeln!(text, "default: {}{preset}", global.default);
     output::print(&text)?;
     if !exists {
@@ -487,8 +398,7 @@ fn ls(
 }
 
 fn fmt_time(t: time::OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| t.to_string())
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| t.to_string())
 }
 
 /// Where a rule was found.
@@ -514,23 +424,14 @@ fn all_rules(dirs: &Dirs) -> Result<Vec<Found>> {
     for name in sandboxes_with_policy(dirs)? {
         let path = dirs.sandbox_policy(&name);
         for rule in sandbox_rules(dirs, &name)? {
-            out.push(Found {
-                rule,
-                scope: Scope::Sandbox,
-                sandbox: Some(name.clone()),
-                file: path.clone(),
-            });
+            out.push(Found { rule, scope: Scope::Sandbox, sandbox: Some(name.clone()), file: path.clone() });
         }
     }
     Ok(out)
 }
 
 /// Select rules whose id starts with `prefix`; more than one is ambiguous.
-fn by_id_prefix<'a, T>(
-    items: &'a [T],
-    id: impl Fn(&T) -> String,
-    prefix: &str,
-) -> Result<Option<&'a T>> {
+fn by_id_prefix<'a, T>(items: &'a [T], id: impl Fn(&T) -> String, prefix: &str) -> Result<Option<&'a T>> {
     let p = prefix.to_ascii_lowercase();
     if p.is_empty() {
         return Err(fail("the rule id is empty").code(2).into());
@@ -539,9 +440,7 @@ fn by_id_prefix<'a, T>(
     match hits.len() {
         0 => Ok(None),
         1 => Ok(Some(hits[0])),
-        n => Err(fail(format!("`{prefix}` matches {n} rules"))
-            .hint("give more characters of the id")
-            .into()),
+        n => Err(fail(format!("`{prefix}` matches {n} rules")).hint("give more characters of the id").into()),
     }
 }
 
@@ -561,27 +460,17 @@ fn inspect(dirs: &Dirs, id: &str, json: bool) -> Result<ExitCode> {
             sandbox: Option<&'a str>,
             file: &'a std::path::Path,
         }
-        output::json(&Out {
-            rule: &f.rule,
-            scope: f.scope,
-            sandbox: f.sandbox.as_deref(),
-            file: &f.file,
-        })?;
+        output::json(&Out { rule: &f.rule, scope: f.scope, sandbox: f.sandbox.as_deref(), file: &f.file })?;
     } else {
         let r = &f.rule;
-        let scope = f
-            .sandbox
-            .as_ref()
-            .map_or_else(|| "global".to_owned(), |s| format!("sandbox `{s}`"));
+        let scope = f.sandbox.as_ref().map_or_else(|| "global".to_owned(), |s| format!("sandbox `{s}`"));
         output::print(&format!(
             "id:         {}\ndecision:   {}\ntype:       {}\nresource:   {}\nkind:       {}\nsource:     {}\nscope:      {scope}\ncreated_at: {}\nfile:       {}\n",
             r.id,
             r.decision,
             r.kind,
             r.resource,
-            serde_json::to_value(r.resource.kind())?
-                .as_str()
-                .unwrap_or_default(),
+            serde_json::to_value(r.resource.kind())?.as_str().unwrap_or_default(),
             r.source,
             fmt_time(r.created_at),
             f.file.display(),
@@ -639,10 +528,7 @@ fn log(
                 ]
             })
             .collect();
-        text = output::table(
-            &["TIME", "SANDBOX", "DECISION", "METHOD", "HOST", "STATUS"],
-            &rows,
-        );
+        text = output::table(&["TIME", "SANDBOX", "DECISION", "METHOD", "HOST", "STATUS"], &rows);
     }
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
@@ -677,53 +563,29 @@ fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
     }
     drop(lock);
     proxy::reload_or_warn(dirs);
-    output::println(&format!(
-        "removed {removed} rule{}",
-        if removed == 1 { "" } else { "s" }
-    ))?;
+    output::println(&format!("removed {removed} rule{}", if removed == 1 { "" } else { "s" }))?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn rm(
-    dirs: &Dirs,
-    sandbox_name: Option<&str>,
-    id: Option<&str>,
-    resource: Option<&str>,
-) -> Result<ExitCode> {
+fn rm(dirs: &Dirs, sandbox_name: Option<&str>, id: Option<&str>, resource: Option<&str>) -> Result<ExitCode> {
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
     let wanted = resource.map(parse_resources).transpose()?;
     let lock = state::Lock::acquire(&dirs.state_lock())?;
-    let place = sandbox_name.map_or_else(
-        || "the global policy".to_owned(),
-        |s| format!("the policy of sandbox `{s}`"),
-    );
+    let place = sandbox_name.map_or_else(|| "the global policy".to_owned(), |s| format!("the policy of sandbox `{s}`"));
     let select = |rules: &mut Vec<Rule>| -> Result<Vec<Rule>> {
         let doomed: Vec<uuid::Uuid> = match (&wanted, id) {
-            (Some(res), _) => rules
-                .iter()
-                .filter(|r| res.contains(&r.resource))
-                .map(|r| r.id)
-                .collect(),
-            (None, Some(id)) => by_id_prefix(rules, |r| r.id.to_string(), id)?
-                .map(|r| r.id)
-                .into_iter()
-                .collect(),
+            (Some(res), _) => rules.iter().filter(|r| res.contains(&r.resource)).map(|r| r.id).collect(),
+            (None, Some(id)) => by_id_prefix(rules, |r| r.id.to_string(), id)?.map(|r| r.id).into_iter().collect(),
             (None, None) => unreachable!("clap requires --id or --resource"),
         };
         if doomed.is_empty() {
-            let what = resource.map_or_else(
-                || format!("id `{}`", id.unwrap_or_default()),
-                |r| format!("resource `{r}`"),
-            );
-            return Err(fail(format!("no rule with {what} in {place}"))
-                .hint("list rules with `ppp policy ls`")
-                .into());
+            let what =
+                resource.map_or_else(|| format!("id `{}`", id.unwrap_or_default()), |r| format!("resource `{r}`"));
+            return Err(fail(format!("no rule with {what} in {place}")).hint("list rules with `ppp policy ls`").into());
         }
-        let (gone, kept) = std::mem::take(rules)
-            .into_iter()
-            .partition(|r| doomed.contains(&r.id));
+        let (gone, kept) = std::mem::take(rules).into_iter().partition(|r| doomed.contains(&r.id));
         *rules = kept;
         Ok(gone)
     };
@@ -736,11 +598,7 @@ fn rm(
     } else {
         let path = dirs.global_policy();
         let Some(mut f) = policy::load_global(&path)? else {
-            return Err(
-                fail(format!("no rule matches in {place}: it does not exist"))
-                    .hint(NO_POLICY_HINT)
-                    .into(),
-            );
+            return Err(fail(format!("no rule matches in {place}: it does not exist")).hint(NO_POLICY_HINT).into());
         };
         let gone = select(&mut f.rules)?;
         policy::save_global(&path, &f)?;

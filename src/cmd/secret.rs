@@ -21,18 +21,12 @@ pub fn run(cmd: &SecretCommand, ctx: &Ctx) -> Result<ExitCode> {
     match cmd {
         SecretCommand::Set(a) => set(dirs, a),
         SecretCommand::SetCustom(a) => set_custom(dirs, a),
-        SecretCommand::Import {
-            service,
-            all,
-            dry_run,
-            force,
-        } => import(dirs, service.as_deref(), *all, *dry_run, *force),
-        SecretCommand::Ls {
-            sandbox,
-            global,
-            service,
-            json,
-        } => ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json),
+        SecretCommand::Import { service, all, dry_run, force } => {
+            import(dirs, service.as_deref(), *all, *dry_run, *force)
+        }
+        SecretCommand::Ls { sandbox, global, service, json } => {
+            ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json)
+        }
         SecretCommand::Rm(a) => rm(dirs, a),
     }
 }
@@ -46,10 +40,7 @@ fn scope_and_name(names: &[String], global: bool) -> Result<(Scope, String)> {
             sandbox::validate_name(sb)?;
             Ok((Scope::Sandbox(sb.clone()), name.clone()))
         }
-        [sb, _] => Err(fail(format!("both -g and sandbox `{sb}` were given"))
-            .hint("use one of them")
-            .code(2)
-            .into()),
+        [sb, _] => Err(fail(format!("both -g and sandbox `{sb}` were given")).hint("use one of them").code(2).into()),
         _ => Err(fail("expected `[SANDBOX] SERVICE`").code(2).into()),
     }
 }
@@ -63,14 +54,12 @@ fn scope_words(scope: &Scope) -> String {
 
 /// Read a secret value: from `--token`/`--value`, from stdin with
 /// `--password-stdin`, or from a no-echo prompt on a terminal.
-fn read_value(given: Option<&str>, from_stdin: bool, what: &str) -> Result<Value> {
+fn read_value(given: Option<&str>, from_stdin: bool, what: &str, stdin_flag: &str) -> Result<Value> {
     let raw = if let Some(v) = given {
         v.to_owned()
     } else if from_stdin {
         let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("could not read the value from standard input")?;
+        std::io::stdin().read_to_string(&mut s).context("could not read the value from standard input")?;
         // Only the line ending `echo` adds; inner whitespace is the user's.
         let trimmed = s.trim_end_matches(['\n', '\r']).to_owned();
         zeroize::Zeroize::zeroize(&mut s);
@@ -80,7 +69,7 @@ fn read_value(given: Option<&str>, from_stdin: bool, what: &str) -> Result<Value
             .context("could not read the value from the terminal")?
     } else {
         return Err(fail("no value given and standard input is not a terminal")
-            .hint("pipe it in with --password-stdin")
+            .hint(format!("pipe it in with {stdin_flag}"))
             .code(2)
             .into());
     };
@@ -97,31 +86,39 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
     if a.registry {
         return Err(Failure::not_available("secret set --registry").into());
     }
-    let (scope, service) = scope_and_name(&a.names, a.global)?;
+    let (scope, service) = match (&a.sandbox, a.names.as_slice()) {
+        (Some(sb), [name]) => {
+            sandbox::validate_name(sb)?;
+            (Scope::Sandbox(sb.clone()), name.clone())
+        }
+        (Some(_), _) => {
+            return Err(fail("the sandbox is given twice, as --sandbox and as SANDBOX")
+                .hint("use one of them")
+                .code(2)
+                .into());
+        }
+        (None, names) => scope_and_name(names, a.global)?,
+    };
     secret::validate::service(&service)?;
     if services::builtin(&service).is_none() && a.hosts.is_empty() {
-        return Err(fail(format!(
-            "ppp does not know the hosts of service `{service}`"
-        ))
-        .hint(format!(
-            "name them: `ppp secret set {service} --host api.example.com`"
-        ))
-        .code(2)
-        .into());
+        if secret::validate::looks_like_secret(&service) {
+            return Err(fail(
+                "ppp does not know that service, and its name looks like a secret value, so it is not shown",
+            )
+            .hint("give the value at the prompt or with --password-stdin, never as an argument")
+            .code(2)
+            .into());
+        }
+        return Err(fail(format!("ppp does not know the hosts of service `{service}`"))
+            .hint(format!("name them: `ppp secret set {service} --host api.example.com`"))
+            .code(2)
+            .into());
     }
-    let value = read_value(
-        a.token.as_deref(),
-        a.password_stdin,
-        &format!("`{service}`"),
-    )?;
+    let value = read_value(a.token.as_deref(), a.password_stdin, &format!("`{service}`"), "--password-stdin")?;
     let store = Store::open(dirs)?;
     store.set_service(&scope, &service, &a.hosts, &value)?;
     proxy::reload_or_warn(dirs);
-    output::println(&format!(
-        "stored `{service}` {} ({})",
-        scope_words(&scope),
-        store.backend()
-    ))?;
+    output::println(&format!("stored `{service}` {} ({})", scope_words(&scope), store.backend()))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -134,7 +131,7 @@ fn set_custom(dirs: &Dirs, a: &SecretSetCustomArgs) -> Result<ExitCode> {
         None => Scope::Global,
     };
     let given = a.value.as_deref().or(a.token.as_deref());
-    let value = read_value(given, false, &format!("placeholder `{}`", a.placeholder))?;
+    let value = read_value(given, a.password_stdin, &format!("placeholder `{}`", a.placeholder), "--password-stdin")?;
     let store = Store::open(dirs)?;
     store.set_custom(&scope, &a.placeholder, &a.hosts, a.env.as_deref(), &value)?;
     proxy::reload_or_warn(dirs);
@@ -155,13 +152,7 @@ fn from_env(vars: &[&'static str]) -> Option<(&'static str, Value)> {
     })
 }
 
-fn import(
-    dirs: &Dirs,
-    only: Option<&str>,
-    all: bool,
-    dry_run: bool,
-    force: bool,
-) -> Result<ExitCode> {
+fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool) -> Result<ExitCode> {
     if let Some(s) = only
         && services::builtin(s).is_none()
     {
@@ -178,17 +169,12 @@ fn import(
         .collect();
     if found.is_empty() {
         let what = only.map_or_else(|| "any service".to_owned(), |s| format!("`{s}`"));
-        return Err(
-            fail(format!("no environment variable holds a key for {what}"))
-                .hint("see `ppp secret import --help` for the variables read")
-                .into(),
-        );
+        return Err(fail(format!("no environment variable holds a key for {what}"))
+            .hint("see `ppp secret import --help` for the variables read")
+            .into());
     }
     if only.is_none() && !all {
-        let names: Vec<String> = found
-            .iter()
-            .map(|(s, v, _)| format!("{s} (from {v})"))
-            .collect();
+        let names: Vec<String> = found.iter().map(|(s, v, _)| format!("{s} (from {v})")).collect();
         return Err(fail(format!("found keys for {}", names.join(", ")))
             .hint("pass --all to import them all, or name one service")
             .code(2)
@@ -215,13 +201,7 @@ fn import(
     Ok(ExitCode::SUCCESS)
 }
 
-fn ls(
-    dirs: &Dirs,
-    sandbox_name: Option<&str>,
-    global: bool,
-    service: Option<&str>,
-    json: bool,
-) -> Result<ExitCode> {
+fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&str>, json: bool) -> Result<ExitCode> {
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
@@ -248,19 +228,12 @@ fn ls(
                 e.scope.to_string(),
                 e.name.clone(),
                 e.kind.to_string(),
-                if e.hosts.is_empty() {
-                    "-".to_owned()
-                } else {
-                    e.hosts.join(",")
-                },
+                if e.hosts.is_empty() { "-".to_owned() } else { e.hosts.join(",") },
                 e.backend.to_string(),
             ]
         })
         .collect();
-    output::print(&output::table(
-        &["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND"],
-        &rows,
-    ))?;
+    output::print(&output::table(&["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND"], &rows))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -270,17 +243,19 @@ fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
     }
     let (scope, name) = scope_and_name(&a.names, a.global)?;
     let store = Store::open(dirs)?;
-    let kind = if store.exists(&scope, &name, Kind::Service)? {
-        Kind::Service
-    } else if store.exists(&scope, &name, Kind::Custom)? {
-        Kind::Custom
-    } else {
-        return Err(fail(format!(
-            "no secret `{name}` is stored {}",
-            scope_words(&scope)
-        ))
-        .hint("list secrets with `ppp secret ls`")
-        .into());
+    // Look the name up in the index rather than validating it as a service
+    // name first: custom placeholders follow other rules (`PPP_JIRA`).
+    let kinds: Vec<Kind> =
+        store.list()?.into_iter().filter(|e| e.scope == scope && e.name == name).map(|e| e.kind).collect();
+    let kind = match (a.custom, kinds.contains(&Kind::Service), kinds.contains(&Kind::Custom)) {
+        (false, true, _) => Kind::Service,
+        (_, _, true) => Kind::Custom,
+        _ => {
+            let what = if a.custom { "custom secret" } else { "secret" };
+            return Err(fail(format!("no {what} `{name}` is stored {}", scope_words(&scope)))
+                .hint("list secrets with `ppp secret ls`")
+                .into());
+        }
     };
     if !a.force && !output::confirm(&format!("remove `{name}` {}?", scope_words(&scope)))? {
         output::println("nothing changed")?;

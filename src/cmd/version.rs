@@ -52,27 +52,17 @@ pub fn run(args: &VersionArgs, ctx: &Ctx) -> Result<ExitCode> {
 /// Probe the tools. podman and mitmdump are asked in parallel: mitmdump's
 /// Python start-up dominates and need not add to podman's.
 pub fn collect(ctx: &Ctx) -> Report {
-    let mitm_path = exec::resolve_program(env::PPP_MITMDUMP, "mitmdump").or_else(|| {
-        ctx.dirs()
-            .ok()
-            .map(crate::dirs::Dirs::venv_mitmdump)
-            .filter(|p| p.exists())
-    });
+    let mitm_path = exec::resolve_program(env::PPP_MITMDUMP, "mitmdump")
+        .or_else(|| ctx.dirs().ok().map(crate::dirs::Dirs::venv_mitmdump).filter(|p| p.exists()));
     let mitm = std::thread::spawn(move || {
         mitm_path.map(|path| {
-            let inv = Invocation::new(&path)
-                .arg("--version")
-                .timeout(Duration::from_secs(30));
-            let version = exec::run(&inv)
-                .ok()
-                .and_then(|o| parse_mitmdump_version(&o.stdout));
+            let inv = Invocation::new(&path).arg("--version").timeout(Duration::from_secs(30));
+            let version = exec::run(&inv).ok().and_then(|o| parse_mitmdump_version(&o.stdout));
             Tool { path, version }
         })
     });
     let podman = podman::program().map(|path| {
-        let version = exec::run(&podman::version(path.clone()))
-            .ok()
-            .and_then(|o| podman::parse_version(&o.stdout));
+        let version = exec::run(&podman::version(path.clone())).ok().and_then(|o| podman::parse_version(&o.stdout));
         Tool { path, version }
     });
     let mitmdump = mitm.join().unwrap_or(None);
@@ -85,10 +75,7 @@ pub fn collect(ctx: &Ctx) -> Report {
         ppp: env!("CARGO_PKG_VERSION"),
         podman,
         mitmdump,
-        platform: Platform {
-            os: std::env::consts::OS,
-            arch: std::env::consts::ARCH,
-        },
+        platform: Platform { os: std::env::consts::OS, arch: std::env::consts::ARCH },
         provider,
     }
 }
@@ -112,23 +99,15 @@ pub fn provider(os: &str, over: Option<&str>, podman_version: Option<&str>) -> S
 
 /// `Mitmproxy: 12.2.3` → `12.2.3`.
 pub fn parse_mitmdump_version(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("Mitmproxy:"))
-        .map(|v| v.trim().to_owned())
+    text.lines().find_map(|l| l.strip_prefix("Mitmproxy:")).map(|v| v.trim().to_owned())
 }
 
 /// The human-readable report.
 pub fn render(r: &Report) -> String {
     let tool = |t: &Option<Tool>| match t {
         None => "not found".to_owned(),
-        Some(Tool {
-            path,
-            version: Some(v),
-        }) => format!("{v} ({})", path.display()),
-        Some(Tool {
-            path,
-            version: None,
-        }) => format!("unknown version ({})", path.display()),
+        Some(Tool { path, version: Some(v) }) => format!("{v} ({})", path.display()),
+        Some(Tool { path, version: None }) => format!("unknown version ({})", path.display()),
     };
     format!(
         "ppp {}\npodman:   {}\nmitmdump: {}\nplatform: {}/{}\nprovider: {}\n",

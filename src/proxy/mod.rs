@@ -59,11 +59,7 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     fn dirs(tmp: &std::path::Path) -> Dirs {
-        Dirs {
-            config: tmp.join("c"),
-            data: tmp.to_owned(),
-            cache: tmp.join("k"),
-        }
+        Dirs { config: tmp.join("c"), data: tmp.to_owned(), cache: tmp.join("k") }
     }
 
     #[test]

@@ -58,11 +58,7 @@ impl Drop for Vault {
 
 impl FileStore {
     pub(crate) fn new(path: PathBuf, identity: PathBuf, identity_given: bool) -> FileStore {
-        FileStore {
-            path,
-            identity,
-            identity_given,
-        }
+        FileStore { path, identity, identity_given }
     }
 
     /// The value stored under `key`.
@@ -78,18 +74,9 @@ impl FileStore {
     pub(crate) fn set(&self, key: &str, value: &Value) -> Result<()> {
         let (mut vault, identity) = match self.load_with_identity()? {
             Some(loaded) => loaded,
-            None => (
-                Vault {
-                    version: VERSION,
-                    secrets: BTreeMap::new(),
-                },
-                self.identity_for_new_file()?,
-            ),
+            None => (Vault { version: VERSION, secrets: BTreeMap::new() }, self.identity_for_new_file()?),
         };
-        if let Some(mut old) = vault
-            .secrets
-            .insert(key.to_owned(), value.expose().to_owned())
-        {
+        if let Some(mut old) = vault.secrets.insert(key.to_owned(), value.expose().to_owned()) {
             old.zeroize();
         }
         self.save(&vault, &identity)
@@ -139,20 +126,13 @@ impl FileStore {
             // serde_json's message may quote the text near the error, which
             // is secret here: report the position only.
             self.locked(
-                format!(
-                    "the decrypted contents are not valid (line {}, column {})",
-                    e.line(),
-                    e.column()
-                ),
+                format!("the decrypted contents are not valid (line {}, column {})", e.line(), e.column()),
                 "the file is damaged; restore it from a backup",
             )
         })?;
         if vault.version != VERSION {
             return Err(self.locked(
-                format!(
-                    "the file has format version {}, this ppp reads {VERSION}",
-                    vault.version
-                ),
+                format!("the file has format version {}, this ppp reads {VERSION}", vault.version),
                 "upgrade ppp",
             ));
         }
@@ -166,14 +146,9 @@ impl FileStore {
     fn save(&self, vault: &Vault, identity: &age::x25519::Identity) -> Result<()> {
         // Sized for the worst case of JSON escaping so the buffer is never
         // reallocated, which would leave an unzeroized copy behind.
-        let worst: usize = vault
-            .secrets
-            .iter()
-            .map(|(k, v)| 6 * (k.len() + v.len()) + 8)
-            .sum();
+        let worst: usize = vault.secrets.iter().map(|(k, v)| 6 * (k.len() + v.len()) + 8).sum();
         let mut plaintext = Zeroizing::new(Vec::with_capacity(64 + worst));
-        serde_json::to_writer(&mut *plaintext, vault)
-            .context("could not serialise the secret store")?;
+        serde_json::to_writer(&mut *plaintext, vault).context("could not serialise the secret store")?;
         let ciphertext = encrypt(&identity.to_public(), &plaintext)?;
         if let Some(dir) = self.path.parent() {
             state::tighten_dir(dir)?;
@@ -198,9 +173,8 @@ impl FileStore {
         let id = age::x25519::Identity::generate();
         // Sized so the buffer never reallocates (see `save`).
         let mut text = Zeroizing::new(String::with_capacity(512));
-        let now = time::OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default();
+        let now =
+            time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
         // The layout `age-keygen` writes, so `age -d -i` reads it too.
         writeln!(
             &mut *text,
@@ -213,8 +187,7 @@ impl FileStore {
         if let Some(dir) = self.identity.parent() {
             state::tighten_dir(dir)?;
         }
-        state::write_atomic(&self.identity, text.as_bytes())
-            .context("could not save the new age identity")?;
+        state::write_atomic(&self.identity, text.as_bytes()).context("could not save the new age identity")?;
         Ok(id)
     }
 
@@ -241,8 +214,7 @@ impl FileStore {
             .context(Error::FileLocked(self.path.clone())));
         }
         let text = Zeroizing::new(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("could not read `{}`", path.display()))?,
+            std::fs::read_to_string(path).with_context(|| format!("could not read `{}`", path.display()))?,
         );
         parse_identity(path, &text).map(Some)
     }
@@ -257,12 +229,8 @@ fn parse_identity(path: &Path, text: &str) -> Result<age::x25519::Identity> {
             continue;
         }
         return line.parse::<age::x25519::Identity>().map_err(|_| {
-            fail(format!(
-                "`{}` line {}: not an age x25519 identity (`AGE-SECRET-KEY-1…`)",
-                path.display(),
-                i + 1
-            ))
-            .into()
+            fail(format!("`{}` line {}: not an age x25519 identity (`AGE-SECRET-KEY-1…`)", path.display(), i + 1))
+                .into()
         });
     }
     Err(fail(format!("`{}` holds no age identity", path.display())).into())
@@ -277,11 +245,7 @@ mod tests {
     use super::*;
 
     fn store(dir: &Path) -> FileStore {
-        FileStore::new(
-            dir.join("data/secrets.age"),
-            dir.join("config/age-identity.txt"),
-            false,
-        )
+        FileStore::new(dir.join("data/secrets.age"), dir.join("config/age-identity.txt"), false)
     }
 
     #[test]
@@ -290,17 +254,11 @@ mod tests {
         let s = store(dir.path());
         assert!(s.get("ppp.x").unwrap().is_none());
         assert!(!s.remove("ppp.x").unwrap());
-        assert!(
-            !dir.path().join("config").exists(),
-            "reads must not create the identity"
-        );
+        assert!(!dir.path().join("config").exists(), "reads must not create the identity");
 
-        s.set("ppp.x", &Value::new("sekrit-value-1".into()))
-            .unwrap();
-        s.set("ppp.y", &Value::new("sekrit-value-2".into()))
-            .unwrap();
-        s.set("ppp.x", &Value::new("sekrit-value-3".into()))
-            .unwrap();
+        s.set("ppp.x", &Value::new("sekrit-value-1".into())).unwrap();
+        s.set("ppp.y", &Value::new("sekrit-value-2".into())).unwrap();
+        s.set("ppp.x", &Value::new("sekrit-value-3".into())).unwrap();
         assert_eq!(s.get("ppp.x").unwrap().unwrap().expose(), "sekrit-value-3");
         assert_eq!(s.get("ppp.y").unwrap().unwrap().expose(), "sekrit-value-2");
         assert!(s.remove("ppp.y").unwrap());
@@ -326,20 +284,14 @@ mod tests {
         let text = format!("{}\n", other.to_string().expose_secret());
         state::write_atomic(&s.identity, text.as_bytes()).unwrap();
         let err = s.get("ppp.x").unwrap_err();
-        assert!(
-            matches!(err.downcast_ref::<Error>(), Some(Error::FileLocked(_))),
-            "{err:#}"
-        );
+        assert!(matches!(err.downcast_ref::<Error>(), Some(Error::FileLocked(_))), "{err:#}");
         // Writing must not silently replace the file under a new key.
         assert!(s.set("ppp.y", &Value::new("v".into())).is_err());
 
         std::fs::remove_file(&s.identity).unwrap();
         let (text, _) = crate::error::render(&s.get("ppp.x").unwrap_err());
         assert!(text.contains("does not exist"), "{text}");
-        assert!(
-            s.set("ppp.y", &Value::new("v".into())).is_err(),
-            "must not mint a new key over old data"
-        );
+        assert!(s.set("ppp.y", &Value::new("v".into())).is_err(), "must not mint a new key over old data");
         assert!(!s.identity.exists());
     }
 
@@ -347,8 +299,7 @@ mod tests {
     fn identity_checks() {
         let dir = tempfile::tempdir().unwrap();
         let given = FileStore::new(dir.path().join("s.age"), dir.path().join("nope.txt"), true);
-        let (text, _) =
-            crate::error::render(&given.set("ppp.x", &Value::new("v".into())).unwrap_err());
+        let (text, _) = crate::error::render(&given.set("ppp.x", &Value::new("v".into())).unwrap_err());
         assert!(text.contains("PPP_AGE_IDENTITY"), "{text}");
         assert!(!dir.path().join("nope.txt").exists());
 

@@ -36,10 +36,7 @@ impl Index {
     /// Read the index; a missing file is an empty index.
     pub(crate) fn load(path: &Path) -> Result<Index> {
         let Some(text) = state::read_optional(path)? else {
-            return Ok(Index {
-                path: path.to_owned(),
-                entries: Vec::new(),
-            });
+            return Ok(Index { path: path.to_owned(), entries: Vec::new() });
         };
         let file: File = state::parse_json(path, &text)?;
         if file.version != VERSION {
@@ -53,18 +50,10 @@ impl Index {
         }
         for e in &file.entries {
             check(e).with_context(|| {
-                format!(
-                    "`{}` lists an invalid entry `{}` ({} scope)",
-                    path.display(),
-                    e.name,
-                    e.scope
-                )
+                format!("`{}` lists an invalid entry `{}` ({} scope)", path.display(), e.name, e.scope)
             })?;
         }
-        let mut index = Index {
-            path: path.to_owned(),
-            entries: file.entries,
-        };
+        let mut index = Index { path: path.to_owned(), entries: file.entries };
         index.sort();
         Ok(index)
     }
@@ -72,10 +61,7 @@ impl Index {
     /// Write the index atomically (0600). The caller holds `state.lock`.
     pub(crate) fn save(&mut self) -> Result<()> {
         self.sort();
-        let file = File {
-            version: VERSION,
-            entries: std::mem::take(&mut self.entries),
-        };
+        let file = File { version: VERSION, entries: std::mem::take(&mut self.entries) };
         let result = state::write_json(&self.path, &file);
         self.entries = file.entries;
         result
@@ -102,12 +88,7 @@ impl Index {
     fn sort(&mut self) {
         self.entries.sort_by(|a, b| {
             let key = |e: &Entry| {
-                (
-                    matches!(e.scope, Scope::Sandbox(_)),
-                    e.scope.to_string(),
-                    e.kind == Kind::Custom,
-                    e.name.clone(),
-                )
+                (matches!(e.scope, Scope::Sandbox(_)), e.scope.to_string(), e.kind == Kind::Custom, e.name.clone())
             };
             key(a).cmp(&key(b))
         });
@@ -131,10 +112,7 @@ fn check(e: &Entry) -> Result<()> {
     }
     for h in &e.hosts {
         if validate::host(h)? != *h {
-            return Err(fail(format!(
-                "host `{h}` is not in canonical form (lower case, no trailing dot)"
-            ))
-            .into());
+            return Err(fail(format!("host `{h}` is not in canonical form (lower case, no trailing dot)")).into());
         }
     }
     if let Some(h) = &e.header {
@@ -195,14 +173,8 @@ mod tests {
 
         let back = Index::load(&path).unwrap();
         assert_eq!(back.entries, idx.entries);
-        assert!(
-            back.find(&Scope::Sandbox("b".into()), "svc", Kind::Service)
-                .is_some()
-        );
-        assert!(
-            back.find(&Scope::Sandbox("b".into()), "svc", Kind::Custom)
-                .is_none()
-        );
+        assert!(back.find(&Scope::Sandbox("b".into()), "svc", Kind::Service).is_some());
+        assert!(back.find(&Scope::Sandbox("b".into()), "svc", Kind::Custom).is_none());
     }
 
     #[test]
@@ -215,26 +187,15 @@ mod tests {
 
         let mut bad = entry(Scope::Global, "svc", Kind::Service);
         bad.hosts = vec!["*.example.com".into()];
-        let text = serde_json::to_string(&File {
-            version: 1,
-            entries: vec![bad],
-        })
-        .unwrap();
+        let text = serde_json::to_string(&File { version: 1, entries: vec![bad] }).unwrap();
         std::fs::write(&path, text).unwrap();
         let err = format!("{:#}", Index::load(&path).unwrap_err());
-        assert!(
-            err.contains("invalid entry `svc`") && err.contains("*.example.com"),
-            "{err}"
-        );
+        assert!(err.contains("invalid entry `svc`") && err.contains("*.example.com"), "{err}");
 
         std::fs::write(&path, "{\"version\": 9, \"entries\": []}").unwrap();
         assert!(format!("{:#}", Index::load(&path).unwrap_err()).contains("version 9"));
 
-        std::fs::write(
-            &path,
-            "{\"version\": 1, \"entries\": [{\"scope\": \"custom\"}]}",
-        )
-        .unwrap();
+        std::fs::write(&path, "{\"version\": 1, \"entries\": [{\"scope\": \"custom\"}]}").unwrap();
         let err = format!("{:#}", Index::load(&path).unwrap_err());
         assert!(err.contains("reserved"), "{err}");
     }

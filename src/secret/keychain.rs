@@ -64,9 +64,7 @@ pub(crate) fn get(key: &str) -> Result<Option<Value>> {
 
 /// Store `value` under `key`, replacing any value there.
 pub(crate) fn set(key: &str, value: &Value) -> Result<()> {
-    entry(key)?
-        .set_password(value.expose())
-        .map_err(|e| map(key, e))
+    entry(key)?.set_password(value.expose()).map_err(|e| map(key, e))
 }
 
 /// Delete `key`; `false` when it was not there.
@@ -85,18 +83,11 @@ fn entry(key: &str) -> Result<keyring::Entry> {
 /// Whether `e` means "there is no usable keychain here" rather than "this
 /// operation failed".
 fn is_unavailable(e: &K) -> bool {
-    matches!(
-        e,
-        K::NoDefaultStore | K::PlatformFailure(_) | K::NoStorageAccess(_)
-    )
+    matches!(e, K::NoDefaultStore | K::PlatformFailure(_) | K::NoStorageAccess(_))
 }
 
 fn map(key: &str, e: K) -> anyhow::Error {
-    let kind = if is_unavailable(&e) {
-        Error::KeychainUnavailable
-    } else {
-        Error::Keychain
-    };
+    let kind = if is_unavailable(&e) { Error::KeychainUnavailable } else { Error::Keychain };
     let detail = describe(e);
     failure(key, &detail, kind)
 }
@@ -128,14 +119,8 @@ pub(crate) fn describe(e: K) -> String {
             bytes.zeroize();
             "the stored value is malformed".to_owned()
         }
-        K::Ambiguous(items) => format!(
-            "{} keychain items match; remove the duplicates",
-            items.len()
-        ),
-        e
-        @ (K::BadStoreFormat(_) | K::TooLong(..) | K::Invalid(..) | K::NotSupportedByStore(_)) => {
-            e.to_string()
-        }
+        K::Ambiguous(items) => format!("{} keychain items match; remove the duplicates", items.len()),
+        e @ (K::BadStoreFormat(_) | K::TooLong(..) | K::Invalid(..) | K::NotSupportedByStore(_)) => e.to_string(),
         // `keyring::Error` is non-exhaustive and a new variant might carry
         // data; print nothing of it.
         _ => "unrecognised keychain error".to_owned(),
@@ -148,9 +133,7 @@ fn describe_ref(e: &K) -> String {
     match e {
         K::PlatformFailure(inner) => format!("platform failure: {inner}"),
         K::NoStorageAccess(inner) => format!("locked or access denied: {inner}"),
-        K::BadEncoding(_) | K::BadDataFormat(..) | K::Ambiguous(_) => {
-            "unexpected keychain error".to_owned()
-        }
+        K::BadEncoding(_) | K::BadDataFormat(..) | K::Ambiguous(_) => "unexpected keychain error".to_owned(),
         other => other.to_string(),
     }
 }
@@ -171,10 +154,7 @@ mod tests {
     #[test]
     fn unavailable_errors_are_typed_and_hinted() {
         let err = map("ppp.anthropic", K::PlatformFailure("no bus".into()));
-        assert!(matches!(
-            err.downcast_ref::<Error>(),
-            Some(Error::KeychainUnavailable)
-        ));
+        assert!(matches!(err.downcast_ref::<Error>(), Some(Error::KeychainUnavailable)));
         let (text, _) = crate::error::render(&err.context("could not read secret `anthropic`"));
         assert_eq!(
             text.lines().take(3).collect::<Vec<_>>(),
@@ -184,10 +164,7 @@ mod tests {
                 "  caused by: keychain item `ppp.anthropic`: platform failure: no bus",
             ]
         );
-        assert!(
-            text.contains("hint: start and unlock the keychain"),
-            "{text}"
-        );
+        assert!(text.contains("hint: start and unlock the keychain"), "{text}");
 
         let err = map("ppp.x", K::Invalid("service".into(), "too long".into()));
         assert!(matches!(err.downcast_ref::<Error>(), Some(Error::Keychain)));

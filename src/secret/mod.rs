@@ -72,10 +72,7 @@ pub enum Error {
 /// to the secret not existing or a bug.
 #[must_use]
 pub fn is_unavailable(err: &anyhow::Error) -> bool {
-    matches!(
-        err.downcast_ref::<Error>(),
-        Some(Error::KeychainUnavailable | Error::FileLocked(_))
-    )
+    matches!(err.downcast_ref::<Error>(), Some(Error::KeychainUnavailable | Error::FileLocked(_)))
 }
 
 /// Whose secret: every sandbox's, or one sandbox's.
@@ -115,8 +112,7 @@ impl Serialize for Scope {
 impl<'de> Deserialize<'de> for Scope {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Scope, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse()
-            .map_err(|e: anyhow::Error| serde::de::Error::custom(format!("{e:#}")))
+        s.parse().map_err(|e: anyhow::Error| serde::de::Error::custom(format!("{e:#}")))
     }
 }
 
@@ -164,9 +160,7 @@ impl FromStr for Backend {
         match s {
             "keychain" => Ok(Backend::Keychain),
             "file" => Ok(Backend::File),
-            _ => Err(fail(format!("`{s}` is not a secret backend"))
-                .hint("use `keychain` or `file`")
-                .into()),
+            _ => Err(fail(format!("`{s}` is not a secret backend")).hint("use `keychain` or `file`").into()),
         }
     }
 }
@@ -291,13 +285,16 @@ impl Settings {
     /// [`Settings::from_env`] over any variable lookup. Empty means unset.
     pub fn resolve(var: impl Fn(&str) -> Option<OsString>) -> Result<Settings> {
         let nonempty = |k: &str| var(k).filter(|v| !v.is_empty());
-        let backend =
-            match nonempty(PPP_SECRET_BACKEND) {
-                None => None,
-                Some(v) => Some(v.to_str().unwrap_or("").trim().parse().with_context(|| {
-                    format!("`{PPP_SECRET_BACKEND}` is `{}`", v.to_string_lossy())
-                })?),
-            };
+        let backend = match nonempty(PPP_SECRET_BACKEND) {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .unwrap_or("")
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("`{PPP_SECRET_BACKEND}` is `{}`", v.to_string_lossy()))?,
+            ),
+        };
         let age_identity = match nonempty(PPP_AGE_IDENTITY) {
             None => None,
             // Anchored once, like the `PPP_*` roots, so a later chdir cannot
@@ -307,10 +304,7 @@ impl Settings {
                     .with_context(|| format!("could not resolve `{PPP_AGE_IDENTITY}`"))?,
             ),
         };
-        Ok(Settings {
-            backend,
-            age_identity,
-        })
+        Ok(Settings { backend, age_identity })
     }
 }
 
@@ -355,9 +349,10 @@ impl Store {
             Some(Backend::File) => Backend::File,
             Some(Backend::Keychain) => {
                 if let Err(detail) = keychain::probe() {
-                    return Err(anyhow::Error::new(fail(detail).hint(
-                        "unset `PPP_SECRET_BACKEND` or set it to `file` to use the age-encrypted file store",
-                    ))
+                    return Err(anyhow::Error::new(
+                        fail(detail)
+                            .hint("unset `PPP_SECRET_BACKEND` or set it to `file` to use the age-encrypted file store"),
+                    )
                     .context(Error::KeychainUnavailable)
                     .context(format!("`{PPP_SECRET_BACKEND}` is `keychain`, but the keychain cannot be used")));
                 }
@@ -366,9 +361,7 @@ impl Store {
             None => match keychain::probe() {
                 Ok(()) => Backend::Keychain,
                 Err(detail) => {
-                    tracing::debug!(
-                        "the OS keychain is not reachable ({detail}); using the file store"
-                    );
+                    tracing::debug!("the OS keychain is not reachable ({detail}); using the file store");
                     Backend::File
                 }
             },
@@ -377,11 +370,7 @@ impl Store {
             Some(p) => (p.clone(), true),
             None => (dirs.age_identity(), false),
         };
-        Ok(Store {
-            dirs: dirs.clone(),
-            backend,
-            file: FileStore::new(dirs.secrets_file(), identity, given),
-        })
+        Ok(Store { dirs: dirs.clone(), backend, file: FileStore::new(dirs.secrets_file(), identity, given) })
     }
 
     /// The backend new writes go to.
@@ -394,13 +383,7 @@ impl Store {
     /// empty (its default hosts); given hosts replace the defaults. Any other
     /// service needs hosts and gets `authorization: Bearer`. Replaces an
     /// existing value in the same scope. Takes `state.lock`.
-    pub fn set_service(
-        &self,
-        scope: &Scope,
-        service: &str,
-        hosts: &[String],
-        value: &Value,
-    ) -> Result<()> {
+    pub fn set_service(&self, scope: &Scope, service: &str, hosts: &[String], value: &Value) -> Result<()> {
         self.set_service_with_header(scope, service, hosts, None, value)
     }
 
@@ -429,9 +412,7 @@ impl Store {
             };
             hosts = spec.hosts.iter().map(|h| (*h).to_owned()).collect();
         }
-        let header = header
-            .or(spec.map(|s| &s.header))
-            .map_or_else(|| Header::BEARER.to_string(), Header::to_string);
+        let header = header.or(spec.map(|s| &s.header)).map_or_else(|| Header::BEARER.to_string(), Header::to_string);
         let entry = Entry {
             scope: scope.clone(),
             name: service.to_owned(),
@@ -443,8 +424,7 @@ impl Store {
             backend: self.backend,
             created_at: now(),
         };
-        self.put(entry, value)
-            .with_context(|| format!("could not store secret `{service}` ({scope} scope)"))
+        self.put(entry, value).with_context(|| format!("could not store secret `{service}` ({scope} scope)"))
     }
 
     /// Store a custom secret: `placeholder` in request headers to `hosts` is
@@ -465,11 +445,9 @@ impl Store {
         }
         let hosts = validate::hosts(hosts)?;
         if hosts.is_empty() {
-            return Err(fail(format!(
-                "custom secret `{placeholder}` needs at least one host"
-            ))
-            .hint("name each host the value may be sent to, e.g. `--host jira.example.com`")
-            .into());
+            return Err(fail(format!("custom secret `{placeholder}` needs at least one host"))
+                .hint("name each host the value may be sent to, e.g. `--host jira.example.com`")
+                .into());
         }
         let entry = Entry {
             scope: scope.clone(),
@@ -482,9 +460,7 @@ impl Store {
             backend: self.backend,
             created_at: now(),
         };
-        self.put(entry, value).with_context(|| {
-            format!("could not store custom secret `{placeholder}` ({scope} scope)")
-        })
+        self.put(entry, value).with_context(|| format!("could not store custom secret `{placeholder}` ({scope} scope)"))
     }
 
     /// The value of one secret in exactly `scope`; `None` when it is not set.
@@ -499,18 +475,12 @@ impl Store {
 
     /// A service's key for `sandbox`: the sandbox's own, else the global one.
     pub fn lookup(&self, sandbox: Option<&str>, service: &str) -> Result<Option<(Scope, Value)>> {
-        Ok(self
-            .lookup_entry(sandbox, service)?
-            .map(|(e, v)| (e.scope, v)))
+        Ok(self.lookup_entry(sandbox, service)?.map(|(e, v)| (e.scope, v)))
     }
 
     /// [`Store::lookup`], with the index entry that was used, so the caller
     /// can ask it [`Entry::header_for`].
-    pub fn lookup_entry(
-        &self,
-        sandbox: Option<&str>,
-        service: &str,
-    ) -> Result<Option<(Entry, Value)>> {
+    pub fn lookup_entry(&self, sandbox: Option<&str>, service: &str) -> Result<Option<(Entry, Value)>> {
         validate::service(service)?;
         let index = self.index()?;
         for scope in scopes(sandbox)? {
@@ -526,12 +496,7 @@ impl Store {
     /// The header to inject into a request from `sandbox` to `host` for
     /// `service`: the sandbox's key if it covers `host`, else the global
     /// key if that does. What the daemon answers the addon with.
-    pub fn header_for(
-        &self,
-        sandbox: Option<&str>,
-        service: &str,
-        host: &str,
-    ) -> Result<Option<Injection>> {
+    pub fn header_for(&self, sandbox: Option<&str>, service: &str, host: &str) -> Result<Option<Injection>> {
         validate::service(service)?;
         let index = self.index()?;
         for scope in scopes(sandbox)? {
@@ -543,11 +508,7 @@ impl Store {
             };
             if let Some(v) = self.read(e)? {
                 let (header, value) = rule.render(&v);
-                return Ok(Some(Injection {
-                    scope,
-                    header,
-                    value,
-                }));
+                return Ok(Some(Injection { scope, header, value }));
             }
         }
         Ok(None)
@@ -561,29 +522,16 @@ impl Store {
         let index = self.index()?;
         let mut out: Vec<Substitution> = Vec::new();
         for scope in scopes(sandbox)? {
-            for e in index
-                .entries
-                .iter()
-                .filter(|e| e.kind == Kind::Custom && e.scope == scope)
-            {
+            for e in index.entries.iter().filter(|e| e.kind == Kind::Custom && e.scope == scope) {
                 if !e.allows_host(host) || out.iter().any(|s| s.placeholder == e.name) {
                     continue;
                 }
                 if let Some(value) = self.read(e)? {
-                    out.push(Substitution {
-                        scope: scope.clone(),
-                        placeholder: e.name.clone(),
-                        value,
-                    });
+                    out.push(Substitution { scope: scope.clone(), placeholder: e.name.clone(), value });
                 }
             }
         }
-        out.sort_by(|a, b| {
-            b.placeholder
-                .len()
-                .cmp(&a.placeholder.len())
-                .then(a.placeholder.cmp(&b.placeholder))
-        });
+        out.sort_by(|a, b| b.placeholder.len().cmp(&a.placeholder.len()).then(a.placeholder.cmp(&b.placeholder)));
         Ok(out)
     }
 
@@ -616,12 +564,7 @@ impl Store {
             held.path().display()
         );
         let mut index = self.index()?;
-        let doomed: Vec<Entry> = index
-            .entries
-            .iter()
-            .filter(|e| e.scope == *scope)
-            .cloned()
-            .collect();
+        let doomed: Vec<Entry> = index.entries.iter().filter(|e| e.scope == *scope).cloned().collect();
         let mut first_err = None;
         let mut removed = 0;
         for e in &doomed {
@@ -631,9 +574,7 @@ impl Store {
                     removed += 1;
                 }
                 Err(err) => {
-                    first_err.get_or_insert(
-                        err.context(format!("could not remove secret `{}`", e.name)),
-                    );
+                    first_err.get_or_insert(err.context(format!("could not remove secret `{}`", e.name)));
                 }
             }
         }
@@ -691,10 +632,7 @@ impl Store {
         {
             // The new value is stored and listed; failing now would suggest
             // otherwise. The stale copy is unreachable through ppp.
-            tracing::warn!(
-                "could not remove the old copy of `{key}` from the {}: {e:#}",
-                old.backend
-            );
+            tracing::warn!("could not remove the old copy of `{key}` from the {}: {e:#}", old.backend);
         }
         Ok(())
     }
@@ -705,17 +643,9 @@ impl Store {
             Backend::Keychain => keychain::get(&key),
             Backend::File => self.file.get(&key),
         }
-        .with_context(|| {
-            format!(
-                "could not read secret `{}` ({} scope) from the {}",
-                e.name, e.scope, e.backend
-            )
-        })?;
+        .with_context(|| format!("could not read secret `{}` ({} scope) from the {}", e.name, e.scope, e.backend))?;
         if value.is_none() {
-            tracing::warn!(
-                "the index lists `{key}` in the {} but it is not there",
-                e.backend
-            );
+            tracing::warn!("the index lists `{key}` in the {} but it is not there", e.backend);
         }
         Ok(value)
     }
@@ -729,9 +659,7 @@ impl Store {
 }
 
 fn now() -> OffsetDateTime {
-    OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .unwrap_or_else(|_| OffsetDateTime::now_utc())
+    OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or_else(|_| OffsetDateTime::now_utc())
 }
 
 fn check_scope(scope: &Scope) -> Result<()> {
@@ -770,22 +698,10 @@ mod tests {
 
     #[test]
     fn key_layout() {
-        assert_eq!(
-            key(&Scope::Global, "anthropic", Kind::Service),
-            "ppp.anthropic"
-        );
-        assert_eq!(
-            key(&sb("opencode-my-app"), "usai", Kind::Service),
-            "ppp.opencode-my-app.usai"
-        );
-        assert_eq!(
-            key(&Scope::Global, "PPP_JIRA_TOKEN", Kind::Custom),
-            "ppp.custom.PPP_JIRA_TOKEN"
-        );
-        assert_eq!(
-            key(&sb("box"), "PPP_JIRA_TOKEN", Kind::Custom),
-            "ppp.box.custom.PPP_JIRA_TOKEN"
-        );
+        assert_eq!(key(&Scope::Global, "anthropic", Kind::Service), "ppp.anthropic");
+        assert_eq!(key(&sb("opencode-my-app"), "usai", Kind::Service), "ppp.opencode-my-app.usai");
+        assert_eq!(key(&Scope::Global, "PPP_JIRA_TOKEN", Kind::Custom), "ppp.custom.PPP_JIRA_TOKEN");
+        assert_eq!(key(&sb("box"), "PPP_JIRA_TOKEN", Kind::Custom), "ppp.box.custom.PPP_JIRA_TOKEN");
     }
 
     #[test]
@@ -810,24 +726,11 @@ mod tests {
             _ => None,
         })
         .unwrap();
-        assert_eq!(
-            s,
-            Settings {
-                backend: Some(Backend::File),
-                age_identity: Some("/k/id.txt".into())
-            }
-        );
-        assert_eq!(
-            Settings::resolve(|_| Some("".into())).unwrap(),
-            Settings::default()
-        );
-        let err =
-            Settings::resolve(|k| (k == "PPP_SECRET_BACKEND").then(|| "vault".into())).unwrap_err();
+        assert_eq!(s, Settings { backend: Some(Backend::File), age_identity: Some("/k/id.txt".into()) });
+        assert_eq!(Settings::resolve(|_| Some("".into())).unwrap(), Settings::default());
+        let err = Settings::resolve(|k| (k == "PPP_SECRET_BACKEND").then(|| "vault".into())).unwrap_err();
         let (text, _) = crate::error::render(&err);
-        assert!(
-            text.starts_with("error: `PPP_SECRET_BACKEND` is `vault`"),
-            "{text}"
-        );
+        assert!(text.starts_with("error: `PPP_SECRET_BACKEND` is `vault`"), "{text}");
         assert!(text.contains("hint: use `keychain` or `file`"), "{text}");
     }
 
@@ -848,20 +751,11 @@ mod tests {
     #[test]
     fn entry_header_for() {
         let v = Value::new("tok".to_owned());
-        let got = |e: &Entry, host: &str| {
-            e.header_for(host, &v)
-                .map(|(n, v)| format!("{n}: {}", v.expose()))
-        };
+        let got = |e: &Entry, host: &str| e.header_for(host, &v).map(|(n, v)| format!("{n}: {}", v.expose()));
 
         let usai = entry("usai", &["api.gsa.usai.gov"], Some("authorization: Bearer"));
-        assert_eq!(
-            got(&usai, "api.gsa.usai.gov").unwrap(),
-            "authorization: Bearer tok"
-        );
-        assert_eq!(
-            got(&usai, "API.GSA.USAI.GOV.").unwrap(),
-            "authorization: Bearer tok"
-        );
+        assert_eq!(got(&usai, "api.gsa.usai.gov").unwrap(), "authorization: Bearer tok");
+        assert_eq!(got(&usai, "API.GSA.USAI.GOV.").unwrap(), "authorization: Bearer tok");
         assert_eq!(got(&usai, "evil.example"), None);
 
         let raw = entry("corp", &["llm.corp.example"], Some("X-Key"));
@@ -869,32 +763,14 @@ mod tests {
 
         // A built-in with the user's own hosts keeps its header, and github's
         // git host keeps Basic auth.
-        let gh = entry(
-            "github",
-            &["github.com", "ghe.corp.example"],
-            Some("authorization: Bearer"),
-        );
-        assert_eq!(
-            got(&gh, "ghe.corp.example").unwrap(),
-            "authorization: Bearer tok"
-        );
-        assert_eq!(
-            got(&gh, "github.com").unwrap(),
-            "authorization: Basic eC1hY2Nlc3MtdG9rZW46dG9r"
-        );
-        assert_eq!(
-            got(&gh, "api.github.com"),
-            None,
-            "hosts given replace the defaults"
-        );
+        let gh = entry("github", &["github.com", "ghe.corp.example"], Some("authorization: Bearer"));
+        assert_eq!(got(&gh, "ghe.corp.example").unwrap(), "authorization: Bearer tok");
+        assert_eq!(got(&gh, "github.com").unwrap(), "authorization: Basic eC1hY2Nlc3MtdG9rZW46dG9r");
+        assert_eq!(got(&gh, "api.github.com"), None, "hosts given replace the defaults");
 
         let mut custom = entry("PPP_TOKEN_X", &["a.example"], None);
         custom.kind = Kind::Custom;
-        assert_eq!(
-            got(&custom, "a.example"),
-            None,
-            "custom secrets are substituted, not injected"
-        );
+        assert_eq!(got(&custom, "a.example"), None, "custom secrets are substituted, not injected");
     }
 
     #[test]

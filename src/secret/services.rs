@@ -40,17 +40,11 @@ impl Header {
     pub const BEARER: Header = Header::bearer("authorization");
 
     const fn raw(name: &'static str) -> Header {
-        Header {
-            name: Cow::Borrowed(name),
-            format: Format::Raw,
-        }
+        Header { name: Cow::Borrowed(name), format: Format::Raw }
     }
 
     const fn bearer(name: &'static str) -> Header {
-        Header {
-            name: Cow::Borrowed(name),
-            format: Format::Bearer,
-        }
+        Header { name: Cow::Borrowed(name), format: Format::Bearer }
     }
 
     /// Parse the textual form (see the type's docs). Header names are
@@ -68,25 +62,19 @@ impl Header {
                 .hint("write `x-api-key`, `authorization: Bearer` or `authorization: Basic <user>`")
                 .into());
         }
-        let format = match rest
-            .map(|r| r.split_whitespace().collect::<Vec<_>>())
-            .as_deref()
-        {
+        let format = match rest.map(|r| r.split_whitespace().collect::<Vec<_>>()).as_deref() {
             None => Format::Raw,
             Some(["Bearer" | "bearer"]) => Format::Bearer,
-            Some(["Basic" | "basic", user]) if !user.contains(':') => Format::Basic {
-                user: Cow::Owned((*user).to_owned()),
-            },
+            Some(["Basic" | "basic", user]) if !user.contains(':') => {
+                Format::Basic { user: Cow::Owned((*user).to_owned()) }
+            }
             Some(_) => {
                 return Err(fail(format!("`{text}` is not a valid header"))
                     .hint("after the colon only `Bearer` or `Basic <user>` may follow")
                     .into());
             }
         };
-        Ok(Header {
-            name: Cow::Owned(name),
-            format,
-        })
+        Ok(Header { name: Cow::Owned(name), format })
     }
 
     /// The header name and value to inject for `secret`.
@@ -111,8 +99,7 @@ impl Header {
                 let pair = Value::new(pair);
                 let mut out = String::with_capacity(6 + pair.len().div_ceil(3) * 4);
                 out.push_str("Basic ");
-                base64::engine::general_purpose::STANDARD
-                    .encode_string(pair.expose().as_bytes(), &mut out);
+                base64::engine::general_purpose::STANDARD.encode_string(pair.expose().as_bytes(), &mut out);
                 Value::new(out)
             }
         };
@@ -160,10 +147,7 @@ impl ServiceSpec {
     /// The per-host exception for `host`, if it has one. `host` must be
     /// canonical (lower case, no trailing dot).
     pub(crate) fn host_header(&self, host: &str) -> Option<&Header> {
-        self.host_headers
-            .iter()
-            .find(|(h, _)| *h == host)
-            .map(|(_, hd)| hd)
+        self.host_headers.iter().find(|(h, _)| *h == host).map(|(_, hd)| hd)
     }
 
     /// The header name and value to inject into a request for `host`, or
@@ -211,9 +195,7 @@ static ALL: &[ServiceSpec] = &[
             "github.com",
             Header {
                 name: Cow::Borrowed("authorization"),
-                format: Format::Basic {
-                    user: Cow::Borrowed("x-access-token"),
-                },
+                format: Format::Basic { user: Cow::Borrowed("x-access-token") },
             },
         )],
     },
@@ -240,11 +222,7 @@ static ALL: &[ServiceSpec] = &[
     },
     ServiceSpec {
         name: "nebius",
-        hosts: &[
-            "api.studio.nebius.com",
-            "api.studio.nebius.ai",
-            "api.tokenfactory.nebius.com",
-        ],
+        hosts: &["api.studio.nebius.com", "api.studio.nebius.ai", "api.tokenfactory.nebius.com"],
         env_vars: &["NEBIUS_API_KEY"],
         header: Header::BEARER,
         host_headers: &[],
@@ -287,40 +265,22 @@ mod tests {
     }
 
     fn inject(service: &str, host: &str, key: &str) -> Option<(String, String)> {
-        builtin(service)
-            .unwrap()
-            .header_for(host, &v(key))
-            .map(|(n, val)| (n, val.expose().to_owned()))
+        builtin(service).unwrap().header_for(host, &v(key)).map(|(n, val)| (n, val.expose().to_owned()))
     }
 
     #[test]
     fn builtin_headers() {
         let pair = |n: &str, val: &str| Some((n.to_owned(), val.to_owned()));
-        assert_eq!(
-            inject("anthropic", "api.anthropic.com", "k"),
-            pair("x-api-key", "k")
-        );
-        assert_eq!(
-            inject("openai", "api.openai.com", "k"),
-            pair("authorization", "Bearer k")
-        );
-        assert_eq!(
-            inject("github", "api.github.com", "ghp_x"),
-            pair("authorization", "Bearer ghp_x")
-        );
-        assert_eq!(
-            inject("github", "uploads.github.com", "t"),
-            pair("authorization", "Bearer t")
-        );
+        assert_eq!(inject("anthropic", "api.anthropic.com", "k"), pair("x-api-key", "k"));
+        assert_eq!(inject("openai", "api.openai.com", "k"), pair("authorization", "Bearer k"));
+        assert_eq!(inject("github", "api.github.com", "ghp_x"), pair("authorization", "Bearer ghp_x"));
+        assert_eq!(inject("github", "uploads.github.com", "t"), pair("authorization", "Bearer t"));
         // base64("x-access-token:ghp_abc")
         assert_eq!(
             inject("github", "github.com", "ghp_abc"),
             pair("authorization", "Basic eC1hY2Nlc3MtdG9rZW46Z2hwX2FiYw==")
         );
-        assert_eq!(
-            inject("google", "generativelanguage.googleapis.com", "AIza"),
-            pair("x-goog-api-key", "AIza")
-        );
+        assert_eq!(inject("google", "generativelanguage.googleapis.com", "AIza"), pair("x-goog-api-key", "AIza"));
         for (svc, host) in [
             ("groq", "api.groq.com"),
             ("mistral", "api.mistral.ai"),
@@ -330,11 +290,7 @@ mod tests {
             ("openrouter", "openrouter.ai"),
             ("xai", "api.x.ai"),
         ] {
-            assert_eq!(
-                inject(svc, host, "k"),
-                pair("authorization", "Bearer k"),
-                "{svc} {host}"
-            );
+            assert_eq!(inject(svc, host, "k"), pair("authorization", "Bearer k"), "{svc} {host}");
         }
     }
 
@@ -353,17 +309,7 @@ mod tests {
         let names: Vec<_> = all().iter().map(|s| s.name).collect();
         assert_eq!(
             names,
-            [
-                "anthropic",
-                "openai",
-                "github",
-                "google",
-                "groq",
-                "mistral",
-                "nebius",
-                "openrouter",
-                "xai"
-            ]
+            ["anthropic", "openai", "github", "google", "groq", "mistral", "nebius", "openrouter", "xai"]
         );
         for s in all() {
             validate::service(s.name).unwrap();
@@ -372,46 +318,22 @@ mod tests {
                 assert_eq!(validate::host(h).unwrap(), *h);
             }
             for (h, _) in s.host_headers {
-                assert!(
-                    s.hosts.contains(h),
-                    "{} overrides a host it does not list",
-                    s.name
-                );
+                assert!(s.hosts.contains(h), "{} overrides a host it does not list", s.name);
             }
             assert_eq!(Header::parse(&s.header.to_string()).unwrap(), s.header);
         }
         assert!(builtin("usai").is_none());
-        assert_eq!(
-            builtin("github").unwrap().env_vars,
-            ["GH_TOKEN", "GITHUB_TOKEN"]
-        );
-        assert_eq!(
-            builtin("google").unwrap().env_vars,
-            ["GEMINI_API_KEY", "GOOGLE_API_KEY"]
-        );
+        assert_eq!(builtin("github").unwrap().env_vars, ["GH_TOKEN", "GITHUB_TOKEN"]);
+        assert_eq!(builtin("google").unwrap().env_vars, ["GEMINI_API_KEY", "GOOGLE_API_KEY"]);
     }
 
     #[test]
     fn header_text_round_trips() {
-        for text in [
-            "x-api-key",
-            "authorization: Bearer",
-            "authorization: Basic x-access-token",
-        ] {
+        for text in ["x-api-key", "authorization: Bearer", "authorization: Basic x-access-token"] {
             assert_eq!(Header::parse(text).unwrap().to_string(), text);
         }
-        assert_eq!(
-            Header::parse("Authorization:bearer").unwrap(),
-            Header::BEARER
-        );
-        for bad in [
-            "",
-            "x api key",
-            "authorization: Token",
-            "a: Basic",
-            "a: Basic u:p",
-            "a: Bearer x",
-        ] {
+        assert_eq!(Header::parse("Authorization:bearer").unwrap(), Header::BEARER);
+        for bad in ["", "x api key", "authorization: Token", "a: Basic", "a: Basic u:p", "a: Bearer x"] {
             assert!(Header::parse(bad).is_err(), "{bad}");
         }
     }

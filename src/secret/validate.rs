@@ -32,14 +32,35 @@ pub fn service(name: &str) -> Result<()> {
         || !name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
         || !name.chars().all(ok)
     {
+        if looks_like_secret(name) {
+            // Someone typed the key where the service goes. Echoing it would
+            // put it in the terminal scrollback and in CI logs.
+            return Err(fail("the service name is not valid, and it looks like a secret value, so it is not shown")
+                .hint("give the value at the prompt or with --password-stdin, never as an argument")
+                .code(2)
+                .into());
+        }
         return Err(fail(format!("`{name}` is not a valid service name"))
             .hint(
                 "use lower-case letters, digits, `-` and `_`, starting with a letter or digit, \
                  at most 64 characters",
             )
+            .code(2)
             .into());
     }
     Ok(())
+}
+
+/// Whether an argument looks like an API key rather than a name: a known
+/// key prefix, or a long token mixing letters and digits.
+pub fn looks_like_secret(s: &str) -> bool {
+    const PREFIXES: &[&str] = &["sk-", "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "glpat-", "xai-", "gsk_", "AIza"];
+    if PREFIXES.iter().any(|p| s.starts_with(p)) {
+        return true;
+    }
+    let letters = s.chars().filter(char::is_ascii_alphabetic).count();
+    let digits = s.chars().filter(char::is_ascii_digit).count();
+    s.len() >= 24 && letters >= 4 && digits >= 4
 }
 
 /// A sandbox name as a secret scope: ASCII letters, digits, `-` and `_`,
@@ -54,17 +75,14 @@ pub fn sandbox(name: &str) -> Result<()> {
     {
         return Err(fail(format!("`{name}` is not a valid sandbox name"))
             .hint("use letters, digits, `-` and `_`, starting with a letter or digit, at most 64 characters")
+            .code(2)
             .into());
     }
     if RESERVED_SANDBOX_NAMES.contains(&name) {
-        return Err(
-            fail(format!("`{name}` is reserved and cannot name a sandbox"))
-                .hint(format!(
-                    "reserved names: {}",
-                    RESERVED_SANDBOX_NAMES.join(", ")
-                ))
-                .into(),
-        );
+        return Err(fail(format!("`{name}` is reserved and cannot name a sandbox"))
+            .hint(format!("reserved names: {}", RESERVED_SANDBOX_NAMES.join(", ")))
+            .code(2)
+            .into());
     }
     Ok(())
 }
@@ -76,14 +94,14 @@ pub fn placeholder(p: &str) -> Result<()> {
     if !p.chars().all(ok) || p.is_empty() {
         return Err(fail(format!("`{p}` is not a valid placeholder"))
             .hint("use letters, digits, `-` and `_`, such as `PPP_JIRA_TOKEN`")
+            .code(2)
             .into());
     }
     if !(MIN_PLACEHOLDER_LEN..=MAX_NAME_LEN).contains(&p.len()) {
-        return Err(fail(format!(
-            "placeholder `{p}` must be {MIN_PLACEHOLDER_LEN} to {MAX_NAME_LEN} characters long"
-        ))
-        .hint("the placeholder is replaced wherever it appears in a request header, so make it distinctive")
-        .into());
+        return Err(fail(format!("placeholder `{p}` must be {MIN_PLACEHOLDER_LEN} to {MAX_NAME_LEN} characters long"))
+            .hint("the placeholder is replaced wherever it appears in a request header, so make it distinctive")
+            .code(2)
+            .into());
     }
     Ok(())
 }
@@ -94,11 +112,10 @@ pub fn env_var(name: &str) -> Result<()> {
         || name.starts_with(|c: char| c.is_ascii_digit())
         || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     {
-        return Err(
-            fail(format!("`{name}` is not a valid environment variable name"))
-                .hint("use letters, digits and `_`, not starting with a digit")
-                .into(),
-        );
+        return Err(fail(format!("`{name}` is not a valid environment variable name"))
+            .hint("use letters, digits and `_`, not starting with a digit")
+            .code(2)
+            .into());
     }
     Ok(())
 }
@@ -125,9 +142,7 @@ pub fn host(h: &str) -> Result<String> {
         } else {
             "a host name is dot-separated labels of letters, digits and `-`"
         };
-        return Err(fail(format!("`{h}` is not a valid host name"))
-            .hint(hint)
-            .into());
+        return Err(fail(format!("`{h}` is not a valid host name")).hint(hint).code(2).into());
     }
     Ok(canonical)
 }
@@ -149,6 +164,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn key_shaped_names_are_not_echoed() {
+        for key in ["sk-ant-api03-AbCdEf_123", "ghp_ABCdef123", "A1b2c3d4e5f6g7h8i9j0k1l2m3"] {
+            let msg = format!("{:#}", service(key).unwrap_err());
+            assert!(!msg.contains(key), "{msg}");
+            assert!(msg.contains("looks like a secret"), "{msg}");
+        }
+        assert!(looks_like_secret("a1b2c3d4e5f6g7h8i9j0k1l2m3"));
+        assert!(!looks_like_secret("usai"));
+        assert!(!looks_like_secret("my-service-name-is-long"));
+    }
+
+    #[test]
     fn service_names() {
         for ok in ["anthropic", "usai", "my-svc_2", "0x", &"a".repeat(64)] {
             service(ok).unwrap();
@@ -157,10 +184,7 @@ mod tests {
             assert!(service(bad).is_err(), "{bad}");
         }
         let (text, _) = crate::error::render(&service("a.b").unwrap_err());
-        assert_eq!(
-            text.lines().next().unwrap(),
-            "error: `a.b` is not a valid service name",
-        );
+        assert_eq!(text.lines().next().unwrap(), "error: `a.b` is not a valid service name",);
         assert!(text.contains("hint:"), "{text}");
     }
 
@@ -214,9 +238,6 @@ mod tests {
         }
         let (text, _) = crate::error::render(&host("https://api.x.ai").unwrap_err());
         assert!(text.contains("not a URL"), "{text}");
-        assert_eq!(
-            hosts(&["A.com".into(), "b.com".into(), "a.com".into()]).unwrap(),
-            ["a.com", "b.com"]
-        );
+        assert_eq!(hosts(&["A.com".into(), "b.com".into(), "a.com".into()]).unwrap(), ["a.com", "b.com"]);
     }
 }

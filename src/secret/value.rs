@@ -56,7 +56,7 @@ impl Value {
     /// The error never quotes the value.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.0.is_empty() {
-            return Err(fail("the secret value is empty").into());
+            return Err(fail("the secret value is empty").code(2).into());
         }
         if let Some(i) = self.0.chars().position(char::is_control) {
             return Err(fail(format!(
@@ -64,11 +64,13 @@ impl Value {
                 i + 1
             ))
             .hint("paste the value on one line, without the trailing newline")
+            .code(2)
             .into());
         }
         if self.0.trim() != self.0 {
             return Err(fail("the secret value starts or ends with whitespace")
                 .hint("remove the surrounding spaces; no API key contains them")
+                .code(2)
                 .into());
         }
         Ok(())
@@ -107,11 +109,7 @@ mod tests {
         assert_eq!(format!("{v}"), REDACTED);
         assert_eq!(format!("{v:?}"), REDACTED);
         assert_eq!(format!("{v:#?}"), REDACTED);
-        assert_eq!(
-            format!("{v:>40}"),
-            REDACTED,
-            "padding must not reach the text either"
-        );
+        assert_eq!(format!("{v:>40}"), REDACTED, "padding must not reach the text either");
         assert_eq!(v.expose(), KEY);
         assert_eq!(v.len(), KEY.len());
     }
@@ -126,24 +124,14 @@ mod tests {
             values: Vec<Option<Value>>,
         }
         let v = Value::new(KEY.to_owned());
-        let h = Holder {
-            name: "anthropic",
-            value: v.clone(),
-            values: vec![Some(v.clone()), None],
-        };
+        let h = Holder { name: "anthropic", value: v.clone(), values: vec![Some(v.clone()), None] };
         let text = format!("{h:?} {h:#?}");
         assert!(!text.contains(KEY), "{text}");
         assert!(text.contains("anthropic"));
 
-        let err: anyhow::Result<()> =
-            Err(anyhow::anyhow!("backend said {v}")).context(format!("value {v:?}"));
+        let err: anyhow::Result<()> = Err(anyhow::anyhow!("backend said {v}")).context(format!("value {v:?}"));
         let err = err.unwrap_err();
-        for rendered in [
-            format!("{err}"),
-            format!("{err:#}"),
-            format!("{err:?}"),
-            format!("{err:#?}"),
-        ] {
+        for rendered in [format!("{err}"), format!("{err:#}"), format!("{err:?}"), format!("{err:#?}")] {
             assert!(!rendered.contains(KEY), "{rendered}");
         }
         let (rendered, _) = crate::error::render(&err);
@@ -153,14 +141,7 @@ mod tests {
     #[test]
     fn check_rejects_unsafe_values_without_quoting_them() {
         assert!(Value::new(KEY.to_owned()).check().is_ok());
-        for bad in [
-            "",
-            "sk-ant\n",
-            "sk-ant\r\nx-evil: 1",
-            " sk-ant",
-            "sk-ant\t",
-            "a\0b",
-        ] {
+        for bad in ["", "sk-ant\n", "sk-ant\r\nx-evil: 1", " sk-ant", "sk-ant\t", "a\0b"] {
             let err = Value::new(bad.to_owned()).check().unwrap_err();
             let (text, _) = crate::error::render(&err);
             if !bad.trim().is_empty() {

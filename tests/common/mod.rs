@@ -15,10 +15,7 @@ pub struct World {
 
 impl World {
     pub fn new() -> Self {
-        let root = tempfile::Builder::new()
-            .prefix("ppp-test-")
-            .tempdir()
-            .unwrap();
+        let root = tempfile::Builder::new().prefix("ppp-test-").tempdir().unwrap();
         for d in ["home", "bin", "config", "data", "cache"] {
             std::fs::create_dir_all(root.path().join(d)).unwrap();
         }
@@ -92,10 +89,7 @@ pub fn output(cmd: &mut Command) -> (i32, String, String) {
 /// Run, require success, return stdout.
 pub fn ok(cmd: &mut Command) -> String {
     let (code, out, err) = output(cmd);
-    assert_eq!(
-        code, 0,
-        "command failed: {cmd:?}\nstdout:\n{out}\nstderr:\n{err}"
-    );
+    assert_eq!(code, 0, "command failed: {cmd:?}\nstdout:\n{out}\nstderr:\n{err}");
     out
 }
 
@@ -123,8 +117,7 @@ impl SecretService {
                 "`{tool}` is missing; run `make test-deps` (scripts/install-test-deps.sh)"
             );
         }
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/with-secret-service.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/with-secret-service.sh");
         let addr_file = home.join("dbus-address");
         let mut child = std::process::Command::new("dbus-run-session")
             .arg("--")
@@ -147,10 +140,7 @@ impl SecretService {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("the Secret Service session exited early: {status}");
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the Secret Service did not come up within 30 s"
-            );
+            assert!(std::time::Instant::now() < deadline, "the Secret Service did not come up within 30 s");
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         Self { child, address }
@@ -171,10 +161,7 @@ impl Drop for SecretService {
     fn drop(&mut self) {
         // Killing `sleep` ends the session: dbus-run-session then stops the
         // bus and gnome-keyring with it.
-        let _ = std::process::Command::new("pkill")
-            .arg("-P")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = std::process::Command::new("pkill").arg("-P").arg(self.child.id().to_string()).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
