@@ -373,6 +373,11 @@ impl Index {
         let first = n.saturating_sub(self.max_key_labels);
         for k in first..=n {
             let suffix = if k == n { "" } else { &host[q.starts[k]..] };
+            if suffix.is_empty() && k != n {
+                // A host ending in an empty label (`a.b..`): this is not the
+                // root bucket, whose globs count labels from the very end.
+                continue;
+            }
             let Some(b) = self.hosts.get(suffix) else { continue };
             if k == 0 {
                 scan(&b.exact, q.port, best);
@@ -532,6 +537,8 @@ mod tests {
         assert!(hits("*", "localhost", 443));
         assert!(!hits("*", "a.b", 443));
         assert!(hits("*.co?", "a.com", 443), "no literal suffix");
+        assert!(!hits("*.?", "a.b..", 443), "`a.b.` has three labels, the last empty");
+        assert!(hits("*.*.*", "a.b..", 443));
         assert!(hits("a*b*c.d", "aXbYbZc.d", 443), "backtracking");
         assert!(hits("?.d", "é.d", 443), "`?` is one character, not one byte");
     }
