@@ -336,3 +336,31 @@ fn generators_exercise_every_kind() {
     }
     assert!(by_kind["default"] < total * 9 / 10, "{by_kind:?}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// The fast file reader must agree with serde_norway whenever it answers,
+    /// on written files and on files damaged by a hand edit.
+    #[test]
+    fn fast_reader_agrees_with_serde_norway(
+        g in rules(),
+        edits in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(vec![
+            "", " ", "'", "\"", "#", ":", "-", "\n", "  ", "*", "~", "x", "[", "]", "\t",
+        ]), 0usize..3), 0..3),
+    ) {
+        let file = ppp::policy::GlobalFile { default: Verdict::Deny, preset: None, rules: make(&g).into_iter().map(|(r, _)| r).collect() };
+        let mut text = serde_norway::to_string(&file).unwrap();
+        let path = std::path::Path::new("p.yaml");
+        prop_assert_eq!(ppp::policy::parse_global(path, &text).unwrap(), file);
+        for (at, insert, delete) in edits {
+            let mut i = at.index(text.len() + 1);
+            while !text.is_char_boundary(i) { i -= 1; }
+            let end = (i + delete).min(text.len());
+            if text.is_char_boundary(end) { text.replace_range(i..end, insert); }
+            let fast = ppp::policy::parse_global(path, &text).ok();
+            let slow = ppp::policy::parse_global_slow(path, &text).ok();
+            prop_assert_eq!(fast, slow, "text:\n{}", text);
+        }
+    }
+}

@@ -22,7 +22,8 @@ use std::fmt;
 
 pub use engine::{Decision, Engine, Matched};
 pub use file::{
-    GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_sandbox, save_global, save_sandbox,
+    GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_global_slow, parse_sandbox, save_global,
+    save_sandbox,
 };
 pub use preset::Preset;
 pub use resource::{Resource, ResourceError, ResourceKind};
