@@ -10,7 +10,8 @@
 //!   host suffix, probed once per suffix of the query host (`a.b.c` probes
 //!   `a.b.c`, `b.c`, `c`, and the empty suffix for globs with no literal
 //!   suffix), and only for suffixes no longer than the longest key;
-//! - regexes: one `RegexSet` per index;
+//! - regexes: one multi-pattern automaton per index (what `RegexSet` is,
+//!   built straight from the syntax trees kept at parse time);
 //! - IPs and CIDRs: a hash map keyed by (prefix length, masked address),
 //!   probed once per prefix length present, so at most 33 or 129 probes.
 
@@ -21,7 +22,10 @@ use std::net::IpAddr;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::resource::{Pattern, anchored};
+use regex_automata::util::syntax::Config as SyntaxConfig;
+use regex_automata::{Input, MatchKind, PatternSet, meta};
+
+use super::resource::Pattern;
 use super::{Rule, Scope, Verdict};
 
 /// The outcome of [`Engine::decide`].
@@ -91,7 +95,9 @@ struct Glob {
 
 #[derive(Debug)]
 struct Regexes {
-    set: regex::bytes::RegexSet,
+    /// All of an index's regexes as one multi-pattern automaton; pattern
+    /// `i` is `entries[i]`.
+    set: meta::Regex,
     entries: Vec<Entry>,
 }
 
@@ -213,7 +219,7 @@ impl IndexBuilder {
                 let labels = labels[..split].iter().map(|l| l.as_bytes().into()).collect();
                 bucket(ix, &suffix).globs.push(Glob { entry, deep, labels });
             }
-            Pattern::Regex(_) => self.regexes.push((order, port)),
+            Pattern::Regex(..) => self.regexes.push((order, port)),
             Pattern::Ip(a) => add_net(ix, *a, if a.is_ipv4() { 32 } else { 128 }, entry),
             Pattern::Net(n) => add_net(ix, n.network(), n.prefix_len(), entry),
         }
@@ -221,17 +227,16 @@ impl IndexBuilder {
 
     fn finish(mut self, rules: &[Rule]) -> Result<Index> {
         if !self.regexes.is_empty() {
-            let patterns = self.regexes.iter().map(|&(order, _)| match rules[order as usize].resource.pattern() {
-                Pattern::Regex(src) => anchored(src),
+            let hir = |order: u32| match rules[order as usize].resource.pattern() {
+                Pattern::Regex(_, parsed) => parsed.0.clone(),
                 _ => unreachable!("only regex rules are collected"),
-            });
-            let set = regex_builder(patterns.collect()).build().or_else(|e| {
+            };
+            let hirs: Vec<_> = self.regexes.iter().map(|&(order, _)| hir(order)).collect();
+            let set = regex_set(&hirs).or_else(|e| {
                 // Name the rule: compile them one by one to find the culprit.
                 for &(order, _) in &self.regexes {
-                    let rule = &rules[order as usize];
-                    if let Pattern::Regex(src) = rule.resource.pattern()
-                        && let Err(one) = regex_builder(vec![anchored(src)]).build()
-                    {
+                    if let Err(one) = regex_set(&[hir(order)]) {
+                        let rule = &rules[order as usize];
                         bail!("regex `{}` (rule `{}`) does not compile: {one}", rule.resource, rule.id);
                     }
                 }
@@ -246,13 +251,16 @@ impl IndexBuilder {
     }
 }
 
-/// The settings every regex resource is compiled with; validation in
-/// `resource.rs` parses with the same ones. Bytes and no Unicode: host names
-/// are ASCII, and Unicode case folding multiplies the automaton's size.
-fn regex_builder(patterns: Vec<String>) -> regex::bytes::RegexSetBuilder {
-    let mut b = regex::bytes::RegexSetBuilder::new(patterns);
-    b.case_insensitive(true).unicode(false);
-    b
+/// One automaton for many regexes, reporting every pattern that matches.
+/// The trees were parsed (bytes, no Unicode, case-insensitive, anchored) in
+/// `resource.rs`; nothing here re-parses them.
+fn regex_set(hirs: &[std::sync::Arc<regex_syntax::hir::Hir>]) -> Result<meta::Regex> {
+    let refs: Vec<&regex_syntax::hir::Hir> = hirs.iter().map(|h| &**h).collect();
+    meta::Builder::new()
+        .configure(meta::Config::new().match_kind(MatchKind::All).utf8_empty(false))
+        .syntax(SyntaxConfig::new().unicode(false).utf8(false).case_insensitive(true))
+        .build_many_from_hir(&refs)
+        .map_err(anyhow::Error::from)
 }
 
 fn bucket<'a>(ix: &'a mut Index, key: &str) -> &'a mut Bucket {
@@ -344,14 +352,20 @@ impl Index {
             if let Some(rx) = &self.regexes
                 && rx.entries[0].order < best
             {
-                for i in &rx.set.matches(host.as_bytes()) {
-                    let e = rx.entries[i];
-                    if e.order >= best {
-                        break;
-                    }
-                    if e.port.is_none_or(|p| p == q.port) {
-                        best = e.order;
-                        break;
+                let input = Input::new(host.as_bytes());
+                // `is_match` needs no allocation and "no" is the common answer.
+                if rx.set.is_match(input.clone()) {
+                    let mut matched = PatternSet::new(rx.set.pattern_len());
+                    rx.set.which_overlapping_matches(&input, &mut matched);
+                    for pid in matched.iter() {
+                        let e = rx.entries[pid.as_usize()];
+                        if e.order >= best {
+                            break;
+                        }
+                        if e.port.is_none_or(|p| p == q.port) {
+                            best = e.order;
+                            break;
+                        }
                     }
                 }
             }

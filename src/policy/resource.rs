@@ -9,6 +9,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -38,7 +39,7 @@ pub(crate) enum Pattern {
     /// Any other host pattern with `*` or `?` in a label, e.g. `api-*.example.com`.
     Glob(Box<str>),
     /// Matched against the whole host name, anchored and case-insensitive.
-    Regex(Box<str>),
+    Regex(Box<str>, ParsedRegex),
     /// One address. IPv4-mapped IPv6 addresses are stored as IPv4.
     Ip(IpAddr),
     /// A network with no host bits set.
@@ -169,7 +170,7 @@ impl Resource {
             Pattern::Exact(_) => ResourceKind::Host,
             Pattern::Sub { .. } => ResourceKind::Wildcard,
             Pattern::Glob(_) => ResourceKind::Glob,
-            Pattern::Regex(_) => ResourceKind::Regex,
+            Pattern::Regex(..) => ResourceKind::Regex,
             Pattern::Ip(_) => ResourceKind::Ip,
             Pattern::Net(_) => ResourceKind::Cidr,
         }
@@ -227,8 +228,8 @@ fn parse_regex(s: &str) -> Result<Resource> {
         }
         _ => (s, None),
     };
-    validate_regex(src)?;
-    Ok(Resource { pattern: Pattern::Regex(src.into()), port })
+    let hir = validate_regex(src)?;
+    Ok(Resource { pattern: Pattern::Regex(src.into(), ParsedRegex(Arc::new(hir))), port })
 }
 
 /// True when the byte at `i` is preceded by an odd number of backslashes.
@@ -242,12 +243,29 @@ pub(crate) fn anchored(src: &str) -> String {
     format!("^(?:{src})$")
 }
 
-/// Check syntax with the same settings the engine compiles with, without
-/// building an automaton: compiling 10,000 rules' regexes at load would blow
-/// the `ppp policy check` budget, and syntax is what a user gets wrong.
-fn validate_regex(src: &str) -> Result<()> {
+/// The regex's syntax tree, kept from validation so `Engine::build` does not
+/// parse every regex a second time (that was half its cost at 10,000 rules).
+/// It is a function of the source text, so it takes no part in equality.
+#[derive(Debug, Clone)]
+pub(crate) struct ParsedRegex(pub(crate) Arc<regex_syntax::hir::Hir>);
+
+impl PartialEq for ParsedRegex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for ParsedRegex {}
+impl std::hash::Hash for ParsedRegex {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+
+/// Parse with the settings the engine compiles with: bytes, no Unicode (host
+/// names are ASCII, and Unicode case folding multiplies the automaton's
+/// size), case-insensitive, anchored. Only syntax is checked here, which is
+/// cheap; the automaton is built in `Engine::build`.
+fn validate_regex(src: &str) -> Result<regex_syntax::hir::Hir> {
     let mut parser = regex_syntax::ParserBuilder::new().case_insensitive(true).unicode(false).utf8(false).build();
-    parser.parse(&anchored(src)).map(drop).map_err(|e| {
+    parser.parse(&anchored(src)).map_err(|e| {
         let why = match &e {
             regex_syntax::Error::Parse(e) => e.kind().to_string(),
             regex_syntax::Error::Translate(e) => e.kind().to_string(),
@@ -385,7 +403,7 @@ impl fmt::Display for Pattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Pattern::Any => f.write_str("**"),
-            Pattern::Exact(h) | Pattern::Glob(h) | Pattern::Regex(h) => f.write_str(h),
+            Pattern::Exact(h) | Pattern::Glob(h) | Pattern::Regex(h, _) => f.write_str(h),
             Pattern::Sub { base, deep: false } => write!(f, "*.{base}"),
             Pattern::Sub { base, deep: true } => write!(f, "**.{base}"),
             Pattern::Ip(a) => write!(f, "{a}"),
