@@ -122,9 +122,10 @@ mod fast {
 
     impl<'a> Lines<'a> {
         fn new(text: &'a str) -> Option<Self> {
-            // Only the plainest text: ASCII, no tabs or CRs, one final newline.
+            // Only the plainest text: printable ASCII lines (YAML rejects
+            // most control characters), one final newline.
             let body = text.strip_suffix('\n')?;
-            if !text.is_ascii() || text.contains(['\t', '\r']) || body.is_empty() {
+            if !body.bytes().all(|b| b == b'\n' || (0x20..0x7f).contains(&b)) || body.is_empty() {
                 return None;
             }
             Some(Lines { rest: body.split('\n').peekable() })
@@ -456,6 +457,8 @@ rules:
             base.replace("  decision", "\n  decision"),
             base.replace("  decision", "   decision"),
             base.replace("  decision", "\tdecision"),
+            base.replace('R', "a\u{1a}b.com"),
+            base.replace('R', "a\u{7f}b.com"),
             format!("---\n{base}"),
             base.replace("rules:\n", "rules:\n\n"),
             "default: deny\nrules:\n".to_owned(),

@@ -124,6 +124,9 @@ impl Resource {
         if s.chars().any(char::is_whitespace) {
             return Err(err(format!("`{}` contains whitespace", s.escape_debug())));
         }
+        if let Some(c) = s.chars().find(|c| c.is_control()) {
+            return Err(err(format!("`{}` contains control character `{}`", s.escape_debug(), c.escape_debug())));
+        }
         if let Some(r) = parse_bracketed(s)? {
             return Ok(r);
         }
@@ -560,6 +563,7 @@ mod tests {
             ("example.com:-1", "port `-1` in `example.com:-1` is not a number"),
             (":443", "`:443` has no host"),
             ("exa!mple.com", "`exa!mple.com` contains invalid character `!`"),
+            ("a\u{1a}(b)", "`a\\u{1a}(b)` contains control character `\\u{1a}`"),
             ("bücher.de", "`bücher.de` contains invalid character `ü`"),
             ("a/b.com", "`a/b.com` contains invalid character `/`"),
             ("a.**.com", "`a.**.com` uses `**` inside a name"),
