@@ -8,14 +8,15 @@
 //! rule in ten is a deny, one in five has a port. Queries are half hits on
 //! exact hosts, a fifth hits under wildcards, and the rest misses, some by IP.
 //!
-//! Run: `cargo bench --bench policy`.
+//! Run: `cargo bench --bench policy`. Set `PPP_BENCH_WRITE=path` to also
+//! write the 10,000-rule file, e.g. to time a cold process on it.
 
 use std::hint::black_box;
 use std::net::IpAddr;
 use std::path::Path;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use ppp::policy::{Engine, GlobalFile, Resource, Rule, Source, Verdict, parse_global};
+use ppp::policy::{Engine, GlobalFile, Resource, Rule, Source, Verdict, parse_global, parse_global_slow};
 
 /// xorshift64*: deterministic, and no dependency for a benchmark's dice.
 struct Dice(u64);
@@ -114,10 +115,15 @@ fn decide(c: &mut Criterion) {
 fn check_path(c: &mut Criterion) {
     let (rules, _) = workload(10_000);
     let text = serde_norway::to_string(&GlobalFile { default: Verdict::Deny, preset: None, rules }).unwrap();
+    if let Some(out) = std::env::var_os("PPP_BENCH_WRITE") {
+        std::fs::write(out, &text).unwrap();
+    }
     let path = Path::new("policies.yaml");
     let mut g = c.benchmark_group("load_10k");
     g.sample_size(20);
     g.bench_function("yaml_parse", |b| b.iter(|| black_box(parse_global(path, &text).unwrap())));
+    // The fallback a hand-edited file (comments, other quoting) takes.
+    g.bench_function("yaml_parse_serde_norway", |b| b.iter(|| black_box(parse_global_slow(path, &text).unwrap())));
     let file = parse_global(path, &text).unwrap();
     g.bench_function("engine_build", |b| {
         b.iter_batched(|| file.rules.clone(), |r| black_box(Engine::build(file.default, r, vec![]).unwrap()), BatchSize::LargeInput);

@@ -346,7 +346,7 @@ proptest! {
     fn fast_reader_agrees_with_serde_norway(
         g in rules(),
         edits in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(vec![
-            "", " ", "'", "\"", "#", ":", "-", "\n", "  ", "*", "~", "x", "[", "]", "\t", "\u{1a}", "\u{7f}", "é",
+            "", " ", "'", "\"", "#", ":", "-", "\n", "  ", "*", "~", "x", "[", "]", "\t", "\u{1a}", "\u{7f}", "é", " #", "# ", "''", " \n",
         ]), 0usize..3), 0..3),
     ) {
         let file = ppp::policy::GlobalFile { default: Verdict::Deny, preset: None, rules: make(&g).into_iter().map(|(r, _)| r).collect() };
