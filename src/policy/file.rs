@@ -162,7 +162,7 @@ mod fast {
     /// when empty, and loses a trailing comment and spaces.
     fn key_value(line: &str) -> Option<(&str, Option<&str>)> {
         let (key, value) = match line.split_once(": ") {
-            Some((k, v)) => (k, value_text(v)?),
+            Some((k, v)) => (k, Some(value_text(v)?).filter(|v| !v.is_empty())),
             None => (line.strip_suffix(':')?, None),
         };
         if key.is_empty() || !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
@@ -172,11 +172,11 @@ mod fast {
     }
 
     /// The value part of `v`, and what follows it must be nothing but spaces
-    /// and an optional ` #` comment. `Some(None)` for an empty value.
-    fn value_text(v: &str) -> Option<Option<&str>> {
+    /// and an optional ` #` comment. Empty for an empty value.
+    fn value_text(v: &str) -> Option<&str> {
         let v = v.trim_start_matches(' ');
         let end = match v.as_bytes().first() {
-            None | Some(b'#') => return Some(None),
+            None | Some(b'#') => return Some(""),
             Some(b'\'') => {
                 // The closing quote is the first one not doubled.
                 let b = v.as_bytes();
@@ -197,7 +197,7 @@ mod fast {
         if !(comment.is_empty() || (comment.starts_with('#') && rest.starts_with(' '))) {
             return None;
         }
-        Some(Some(value.trim_end_matches(' ')))
+        Some(value.trim_end_matches(' '))
     }
 
     /// After `rules:`: `[]` inline, or block items at indent 0 or 2.
