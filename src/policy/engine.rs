@@ -10,7 +10,8 @@
 //!   host suffix, probed once per suffix of the query host (`a.b.c` probes
 //!   `a.b.c`, `b.c`, `c`, and the empty suffix for globs with no literal
 //!   suffix), and only for suffixes no longer than the longest key;
-//! - regexes: one `RegexSet` per index;
+//! - regexes: one multi-pattern automaton per index (what `RegexSet` is,
+//!   built straight from the syntax trees kept at parse time);
 //! - IPs and CIDRs: a hash map keyed by (prefix length, masked address),
 //!   probed once per prefix length present, so at most 33 or 129 probes.
 
@@ -21,7 +22,10 @@ use std::net::IpAddr;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::resource::{Pattern, anchored};
+use regex_automata::util::syntax::Config as SyntaxConfig;
+use regex_automata::{Input, MatchKind, PatternSet, meta};
+
+use super::resource::Pattern;
 use super::{Rule, Scope, Verdict};
 
 /// The outcome of [`Engine::decide`].
@@ -91,7 +95,9 @@ struct Glob {
 
 #[derive(Debug)]
 struct Regexes {
-    set: regex::bytes::RegexSet,
+    /// All of an index's regexes as one multi-pattern automaton; pattern
+    /// `i` is `entries[i]`.
+    set: meta::Regex,
     entries: Vec<Entry>,
 }
 
@@ -120,26 +126,17 @@ struct Query<'q> {
 impl Engine {
     /// Compile the rules. Fails only on a regex that parses but cannot be
     /// compiled (size limits), or on a sandbox listed twice.
-    pub fn build(
-        default: Verdict,
-        global: Vec<Rule>,
-        sandboxes: Vec<(String, Vec<Rule>)>,
-    ) -> Result<Engine> {
+    pub fn build(default: Verdict, global: Vec<Rule>, sandboxes: Vec<(String, Vec<Rule>)>) -> Result<Engine> {
         let global = Compiled::new(global).context("could not compile the global rules")?;
         let mut map = HashMap::with_capacity(sandboxes.len());
         for (name, rules) in sandboxes {
             if map.contains_key(&name) {
                 bail!("sandbox `{name}` is listed twice");
             }
-            let c = Compiled::new(rules)
-                .with_context(|| format!("could not compile the rules of sandbox `{name}`"))?;
+            let c = Compiled::new(rules).with_context(|| format!("could not compile the rules of sandbox `{name}`"))?;
             map.insert(name, c);
         }
-        Ok(Engine {
-            default,
-            global,
-            sandboxes: map,
-        })
+        Ok(Engine { default, global, sandboxes: map })
     }
 
     /// The global default verdict.
@@ -153,22 +150,13 @@ impl Engine {
     /// `host` that is an IP literal is also matched as an address. An
     /// unknown `sandbox` has no rules of its own.
     #[must_use]
-    pub fn decide(
-        &self,
-        sandbox: Option<&str>,
-        host: Option<&str>,
-        ip: Option<IpAddr>,
-        port: u16,
-    ) -> Decision<'_> {
+    pub fn decide(&self, sandbox: Option<&str>, host: Option<&str>, ip: Option<IpAddr>, port: u16) -> Decision<'_> {
         let q = Query::new(host, ip, port);
         let sandbox = sandbox.and_then(|s| self.sandboxes.get(s));
         for verdict in [Verdict::Deny, Verdict::Allow] {
             // Global rules come first in the combined order, so a global match
             // is always the first match and the sandbox need not be asked.
-            let scopes = [
-                (Scope::Global, Some(&self.global)),
-                (Scope::Sandbox, sandbox),
-            ];
+            let scopes = [(Scope::Global, Some(&self.global)), (Scope::Sandbox, sandbox)];
             for (scope, compiled) in scopes {
                 let Some(c) = compiled else { continue };
                 let index = match verdict {
@@ -177,19 +165,11 @@ impl Engine {
                 };
                 if let Some(order) = index.first_match(&q) {
                     let rule = &c.rules[order as usize];
-                    return Decision {
-                        verdict,
-                        matched_rule: Some(Matched { rule, scope }),
-                        default_used: false,
-                    };
+                    return Decision { verdict, matched_rule: Some(Matched { rule, scope }), default_used: false };
                 }
             }
         }
-        Decision {
-            verdict: self.default,
-            matched_rule: None,
-            default_used: true,
-        }
+        Decision { verdict: self.default, matched_rule: None, default_used: true }
     }
 }
 
@@ -233,24 +213,13 @@ impl IndexBuilder {
                 if deep {
                     labels.remove(0);
                 }
-                let literal = labels
-                    .iter()
-                    .rev()
-                    .take_while(|l| !l.contains(['*', '?']))
-                    .count();
+                let literal = labels.iter().rev().take_while(|l| !l.contains(['*', '?'])).count();
                 let split = labels.len() - literal;
                 let suffix = labels[split..].join(".");
-                let labels = labels[..split]
-                    .iter()
-                    .map(|l| l.as_bytes().into())
-                    .collect();
-                bucket(ix, &suffix).globs.push(Glob {
-                    entry,
-                    deep,
-                    labels,
-                });
+                let labels = labels[..split].iter().map(|l| l.as_bytes().into()).collect();
+                bucket(ix, &suffix).globs.push(Glob { entry, deep, labels });
             }
-            Pattern::Regex(_) => self.regexes.push((order, port)),
+            Pattern::Regex(..) => self.regexes.push((order, port)),
             Pattern::Ip(a) => add_net(ix, *a, if a.is_ipv4() { 32 } else { 128 }, entry),
             Pattern::Net(n) => add_net(ix, n.network(), n.prefix_len(), entry),
         }
@@ -258,33 +227,22 @@ impl IndexBuilder {
 
     fn finish(mut self, rules: &[Rule]) -> Result<Index> {
         if !self.regexes.is_empty() {
-            let patterns = self.regexes.iter().map(|&(order, _)| {
-                match rules[order as usize].resource.pattern() {
-                    Pattern::Regex(src) => anchored(src),
-                    _ => unreachable!("only regex rules are collected"),
-                }
-            });
-            let set = regex_builder(patterns.collect()).build().or_else(|e| {
+            let hir = |order: u32| match rules[order as usize].resource.pattern() {
+                Pattern::Regex(_, parsed) => parsed.0.clone(),
+                _ => unreachable!("only regex rules are collected"),
+            };
+            let hirs: Vec<_> = self.regexes.iter().map(|&(order, _)| hir(order)).collect();
+            let set = regex_set(&hirs).or_else(|e| {
                 // Name the rule: compile them one by one to find the culprit.
                 for &(order, _) in &self.regexes {
-                    let rule = &rules[order as usize];
-                    if let Pattern::Regex(src) = rule.resource.pattern()
-                        && let Err(one) = regex_builder(vec![anchored(src)]).build()
-                    {
-                        bail!(
-                            "regex `{}` (rule `{}`) does not compile: {one}",
-                            rule.resource,
-                            rule.id
-                        );
+                    if let Err(one) = regex_set(&[hir(order)]) {
+                        let rule = &rules[order as usize];
+                        bail!("regex `{}` (rule `{}`) does not compile: {one}", rule.resource, rule.id);
                     }
                 }
                 bail!("the regex rules do not compile together: {e}")
             })?;
-            let entries = self
-                .regexes
-                .iter()
-                .map(|&(order, port)| Entry { order, port })
-                .collect();
+            let entries = self.regexes.iter().map(|&(order, port)| Entry { order, port }).collect();
             self.index.regexes = Some(Regexes { set, entries });
         }
         self.index.v4_lens.sort_unstable();
@@ -293,13 +251,16 @@ impl IndexBuilder {
     }
 }
 
-/// The settings every regex resource is compiled with; validation in
-/// `resource.rs` parses with the same ones. Bytes and no Unicode: host names
-/// are ASCII, and Unicode case folding multiplies the automaton's size.
-fn regex_builder(patterns: Vec<String>) -> regex::bytes::RegexSetBuilder {
-    let mut b = regex::bytes::RegexSetBuilder::new(patterns);
-    b.case_insensitive(true).unicode(false);
-    b
+/// One automaton for many regexes, reporting every pattern that matches.
+/// The trees were parsed (bytes, no Unicode, case-insensitive, anchored) in
+/// `resource.rs`; nothing here re-parses them.
+fn regex_set(hirs: &[std::sync::Arc<regex_syntax::hir::Hir>]) -> Result<meta::Regex> {
+    let refs: Vec<&regex_syntax::hir::Hir> = hirs.iter().map(|h| &**h).collect();
+    meta::Builder::new()
+        .configure(meta::Config::new().match_kind(MatchKind::All).utf8_empty(false))
+        .syntax(SyntaxConfig::new().unicode(false).utf8(false).case_insensitive(true))
+        .build_many_from_hir(&refs)
+        .map_err(anyhow::Error::from)
 }
 
 fn bucket<'a>(ix: &'a mut Index, key: &str) -> &'a mut Bucket {
@@ -315,28 +276,19 @@ fn add_net(ix: &mut Index, addr: IpAddr, len: u8, entry: Entry) {
     if !lens.contains(&len) {
         lens.push(len);
     }
-    ix.nets
-        .entry((v6, len, masked(addr, len)))
-        .or_default()
-        .push(entry);
+    ix.nets.entry((v6, len, masked(addr, len))).or_default().push(entry);
 }
 
 /// `addr` with all but the first `len` bits cleared, widened to u128.
 fn masked(addr: IpAddr, len: u8) -> u128 {
     match addr {
-        IpAddr::V4(a) => {
-            u128::from(u32::from(a) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0))
-        }
+        IpAddr::V4(a) => u128::from(u32::from(a) & u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)),
         IpAddr::V6(a) => u128::from(a) & u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0),
     }
 }
 
 fn label_count(s: &str) -> usize {
-    if s.is_empty() {
-        0
-    } else {
-        s.bytes().filter(|&b| b == b'.').count() + 1
-    }
+    if s.is_empty() { 0 } else { s.bytes().filter(|&b| b == b'.').count() + 1 }
 }
 
 impl<'q> Query<'q> {
@@ -345,22 +297,12 @@ impl<'q> Query<'q> {
         let mut starts = Vec::new();
         if let Some(h) = &host {
             starts.push(0);
-            starts.extend(
-                h.bytes()
-                    .enumerate()
-                    .filter(|&(_, b)| b == b'.')
-                    .map(|(i, _)| i + 1),
-            );
+            starts.extend(h.bytes().enumerate().filter(|&(_, b)| b == b'.').map(|(i, _)| i + 1));
         }
         // Compare IPv4-mapped IPv6 as IPv4, or `::ffff:10.0.0.1` would slip
         // past a deny on `10.0.0.0/8`.
         let literal = host.as_deref().and_then(host_ip).map(|a| a.to_canonical());
-        Query {
-            host,
-            starts,
-            ips: [ip.map(|a| a.to_canonical()), literal],
-            port,
-        }
+        Query { host, starts, ips: [ip.map(|a| a.to_canonical()), literal], port }
     }
 
     /// Label `i` of the host.
@@ -374,11 +316,7 @@ impl<'q> Query<'q> {
 /// Lower-case without a trailing dot, borrowing when already so.
 pub(crate) fn normalize_host(h: &str) -> Cow<'_, str> {
     let h = h.strip_suffix('.').unwrap_or(h);
-    if h.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(h.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(h)
-    }
+    if h.bytes().any(|b| b.is_ascii_uppercase()) { Cow::Owned(h.to_ascii_lowercase()) } else { Cow::Borrowed(h) }
 }
 
 /// A host that is an IP literal, with or without IPv6 brackets.
@@ -387,10 +325,7 @@ fn host_ip(h: &str) -> Option<IpAddr> {
     if !(first.is_ascii_hexdigit() || first == b':' || first == b'[') {
         return None;
     }
-    let inner = h
-        .strip_prefix('[')
-        .and_then(|s| s.strip_suffix(']'))
-        .unwrap_or(h);
+    let inner = h.strip_prefix('[').and_then(|s| s.strip_suffix(']')).unwrap_or(h);
     inner.parse().ok()
 }
 
@@ -417,14 +352,20 @@ impl Index {
             if let Some(rx) = &self.regexes
                 && rx.entries[0].order < best
             {
-                for i in &rx.set.matches(host.as_bytes()) {
-                    let e = rx.entries[i];
-                    if e.order >= best {
-                        break;
-                    }
-                    if e.port.is_none_or(|p| p == q.port) {
-                        best = e.order;
-                        break;
+                let input = Input::new(host.as_bytes());
+                // `is_match` needs no allocation and "no" is the common answer.
+                if rx.set.is_match(input.clone()) {
+                    let mut matched = PatternSet::new(rx.set.pattern_len());
+                    rx.set.which_overlapping_matches(&input, &mut matched);
+                    for pid in matched.iter() {
+                        let e = rx.entries[pid.as_usize()];
+                        if e.order >= best {
+                            break;
+                        }
+                        if e.port.is_none_or(|p| p == q.port) {
+                            best = e.order;
+                            break;
+                        }
                     }
                 }
             }
@@ -446,9 +387,12 @@ impl Index {
         let first = n.saturating_sub(self.max_key_labels);
         for k in first..=n {
             let suffix = if k == n { "" } else { &host[q.starts[k]..] };
-            let Some(b) = self.hosts.get(suffix) else {
+            if suffix.is_empty() && k != n {
+                // A host ending in an empty label (`a.b..`): this is not the
+                // root bucket, whose globs count labels from the very end.
                 continue;
-            };
+            }
+            let Some(b) = self.hosts.get(suffix) else { continue };
             if k == 0 {
                 scan(&b.exact, q.port, best);
                 continue;
@@ -466,12 +410,7 @@ impl Index {
                 }
                 let need = g.labels.len();
                 let fits = if g.deep { k > need } else { k == need };
-                if fits
-                    && g.labels
-                        .iter()
-                        .enumerate()
-                        .all(|(j, pat)| label_matches(pat, q.label(k - need + j)))
-                {
+                if fits && g.labels.iter().enumerate().all(|(j, pat)| label_matches(pat, q.label(k - need + j))) {
                     *best = g.entry.order;
                     break;
                 }
@@ -559,11 +498,7 @@ mod tests {
     fn double_star_matches_everything() {
         let e = Engine::build(Verdict::Deny, vec![allow("**")], vec![]).unwrap();
         assert_eq!(e.decide(None, Some("x.y"), None, 1).verdict, Verdict::Allow);
-        assert_eq!(
-            e.decide(None, None, Some("10.1.1.1".parse().unwrap()), 80)
-                .verdict,
-            Verdict::Allow
-        );
+        assert_eq!(e.decide(None, None, Some("10.1.1.1".parse().unwrap()), 80).verdict, Verdict::Allow);
         assert_eq!(e.decide(None, None, None, 80).verdict, Verdict::Allow);
         assert!(hits("**:443", "example.com", 443));
         assert!(!hits("**:443", "example.com", 80));
@@ -600,22 +535,13 @@ mod tests {
 
     #[test]
     fn label_globs() {
-        assert!(
-            hits("api-*.example.com", "api-.example.com", 443),
-            "`*` may be empty"
-        );
+        assert!(hits("api-*.example.com", "api-.example.com", 443), "`*` may be empty");
         assert!(hits("api-*.example.com", "api-eu1.example.com", 443));
         assert!(!hits("api-*.example.com", "api.example.com", 443));
-        assert!(
-            !hits("api-*.example.com", "api-eu.x.example.com", 443),
-            "`*` stays in its label"
-        );
+        assert!(!hits("api-*.example.com", "api-eu.x.example.com", 443), "`*` stays in its label");
         assert!(hits("ex?mple.com", "example.com", 443));
         assert!(hits("ex?mple.com", "exxmple.com", 443));
-        assert!(
-            !hits("ex?mple.com", "exmple.com", 443),
-            "`?` is exactly one character"
-        );
+        assert!(!hits("ex?mple.com", "exmple.com", 443), "`?` is exactly one character");
         assert!(!hits("ex?mple.com", "ex.mple.com", 443), "`?` is not a dot");
         assert!(hits("*.*.example.com", "a.b.example.com", 443));
         assert!(!hits("*.*.example.com", "a.example.com", 443));
@@ -625,32 +551,19 @@ mod tests {
         assert!(hits("*", "localhost", 443));
         assert!(!hits("*", "a.b", 443));
         assert!(hits("*.co?", "a.com", 443), "no literal suffix");
+        assert!(!hits("*.?", "a.b..", 443), "`a.b.` has three labels, the last empty");
+        assert!(hits("*.*.*", "a.b..", 443));
         assert!(hits("a*b*c.d", "aXbYbZc.d", 443), "backtracking");
-        assert!(
-            hits("?.d", "é.d", 443),
-            "`?` is one character, not one byte"
-        );
+        assert!(hits("?.d", "é.d", 443), "`?` is one character, not one byte");
     }
 
     #[test]
     fn regex() {
         assert!(hits(r"^api\d+\.example\.com$", "api12.example.com", 443));
-        assert!(
-            hits(r"api\d+\.example\.com", "API12.EXAMPLE.COM", 443),
-            "case-insensitive"
-        );
-        assert!(
-            !hits(r"api\d+\.example\.com", "xapi12.example.com", 443),
-            "anchored at the start"
-        );
-        assert!(
-            !hits(r"api\d+\.example\.com", "api12.example.com.evil", 443),
-            "anchored at the end"
-        );
-        assert!(
-            hits("(foo|bar).com", "bar.com", 443),
-            "alternation stays anchored"
-        );
+        assert!(hits(r"api\d+\.example\.com", "API12.EXAMPLE.COM", 443), "case-insensitive");
+        assert!(!hits(r"api\d+\.example\.com", "xapi12.example.com", 443), "anchored at the start");
+        assert!(!hits(r"api\d+\.example\.com", "api12.example.com.evil", 443), "anchored at the end");
+        assert!(hits("(foo|bar).com", "bar.com", 443), "alternation stays anchored");
         assert!(!hits("(foo|bar).com", "xbar.com", 443));
         assert!(!hits("foo|bar", "foox", 443));
         assert!(hits(r"\d+\.example\.com:8080", "1.example.com", 8080));
@@ -680,33 +593,13 @@ mod tests {
 
     #[test]
     fn host_or_ip() {
-        let e = Engine::build(
-            Verdict::Deny,
-            vec![allow("10.0.0.0/8"), allow("example.com")],
-            vec![],
-        )
-        .unwrap();
+        let e = Engine::build(Verdict::Deny, vec![allow("10.0.0.0/8"), allow("example.com")], vec![]).unwrap();
         let ip = Some("10.1.2.3".parse().unwrap());
         let other = Some("192.0.2.1".parse().unwrap());
-        assert_eq!(
-            e.decide(None, Some("unknown.org"), ip, 443).verdict,
-            Verdict::Allow,
-            "ip matches"
-        );
-        assert_eq!(
-            e.decide(None, Some("example.com"), other, 443).verdict,
-            Verdict::Allow,
-            "host matches"
-        );
-        assert_eq!(
-            e.decide(None, Some("unknown.org"), other, 443).verdict,
-            Verdict::Deny
-        );
-        assert_eq!(
-            e.decide(None, Some("10.1.2.3"), None, 443).verdict,
-            Verdict::Allow,
-            "IP literal host"
-        );
+        assert_eq!(e.decide(None, Some("unknown.org"), ip, 443).verdict, Verdict::Allow, "ip matches");
+        assert_eq!(e.decide(None, Some("example.com"), other, 443).verdict, Verdict::Allow, "host matches");
+        assert_eq!(e.decide(None, Some("unknown.org"), other, 443).verdict, Verdict::Deny);
+        assert_eq!(e.decide(None, Some("10.1.2.3"), None, 443).verdict, Verdict::Allow, "IP literal host");
         assert_eq!(e.decide(None, None, None, 443).verdict, Verdict::Deny);
         assert_eq!(e.decide(None, Some(""), None, 443).verdict, Verdict::Deny);
     }
@@ -722,22 +615,9 @@ mod tests {
 
     #[test]
     fn precedence_and_matched_rule() {
-        let global = vec![
-            allow("**.example.com"),
-            allow("a.example.com"),
-            deny("b.example.com"),
-        ];
-        let sandbox = vec![
-            deny("a.example.com"),
-            allow("c.example.com"),
-            allow("c.example.com"),
-        ];
-        let e = Engine::build(
-            Verdict::Deny,
-            global.clone(),
-            vec![("s".into(), sandbox.clone())],
-        )
-        .unwrap();
+        let global = vec![allow("**.example.com"), allow("a.example.com"), deny("b.example.com")];
+        let sandbox = vec![deny("a.example.com"), allow("c.example.com"), allow("c.example.com")];
+        let e = Engine::build(Verdict::Deny, global.clone(), vec![("s".into(), sandbox.clone())]).unwrap();
 
         // First matching allow, in global file order.
         let d = e.decide(None, Some("a.example.com"), None, 443);
@@ -753,10 +633,7 @@ mod tests {
 
         // A global deny beats everything, and is reported as global.
         let d = e.decide(Some("s"), Some("b.example.com"), None, 443);
-        assert_eq!(
-            (d.verdict, d.matched_rule.unwrap().rule.id),
-            (Verdict::Deny, global[2].id)
-        );
+        assert_eq!((d.verdict, d.matched_rule.unwrap().rule.id), (Verdict::Deny, global[2].id));
 
         // Global allows come before sandbox allows.
         let d = e.decide(Some("s"), Some("c.example.com"), None, 443);
@@ -764,10 +641,7 @@ mod tests {
 
         // The default, and other sandboxes' rules do not apply.
         let d = e.decide(Some("other"), Some("x.org"), None, 443);
-        assert_eq!(
-            (d.verdict, d.default_used, d.matched_rule),
-            (Verdict::Deny, true, None)
-        );
+        assert_eq!((d.verdict, d.default_used, d.matched_rule), (Verdict::Deny, true, None));
         let d = e.decide(Some("other"), Some("a.example.com"), None, 443);
         assert_eq!(d.verdict, Verdict::Allow);
 
@@ -779,58 +653,22 @@ mod tests {
     #[test]
     fn first_match_across_index_kinds() {
         // The first rule in order wins even when it lives in a slower index.
-        let rules = vec![
-            allow(r"a\.example\.com"),
-            allow("*.example.com"),
-            allow("a.example.com"),
-            allow("**"),
-        ];
+        let rules = vec![allow(r"a\.example\.com"), allow("*.example.com"), allow("a.example.com"), allow("**")];
         let e = Engine::build(Verdict::Deny, rules.clone(), vec![]).unwrap();
-        assert_eq!(
-            e.decide(None, Some("a.example.com"), None, 1)
-                .matched_rule
-                .unwrap()
-                .rule
-                .id,
-            rules[0].id
-        );
-        let rules = vec![
-            allow(r"a\.example\.com:2"),
-            allow("a.example.com:3"),
-            allow("*.example.com"),
-        ];
+        assert_eq!(e.decide(None, Some("a.example.com"), None, 1).matched_rule.unwrap().rule.id, rules[0].id);
+        let rules = vec![allow(r"a\.example\.com:2"), allow("a.example.com:3"), allow("*.example.com")];
         let e = Engine::build(Verdict::Deny, rules.clone(), vec![]).unwrap();
-        assert_eq!(
-            e.decide(None, Some("a.example.com"), None, 3)
-                .matched_rule
-                .unwrap()
-                .rule
-                .id,
-            rules[1].id
-        );
-        assert_eq!(
-            e.decide(None, Some("a.example.com"), None, 4)
-                .matched_rule
-                .unwrap()
-                .rule
-                .id,
-            rules[2].id
-        );
+        assert_eq!(e.decide(None, Some("a.example.com"), None, 3).matched_rule.unwrap().rule.id, rules[1].id);
+        assert_eq!(e.decide(None, Some("a.example.com"), None, 4).matched_rule.unwrap().rule.id, rules[2].id);
     }
 
     #[test]
     fn build_errors() {
-        let err = Engine::build(
-            Verdict::Deny,
-            vec![],
-            vec![("s".into(), vec![]), ("s".into(), vec![])],
-        )
-        .unwrap_err();
+        let err = Engine::build(Verdict::Deny, vec![], vec![("s".into(), vec![]), ("s".into(), vec![])]).unwrap_err();
         assert_eq!(err.to_string(), "sandbox `s` is listed twice");
         // Parses, but exceeds the compiled size limit.
         let huge = deny("(a{1000}){1000}");
-        let err =
-            Engine::build(Verdict::Deny, vec![allow("x.com"), huge.clone()], vec![]).unwrap_err();
+        let err = Engine::build(Verdict::Deny, vec![allow("x.com"), huge.clone()], vec![]).unwrap_err();
         let chain = format!("{err:#}");
         assert!(chain.contains(&format!("rule `{}`", huge.id)), "{chain}");
     }

@@ -22,7 +22,7 @@ use std::fmt;
 
 pub use engine::{Decision, Engine, Matched};
 pub use file::{
-    GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_sandbox, save_global,
+    GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_global_slow, parse_sandbox, save_global,
     save_sandbox,
 };
 pub use preset::Preset;
@@ -137,13 +137,6 @@ impl Rule {
         // and nothing orders rules by time.
         let now = time::OffsetDateTime::now_utc();
         let created_at = now.replace_nanosecond(0).unwrap_or(now);
-        Rule {
-            id: uuid::Uuid::new_v4(),
-            decision,
-            kind: RuleType::Network,
-            resource,
-            created_at,
-            source,
-        }
+        Rule { id: uuid::Uuid::new_v4(), decision, kind: RuleType::Network, resource, created_at, source }
     }
 }
