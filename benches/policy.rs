@@ -77,7 +77,9 @@ fn workload(n: usize) -> (Vec<Rule>, Vec<(String, Option<IpAddr>)>) {
     let mut queries = Vec::new();
     for q in 0..1000u64 {
         match d.below(10) {
-            0..7 if !hits.is_empty() => queries.push(hits[usize::try_from(d.below(hits.len() as u64)).unwrap()].clone()),
+            0..7 if !hits.is_empty() => {
+                queries.push(hits[usize::try_from(d.below(hits.len() as u64)).unwrap()].clone());
+            }
             7 => queries.push((String::new(), Some(IpAddr::from([192, 0, 2, u8::try_from(q % 256).unwrap()])))),
             _ => queries.push((format!("miss{q}.nowhere{}.example.{}", d.below(100), TLDS[(q % 6) as usize]), None)),
         }
@@ -126,7 +128,11 @@ fn check_path(c: &mut Criterion) {
     g.bench_function("yaml_parse_serde_norway", |b| b.iter(|| black_box(parse_global_slow(path, &text).unwrap())));
     let file = parse_global(path, &text).unwrap();
     g.bench_function("engine_build", |b| {
-        b.iter_batched(|| file.rules.clone(), |r| black_box(Engine::build(file.default, r, vec![]).unwrap()), BatchSize::LargeInput);
+        b.iter_batched(
+            || file.rules.clone(),
+            |r| black_box(Engine::build(file.default, r, vec![]).unwrap()),
+            BatchSize::LargeInput,
+        );
     });
     g.bench_function("parse_build_decide", |b| {
         b.iter(|| {

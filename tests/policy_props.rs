@@ -15,7 +15,10 @@ use proptest::prelude::*;
 enum Pat {
     Any,
     /// Label patterns (literal, or with `*` / `?`), with a leading `**` when deep.
-    Labels { deep: bool, labels: Vec<String> },
+    Labels {
+        deep: bool,
+        labels: Vec<String>,
+    },
     Regex(String),
     Ip(IpAddr),
     Net(IpNet),
@@ -74,8 +77,10 @@ fn v6() -> impl Strategy<Value = IpAddr> {
 
 fn net() -> impl Strategy<Value = IpNet> {
     prop_oneof![
-        (v4(), prop::sample::select(vec![0u8, 8, 16, 24, 29, 30, 32])).prop_map(|(a, l)| IpNet::new(a, l).unwrap().trunc()),
-        (v6(), prop::sample::select(vec![0u8, 32, 64, 125, 126, 128])).prop_map(|(a, l)| IpNet::new(a, l).unwrap().trunc()),
+        (v4(), prop::sample::select(vec![0u8, 8, 16, 24, 29, 30, 32]))
+            .prop_map(|(a, l)| IpNet::new(a, l).unwrap().trunc()),
+        (v6(), prop::sample::select(vec![0u8, 32, 64, 125, 126, 128]))
+            .prop_map(|(a, l)| IpNet::new(a, l).unwrap().trunc()),
     ]
 }
 
@@ -165,8 +170,10 @@ fn ref_matches(r: &Res, q: &Query) -> bool {
     if r.port.is_some_and(|p| p != q.port) {
         return false;
     }
-    let host = q.host.as_deref().map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()).filter(|h| !h.is_empty());
-    let literal_ip = host.as_deref().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
+    let host =
+        q.host.as_deref().map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()).filter(|h| !h.is_empty());
+    let literal_ip =
+        host.as_deref().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
     let ips: Vec<IpAddr> = [q.ip, literal_ip].into_iter().flatten().map(|a| a.to_canonical()).collect();
     match &r.pat {
         Pat::Any => true,

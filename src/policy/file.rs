@@ -39,11 +39,7 @@ impl GlobalFile {
     /// A fresh file for `preset`: its default and its rules.
     #[must_use]
     pub fn from_preset(preset: Preset) -> GlobalFile {
-        GlobalFile {
-            default: preset.default_verdict(),
-            preset: Some(preset),
-            rules: preset.rules(),
-        }
+        GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules: preset.rules() }
     }
 }
 
@@ -336,9 +332,7 @@ mod fast {
 }
 
 fn is_blank_yaml(text: &str) -> bool {
-    text.lines()
-        .map(str::trim)
-        .all(|l| l.is_empty() || l.starts_with('#') || l == "---")
+    text.lines().map(str::trim).all(|l| l.is_empty() || l.starts_with('#') || l == "---")
 }
 
 /// Read the global policy; `None` when the file does not exist.
@@ -393,10 +387,7 @@ rules:
     #[test]
     fn missing_files_are_none() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(
-            load_global(&dir.path().join("policies.yaml")).unwrap(),
-            None
-        );
+        assert_eq!(load_global(&dir.path().join("policies.yaml")).unwrap(), None);
         assert_eq!(load_sandbox(&dir.path().join("policy.yaml")).unwrap(), None);
     }
 
@@ -416,11 +407,7 @@ rules:
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cfg/policies.yaml");
         let mut f = GlobalFile::from_preset(Preset::Balanced);
-        f.rules.push(Rule::new(
-            Verdict::Deny,
-            Resource::parse("[2001:db8::1]:443").unwrap(),
-            Source::Local,
-        ));
+        f.rules.push(Rule::new(Verdict::Deny, Resource::parse("[2001:db8::1]:443").unwrap(), Source::Local));
         save_global(&path, &f).unwrap();
         let before = std::fs::read(&path).unwrap();
         let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
@@ -429,20 +416,14 @@ rules:
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), mtime);
 
         let spath = dir.path().join("data/sandboxes/s/policy.yaml");
-        let s = SandboxFile {
-            rules: f.rules[..2].to_vec(),
-        };
+        let s = SandboxFile { rules: f.rules[..2].to_vec() };
         save_sandbox(&spath, &s).unwrap();
         assert_eq!(load_sandbox(&spath).unwrap().unwrap(), s);
     }
 
     #[test]
     fn preset_is_omitted_when_absent() {
-        let f = GlobalFile {
-            default: Verdict::Allow,
-            preset: None,
-            rules: vec![],
-        };
+        let f = GlobalFile { default: Verdict::Allow, preset: None, rules: vec![] };
         let text = serde_norway::to_string(&f).unwrap();
         assert!(!text.contains("preset"), "{text}");
         assert_eq!(parse_global(Path::new("p"), "default: allow\n").unwrap(), f);
@@ -451,16 +432,9 @@ rules:
     #[test]
     fn empty_sandbox_file_has_no_rules() {
         for text in ["", "\n", "# cleared\n", "---\n"] {
-            assert_eq!(
-                parse_sandbox(Path::new("p"), text).unwrap(),
-                SandboxFile::default(),
-                "{text:?}"
-            );
+            assert_eq!(parse_sandbox(Path::new("p"), text).unwrap(), SandboxFile::default(), "{text:?}");
         }
-        assert_eq!(
-            parse_sandbox(Path::new("p"), "rules: []\n").unwrap(),
-            SandboxFile::default()
-        );
+        assert_eq!(parse_sandbox(Path::new("p"), "rules: []\n").unwrap(), SandboxFile::default());
     }
 
     /// Both readers, and whether the fast one answered.
@@ -568,74 +542,36 @@ rules:
     }
 
     fn global_err(text: &str) -> String {
-        parse_global(Path::new("/c/policies.yaml"), text)
-            .unwrap_err()
-            .to_string()
+        parse_global(Path::new("/c/policies.yaml"), text).unwrap_err().to_string()
     }
 
     #[test]
     fn bad_resource_names_file_and_line() {
         let text = GOOD.replace("API.Anthropic.com.", "a..b");
         let msg = global_err(&text);
-        assert!(
-            msg.starts_with("`/c/policies.yaml` line 7, column "),
-            "{msg}"
-        );
+        assert!(msg.starts_with("`/c/policies.yaml` line 7, column "), "{msg}");
         assert!(msg.contains("`a..b` has an empty label"), "{msg}");
 
         let text = GOOD.replace("\"[2001:db8::/32]:443\"", "10.0.0.1/8");
         let msg = global_err(&text);
-        assert!(
-            msg.starts_with("`/c/policies.yaml` line 13, column "),
-            "{msg}"
-        );
-        assert!(
-            msg.contains("`10.0.0.1/8` has host bits set (the network is `10.0.0.0/8`)"),
-            "{msg}"
-        );
+        assert!(msg.starts_with("`/c/policies.yaml` line 13, column "), "{msg}");
+        assert!(msg.contains("`10.0.0.1/8` has host bits set (the network is `10.0.0.0/8`)"), "{msg}");
     }
 
     #[test]
     fn other_malformed_files_name_the_line() {
         let cases = [
+            (GOOD.replace("decision: deny", "decision: maybe"), 11, "unknown variant `maybe`"),
             (
-                GOOD.replace("decision: deny", "decision: maybe"),
-                11,
-                "unknown variant `maybe`",
-            ),
-            (
-                GOOD.replace(
-                    "type: network\n    resource: \"",
-                    "type: file\n    resource: \"",
-                ),
+                GOOD.replace("type: network\n    resource: \"", "type: file\n    resource: \""),
                 12,
                 "unknown variant `file`",
             ),
-            (
-                GOOD.replace("2025-06-01T12:00:00Z", "yesterday"),
-                8,
-                "created_at",
-            ),
-            (
-                GOOD.replace("7c9e6679-7425-40de-944b-e07fc1f90ae7", "not-a-uuid"),
-                4,
-                "UUID",
-            ),
-            (
-                GOOD.replace("source: local", "source: org"),
-                15,
-                "unknown variant `org`",
-            ),
-            (
-                GOOD.replace("    source: preset", "    source: preset\n    comment: hi"),
-                10,
-                "unknown field `comment`",
-            ),
-            (
-                GOOD.replace("default: deny\n", ""),
-                1,
-                "missing field `default`",
-            ),
+            (GOOD.replace("2025-06-01T12:00:00Z", "yesterday"), 8, "created_at"),
+            (GOOD.replace("7c9e6679-7425-40de-944b-e07fc1f90ae7", "not-a-uuid"), 4, "UUID"),
+            (GOOD.replace("source: local", "source: org"), 15, "unknown variant `org`"),
+            (GOOD.replace("    source: preset", "    source: preset\n    comment: hi"), 10, "unknown field `comment`"),
+            (GOOD.replace("default: deny\n", ""), 1, "missing field `default`"),
             (format!("{GOOD}  - [\n"), 16, "expected struct Rule"),
         ];
         for (text, line, needle) in cases {

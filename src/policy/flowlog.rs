@@ -35,8 +35,7 @@ pub fn tail(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Valu
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("could not open `{}`", path.display())),
     };
-    let t = tail_from(file, limit, sandbox)
-        .with_context(|| format!("could not read `{}`", path.display()))?;
+    let t = tail_from(file, limit, sandbox).with_context(|| format!("could not read `{}`", path.display()))?;
     if t.malformed > 0 {
         tracing::warn!(path = %path.display(), skipped = t.malformed, "skipped malformed lines in the flow log");
     }
@@ -44,11 +43,7 @@ pub fn tail(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Valu
 }
 
 /// [`tail`] over any seekable reader.
-pub fn tail_from<R: Read + Seek>(
-    mut r: R,
-    limit: usize,
-    sandbox: Option<&str>,
-) -> io::Result<Tail> {
+pub fn tail_from<R: Read + Seek>(mut r: R, limit: usize, sandbox: Option<&str>) -> io::Result<Tail> {
     let mut out = Tail::default();
     if limit == 0 {
         return Ok(out);
@@ -140,34 +135,19 @@ mod tests {
     }
 
     fn hosts(v: &[Value]) -> Vec<String> {
-        v.iter()
-            .map(|f| f["host"].as_str().unwrap().to_owned())
-            .collect()
+        v.iter().map(|f| f["host"].as_str().unwrap().to_owned()).collect()
     }
 
     #[test]
     fn last_lines_oldest_first() {
         let text: String = (0..10).map(|i| flow(i, "a") + "\n").collect();
         let t = tail_from(Cursor::new(text.as_bytes()), 3, None).unwrap();
-        assert_eq!(
-            hosts(&t.flows),
-            ["h7.example.com", "h8.example.com", "h9.example.com"]
-        );
+        assert_eq!(hosts(&t.flows), ["h7.example.com", "h8.example.com", "h9.example.com"]);
         let t = tail_from(Cursor::new(text.as_bytes()), 100, None).unwrap();
         assert_eq!(t.flows.len(), 10);
         assert_eq!(t.flows[0]["host"], "h0.example.com");
-        assert!(
-            tail_from(Cursor::new(text.as_bytes()), 0, None)
-                .unwrap()
-                .flows
-                .is_empty()
-        );
-        assert!(
-            tail_from(Cursor::new(b"".as_slice()), 5, None)
-                .unwrap()
-                .flows
-                .is_empty()
-        );
+        assert!(tail_from(Cursor::new(text.as_bytes()), 0, None).unwrap().flows.is_empty());
+        assert!(tail_from(Cursor::new(b"".as_slice()), 5, None).unwrap().flows.is_empty());
     }
 
     #[test]
@@ -189,10 +169,7 @@ mod tests {
             }
         }
         let t = tail_from(Cursor::new(text.as_bytes()), 3, Some("odd")).unwrap();
-        assert_eq!(
-            hosts(&t.flows),
-            ["h15.example.com", "h17.example.com", "h19.example.com"]
-        );
+        assert_eq!(hosts(&t.flows), ["h15.example.com", "h17.example.com", "h19.example.com"]);
         assert_eq!(t.malformed, 2, "only the lines looked at are counted");
         let t = tail_from(Cursor::new(text.as_bytes()), 100, Some("none")).unwrap();
         assert!(t.flows.is_empty());
@@ -205,16 +182,13 @@ mod tests {
         // than a chunk.
         let mut lines = Vec::new();
         for i in 0..400 {
-            let pad =
-                "x".repeat((i * 7919) % (CHUNK / 20) + if i % 97 == 0 { CHUNK * 2 } else { 0 });
+            let pad = "x".repeat((i * 7919) % (CHUNK / 20) + if i % 97 == 0 { CHUNK * 2 } else { 0 });
             lines.push(format!(r#"{{"sandbox":"s","host":"h{i}","pad":"{pad}"}}"#));
         }
         let text = lines.join("\n") + "\n";
         for limit in [1, 2, 50, 399, 400, 1000] {
             let t = tail_from(Cursor::new(text.as_bytes()), limit, None).unwrap();
-            let want: Vec<String> = (400usize.saturating_sub(limit)..400)
-                .map(|i| format!("h{i}"))
-                .collect();
+            let want: Vec<String> = (400usize.saturating_sub(limit)..400).map(|i| format!("h{i}")).collect();
             assert_eq!(hosts(&t.flows), want, "limit {limit}");
             assert_eq!(t.malformed, 0);
         }
@@ -228,10 +202,7 @@ mod tests {
         text += &flow(1, "s");
         text.push('\n');
         assert!(text.len() > 50 * 1024 * 1024);
-        let mut r = Counting {
-            inner: Cursor::new(text.as_bytes()),
-            read: 0,
-        };
+        let mut r = Counting { inner: Cursor::new(text.as_bytes()), read: 0 };
         let t = tail_from(&mut r, 10, Some("s")).unwrap();
         assert_eq!(t.flows.len(), 10);
         assert_eq!(t.flows[9]["host"], "h1.example.com");

@@ -55,16 +55,7 @@ pub(crate) const BALANCED: &[(&str, &[&str])] = &[
             "repo1.maven.org",
         ],
     ),
-    (
-        "code hosts",
-        &[
-            "github.com",
-            "**.github.com",
-            "*.githubusercontent.com",
-            "gitlab.com",
-            "bitbucket.org",
-        ],
-    ),
+    ("code hosts", &["github.com", "**.github.com", "*.githubusercontent.com", "gitlab.com", "bitbucket.org"]),
     (
         "OS mirrors",
         &[
@@ -131,11 +122,9 @@ mod tests {
 
     #[test]
     fn names() {
-        for (p, name) in [
-            (Preset::AllowAll, "allow-all"),
-            (Preset::Balanced, "balanced"),
-            (Preset::DenyAll, "deny-all"),
-        ] {
+        for (p, name) in
+            [(Preset::AllowAll, "allow-all"), (Preset::Balanced, "balanced"), (Preset::DenyAll, "deny-all")]
+        {
             assert_eq!(p.to_string(), name);
             assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{name}\""));
             assert_eq!(Preset::from_str(name, false).unwrap(), p);
@@ -150,11 +139,7 @@ mod tests {
         assert!(Preset::AllowAll.rules().is_empty());
         assert!(Preset::DenyAll.rules().is_empty());
         let rules = Preset::Balanced.rules();
-        assert!(
-            rules
-                .iter()
-                .all(|r| r.decision == Verdict::Allow && r.source == Source::Preset)
-        );
+        assert!(rules.iter().all(|r| r.decision == Verdict::Allow && r.source == Source::Preset));
         let mut ids: Vec<_> = rules.iter().map(|r| r.id).collect();
         ids.dedup();
         assert_eq!(ids.len(), rules.len());
@@ -181,23 +166,10 @@ mod tests {
             "deb.debian.org",
         ];
         for h in allowed {
-            assert_eq!(
-                e.decide(None, Some(h), None, 443).verdict,
-                Verdict::Allow,
-                "{h}"
-            );
+            assert_eq!(e.decide(None, Some(h), None, 443).verdict, Verdict::Allow, "{h}");
         }
-        for h in [
-            "example.com",
-            "evil-github.com",
-            "a.b.githubusercontent.com",
-            "169.254.169.254",
-        ] {
-            assert_eq!(
-                e.decide(None, Some(h), None, 443).verdict,
-                Verdict::Deny,
-                "{h}"
-            );
+        for h in ["example.com", "evil-github.com", "a.b.githubusercontent.com", "169.254.169.254"] {
+            assert_eq!(e.decide(None, Some(h), None, 443).verdict, Verdict::Deny, "{h}");
         }
     }
 }

@@ -34,34 +34,21 @@ impl Target {
         if s.chars().any(char::is_whitespace) {
             return Err(err(format!("`{}` contains whitespace", s.escape_debug())));
         }
-        let ip_only = |ip: IpAddr, port| Target {
-            host: None,
-            ip: Some(ip.to_canonical()),
-            port,
-        };
+        let ip_only = |ip: IpAddr, port| Target { host: None, ip: Some(ip.to_canonical()), port };
         if let Some(rest) = s.strip_prefix('[') {
-            let (inner, after) = rest
-                .split_once(']')
-                .ok_or_else(|| err(format!("`{s}` has no closing `]`")))?;
-            let ip: std::net::Ipv6Addr = inner
-                .parse()
-                .map_err(|_| err(format!("`{inner}` is not a valid IPv6 address")))?;
+            let (inner, after) = rest.split_once(']').ok_or_else(|| err(format!("`{s}` has no closing `]`")))?;
+            let ip: std::net::Ipv6Addr =
+                inner.parse().map_err(|_| err(format!("`{inner}` is not a valid IPv6 address")))?;
             let port = match after {
                 "" => DEFAULT_PORT,
-                _ => port(
-                    s,
-                    after
-                        .strip_prefix(':')
-                        .ok_or_else(|| err(format!("`{s}` has text after `]`")))?,
-                )?,
+                _ => port(s, after.strip_prefix(':').ok_or_else(|| err(format!("`{s}` has text after `]`")))?)?,
             };
             return Ok(ip_only(IpAddr::V6(ip), port));
         }
         if s.bytes().filter(|&b| b == b':').count() > 1 {
             let ip: std::net::Ipv6Addr = s.parse().map_err(|_| {
-                err(format!("`{s}` is not a valid IPv6 address")).with_hint(
-                    "an IPv6 address with a port is written in brackets, e.g. `[2001:db8::1]:443`",
-                )
+                err(format!("`{s}` is not a valid IPv6 address"))
+                    .with_hint("an IPv6 address with a port is written in brackets, e.g. `[2001:db8::1]:443`")
             })?;
             return Ok(ip_only(IpAddr::V6(ip), DEFAULT_PORT));
         }
@@ -73,9 +60,8 @@ impl Target {
             return Err(err(format!("`{s}` has no host")));
         }
         if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-            let ip: std::net::Ipv4Addr = host
-                .parse()
-                .map_err(|_| err(format!("`{host}` is not a valid IPv4 address")))?;
+            let ip: std::net::Ipv4Addr =
+                host.parse().map_err(|_| err(format!("`{host}` is not a valid IPv4 address")))?;
             return Ok(ip_only(IpAddr::V4(ip), port));
         }
         // A target is a concrete host: reuse the resource grammar's checks
@@ -90,11 +76,7 @@ impl Target {
         if r.kind() != super::ResourceKind::Host {
             return Err(err(format!("`{s}` is not a host or an address")));
         }
-        Ok(Target {
-            host: Some(r.to_string()),
-            ip: None,
-            port,
-        })
+        Ok(Target { host: Some(r.to_string()), ip: None, port })
     }
 }
 
@@ -103,12 +85,9 @@ fn port(orig: &str, p: &str) -> Result<u16, ResourceError> {
         return Err(err(format!("`{orig}` has an empty port")));
     }
     match p.parse::<u32>() {
-        _ if !p.bytes().all(|b| b.is_ascii_digit()) => {
-            Err(err(format!("port `{p}` in `{orig}` is not a number")))
-        }
+        _ if !p.bytes().all(|b| b.is_ascii_digit()) => Err(err(format!("port `{p}` in `{orig}` is not a number"))),
         Ok(n @ 1..=65535) => Ok(u16::try_from(n).expect("range checked")),
-        _ => Err(err(format!("port `{p}` in `{orig}` is out of range"))
-            .with_hint("ports run from 1 to 65535")),
+        _ => Err(err(format!("port `{p}` in `{orig}` is out of range")).with_hint("ports run from 1 to 65535")),
     }
 }
 
@@ -133,16 +112,8 @@ mod tests {
 
     #[test]
     fn forms() {
-        let host = |h: &str, port| Target {
-            host: Some(h.into()),
-            ip: None,
-            port,
-        };
-        let ip = |a: &str, port| Target {
-            host: None,
-            ip: Some(a.parse().unwrap()),
-            port,
-        };
+        let host = |h: &str, port| Target { host: Some(h.into()), ip: None, port };
+        let ip = |a: &str, port| Target { host: None, ip: Some(a.parse().unwrap()), port };
         assert_eq!(t("Example.COM."), host("example.com", 443));
         assert_eq!(t("example.com:80"), host("example.com", 80));
         assert_eq!(t("localhost"), host("localhost", 443));
@@ -162,24 +133,15 @@ mod tests {
             ("", "target is empty"),
             ("a b", "`a b` contains whitespace"),
             ("example.com:", "`example.com:` has an empty port"),
-            (
-                "example.com:0",
-                "port `0` in `example.com:0` is out of range",
-            ),
-            (
-                "example.com:x",
-                "port `x` in `example.com:x` is not a number",
-            ),
+            ("example.com:0", "port `0` in `example.com:0` is out of range"),
+            ("example.com:x", "port `x` in `example.com:x` is not a number"),
             ("a..b:80", "`a..b:80` has an empty label"),
             ("*.example.com", "`*.example.com` is a pattern, not a host"),
             ("1.2.3.999", "`1.2.3.999` is not a valid IPv4 address"),
             ("[::1", "`[::1` has no closing `]`"),
             ("[zz::1]:80", "`zz::1` is not a valid IPv6 address"),
             ("[::1]x", "`[::1]x` has text after `]`"),
-            (
-                "2001:db8::1::2",
-                "`2001:db8::1::2` is not a valid IPv6 address",
-            ),
+            ("2001:db8::1::2", "`2001:db8::1::2` is not a valid IPv6 address"),
             (":80", "`:80` has no host"),
             ("10.0.0.0/8", "`10.0.0.0/8` is not a host or an address"),
             ("**", "`**` is a pattern, not a host"),
