@@ -315,6 +315,7 @@ fn log_reads_the_tail() {
     assert_eq!(ok(&mut w.ppp(["policy", "log", "--limit", "3", "-q"])), "h497.example\nh498.example\nh499.example\n");
     assert_eq!(ok(&mut w.ppp(["policy", "log", "blue", "--limit", "2", "-q"])), "h497.example\nh499.example\n");
     let json = ok(&mut w.ppp(["policy", "log", "red", "--limit", "1", "--json"]));
+    assert!(json.starts_with("{\"sandbox\":\"red\",\"timestamp\":"), "keys keep the proxy's order: {json}");
     let v: Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(v["host"], "h498.example");
     let table = ok(&mut w.ppp(["policy", "log", "--limit", "1"]));

@@ -127,6 +127,10 @@ impl Resource {
         if let Some(c) = s.chars().find(|c| c.is_control()) {
             return Err(err(format!("`{}` contains control character `{}`", s.escape_debug(), c.escape_debug())));
         }
+        if let Some((scheme, _)) = s.split_once("://") {
+            return Err(err(format!("`{s}` is a URL, not a resource"))
+                .with_hint(format!("drop `{scheme}://` and any path: a rule names a host, address or network")));
+        }
         if let Some(r) = parse_bracketed(s)? {
             return Ok(r);
         }
@@ -228,6 +232,12 @@ fn parse_regex(s: &str) -> Result<Resource> {
     let (src, port) = match s.rfind(':') {
         Some(i) if s[i + 1..].bytes().all(|b| b.is_ascii_digit()) && !escaped(s, i) => {
             (&s[..i], Some(parse_port(s, &s[i + 1..])?))
+        }
+        // `example.com:+80` has a regex metacharacter only because the port
+        // is mistyped; reading it as a regex would add a rule that never
+        // matches anything.
+        Some(i) if !escaped(s, i) && s[i + 1..].trim_start_matches(['+', '-']).bytes().all(|b| b.is_ascii_digit()) => {
+            return Err(err(format!("port `{}` in `{s}` is not a number", &s[i + 1..])));
         }
         _ => (s, None),
     };
@@ -557,6 +567,8 @@ mod tests {
             ("example.com\n", "`example.com\\n` contains whitespace"),
             ("example.com:", "`example.com:` has an empty port"),
             ("example.com:0", "port `0` in `example.com:0` is out of range"),
+            ("example.com:+80", "port `+80` in `example.com:+80` is not a number"),
+            ("https://example.com/x", "`https://example.com/x` is a URL, not a resource"),
             ("example.com:65536", "port `65536` in `example.com:65536` is out of range"),
             ("example.com:99999999999", "port `99999999999` in `example.com:99999999999` is out of range"),
             ("example.com:https", "port `https` in `example.com:https` is not a number"),

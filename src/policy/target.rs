@@ -34,6 +34,10 @@ impl Target {
         if s.chars().any(char::is_whitespace) {
             return Err(err(format!("`{}` contains whitespace", s.escape_debug())));
         }
+        if let Some((scheme, _)) = s.split_once("://") {
+            return Err(err(format!("`{s}` is a URL, not a target"))
+                .with_hint(format!("drop `{scheme}://` and any path, e.g. `example.com` or `example.com:8080`")));
+        }
         let ip_only = |ip: IpAddr, port| Target { host: None, ip: Some(ip.to_canonical()), port };
         if let Some(rest) = s.strip_prefix('[') {
             let (inner, after) = rest.split_once(']').ok_or_else(|| err(format!("`{s}` has no closing `]`")))?;
@@ -135,6 +139,7 @@ mod tests {
             ("example.com:", "`example.com:` has an empty port"),
             ("example.com:0", "port `0` in `example.com:0` is out of range"),
             ("example.com:x", "port `x` in `example.com:x` is not a number"),
+            ("http://x.com", "`http://x.com` is a URL, not a target"),
             ("a..b:80", "`a..b:80` has an empty label"),
             ("*.example.com", "`*.example.com` is a pattern, not a host"),
             ("1.2.3.999", "`1.2.3.999` is not a valid IPv4 address"),
