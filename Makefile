@@ -20,9 +20,9 @@ PPP_TEST_VENV ?= $(CURDIR)/target/test-venv
 PPP_TEST_MITMDUMP ?= $(PPP_TEST_VENV)/bin/mitmdump
 export PPP_TEST_VENV PPP_TEST_MITMDUMP
 
-SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh) .ci/run
+SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh fuzz/*.sh) .ci/run
 
-.PHONY: help build install test-deps test check check-versions lint clippy fmt fmt-check bench clean
+.PHONY: help build install test-deps test check check-versions lint clippy fmt fmt-check bench fuzz clean
 
 help:
 	@echo 'make build       release build (cargo build --release --locked)'
@@ -30,7 +30,8 @@ help:
 	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
 	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
 	@echo 'make check       fmt-check, clippy -D warnings, lint, then test'
-	@echo 'make bench       criterion benchmarks'
+	@echo 'make bench       criterion benchmarks and bench/cli.sh (hyperfine)'
+	@echo 'make fuzz        run each cargo-fuzz target for FUZZ_SECONDS (default 60)'
 	@echo 'make fmt         cargo fmt'
 	@echo 'make clean       cargo clean (this also removes the default test venv in target/)'
 
@@ -68,6 +69,11 @@ check: fmt-check clippy lint test
 
 bench:
 	$(CARGO) bench --locked
+	bench/cli.sh
+
+FUZZ_SECONDS ?= 60
+fuzz:
+	fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
 	$(CARGO) clean

@@ -9,6 +9,10 @@ set -euo pipefail
 secs=${1:-60}
 cd "$(dirname "$0")/.."
 export RUSTC_BOOTSTRAP=1
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "== installing cargo-fuzz from crates.io" >&2
+  cargo install cargo-fuzz --locked
+fi
 for target in resource_parse policy_yaml; do
   mkdir -p "fuzz/corpus/$target"
   echo "== $target for ${secs}s"
