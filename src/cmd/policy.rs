@@ -93,6 +93,15 @@ fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A usage error (exit 2) worded `msg`, carrying the parser's hint.
+fn bad_input(msg: String, e: &policy::ResourceError) -> anyhow::Error {
+    let f = fail(msg).code(2);
+    match e.hint() {
+        Some(h) => f.hint(h).into(),
+        None => f.into(),
+    }
+}
+
 /// Parse every comma-separated resource before touching anything, so one
 /// bad item adds nothing.
 fn parse_resources(list: &str) -> Result<Vec<Resource>> {
@@ -104,11 +113,7 @@ fn parse_resources(list: &str) -> Result<Vec<Resource>> {
             } else {
                 e.message().to_owned()
             };
-            let f = fail(msg).code(2);
-            anyhow::Error::from(match e.hint() {
-                Some(h) => f.hint(h),
-                None => f,
-            })
+            bad_input(msg, &e)
         })?;
         out.push(r);
     }
@@ -207,13 +212,7 @@ struct MatchedJson {
 }
 
 fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<ExitCode> {
-    let t = Target::parse(target).map_err(|e| {
-        let f = fail(format!("invalid target: {}", e.message())).code(2);
-        anyhow::Error::from(match e.hint() {
-            Some(h) => f.hint(h),
-            None => f,
-        })
-    })?;
+    let t = Target::parse(target).map_err(|e| bad_input(format!("invalid target: {}", e.message()), &e))?;
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
