@@ -1,6 +1,10 @@
 //! The host proxy: one mitmdump in WireGuard mode supervised by the ppp
-//! daemon. This part holds the client side of the daemon's control socket,
-//! which state-changing commands use to ask for a reload.
+//! daemon. [`socket`] is the daemon's side of `$PPP_DATA/secret.sock`,
+//! [`protocol`] its wire format; this file holds the client side that
+//! state-changing commands use to ask for a reload.
+
+pub mod protocol;
+pub mod socket;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -37,9 +41,10 @@ pub fn notify_reload(dirs: &Dirs) -> Reload {
         BufReader::new(&stream).read_line(&mut line)?;
         Ok(line)
     };
-    match attempt() {
-        Ok(line) if line.contains("\"ok\":true") || line.contains("\"ok\": true") => Reload::Done,
-        Ok(line) => Reload::Failed(format!("the daemon answered `{}`", line.trim())),
+    match attempt().map(|line| (protocol::Response::parse(&line), line)) {
+        Ok((Ok((r, _)), _)) if r.is_ok() => Reload::Done,
+        Ok((Ok((protocol::Response::Error { detail: Some(d), .. }, _)), _)) => Reload::Failed(d),
+        Ok((_, line)) => Reload::Failed(format!("the daemon answered `{}`", line.trim())),
         Err(e) => Reload::Failed(e.to_string()),
     }
 }

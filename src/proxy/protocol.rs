@@ -1,0 +1,373 @@
+//! The wire format of the daemon's socket (`$PPP_DATA/secret.sock`): one
+//! JSON object per line each way, a request with an `"op"`, a reply with
+//! `"ok"`. Pure: no I/O, so the server ([`super::socket`]), the CLI's
+//! reload client and tests all share these types. See
+//! `docs/adr/0007-daemon-socket-protocol.md` for the operations.
+//!
+//! A request may carry an `"id"` (any JSON value); the reply echoes it, so a
+//! client that pipelines requests on one persistent connection can match
+//! replies without relying on order (they do come back in order).
+//!
+//! Secret values travel as [`Value`], so a `Debug` of a reply never prints
+//! one; the only place they become text is the serializer here.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{Scope, Source, Verdict};
+use crate::secret::Value;
+
+/// The longest request line the server reads, newline excluded. Requests
+/// are a few hundred bytes; the bound keeps a runaway client from making the
+/// daemon buffer without limit.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// One request, by its `"op"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    /// The header to inject for `service`, or with no (or an empty) service,
+    /// the custom substitutions for `host`.
+    Secret {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        host: String,
+    },
+    /// Evaluate a flow against the policy.
+    Decide {
+        #[serde(default)]
+        sandbox: Option<String>,
+        #[serde(default)]
+        host: Option<String>,
+        #[serde(default)]
+        ip: Option<IpAddr>,
+        port: u16,
+        /// What the addon saw; informational, rules match on host, ip and port.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        protocol: Option<Protocol>,
+    },
+    /// The current reload generation.
+    Generation,
+    /// Re-read the policy files and bump the generation.
+    Reload,
+}
+
+/// The layer a decision was asked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Dns,
+    Http,
+    Tls,
+}
+
+/// Why a request failed: the `"reason"` of an `"ok": false` reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    /// No secret for this service, sandbox and host.
+    NoSecret,
+    /// The store holding the secret cannot be read now (keychain locked or
+    /// unreachable, age file undecryptable).
+    Locked,
+    /// The line is not JSON, or not a known request.
+    BadRequest,
+    /// The line exceeds [`MAX_LINE`]; the server closes the connection.
+    TooLarge,
+    /// A reload found a malformed policy file; the old policy stays.
+    BadPolicy,
+    /// The peer runs as another user; the server closes the connection.
+    Forbidden,
+    /// Anything else went wrong inside the daemon.
+    Internal,
+    /// A reason this version does not know (a newer daemon).
+    #[serde(other)]
+    Unknown,
+}
+
+/// One custom secret to substitute, in a `secret` reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Substitution {
+    pub placeholder: String,
+    #[serde(with = "exposed")]
+    pub value: Value,
+}
+
+/// The rule that decided, in a `decide` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatchedRule {
+    pub id: String,
+    pub decision: Verdict,
+    pub resource: String,
+    pub scope: Scope,
+    pub source: Source,
+}
+
+/// A `decide` reply's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub matched_rule: Option<MatchedRule>,
+    pub default_used: bool,
+    /// The generation of the policy that decided; cache until it changes.
+    pub generation: u64,
+}
+
+/// A reply, without its optional echoed id.
+#[derive(Debug, Clone)]
+pub enum Response {
+    /// `secret` with a service: inject `header: value`.
+    Header { header: String, value: Value },
+    /// `secret` without a service: replace each placeholder.
+    Substitutions(Vec<Substitution>),
+    /// `decide`.
+    Decision(Decision),
+    /// `generation` and `reload`.
+    Generation(u64),
+    /// `{"ok":true}` and nothing else: what a bare acknowledgement (an older
+    /// or stand-in daemon) sends.
+    Ack,
+    /// `{"ok":false,…}`.
+    Error { reason: Reason, detail: Option<String> },
+}
+
+impl Response {
+    /// An error reply with a detail.
+    pub fn error(reason: Reason, detail: impl Into<String>) -> Response {
+        Response::Error { reason, detail: Some(detail.into()) }
+    }
+
+    /// True for every reply but [`Response::Error`].
+    pub fn is_ok(&self) -> bool {
+        !matches!(self, Response::Error { .. })
+    }
+
+    /// The reply as one line, newline included. `id` is echoed when given.
+    pub fn to_line(&self, id: Option<&serde_json::Value>) -> String {
+        let mut w = Wire { ok: self.is_ok(), id: id.cloned(), ..Wire::default() };
+        match self {
+            Response::Header { header, value } => {
+                w.header = Some(header.clone());
+                w.value = Some(value.clone());
+            }
+            Response::Substitutions(s) => w.substitutions = Some(s.clone()),
+            Response::Decision(d) => {
+                w.verdict = Some(d.verdict);
+                w.matched_rule = Some(d.matched_rule.clone());
+                w.default_used = Some(d.default_used);
+                w.generation = Some(d.generation);
+            }
+            Response::Generation(g) => w.generation = Some(*g),
+            Response::Ack => {}
+            Response::Error { reason, detail } => {
+                w.reason = Some(*reason);
+                w.detail.clone_from(detail);
+            }
+        }
+        // Only strings, numbers and enums: serializing cannot fail.
+        let mut line = serde_json::to_string(&w).unwrap_or_else(|_| r#"{"ok":false,"reason":"internal"}"#.to_owned());
+        line.push('\n');
+        line
+    }
+
+    /// Parse a reply line (client side). Returns the reply and its echoed id.
+    pub fn parse(line: &str) -> Result<(Response, Option<serde_json::Value>), serde_json::Error> {
+        let w: Wire = serde_json::from_str(line)?;
+        let id = w.id;
+        let r = if !w.ok {
+            Response::Error { reason: w.reason.unwrap_or(Reason::Unknown), detail: w.detail }
+        } else if let (Some(header), Some(value)) = (w.header, w.value) {
+            Response::Header { header, value }
+        } else if let Some(s) = w.substitutions {
+            Response::Substitutions(s)
+        } else if let (Some(verdict), Some(generation)) = (w.verdict, w.generation) {
+            Response::Decision(Decision {
+                verdict,
+                matched_rule: w.matched_rule.flatten(),
+                default_used: w.default_used.unwrap_or(false),
+                generation,
+            })
+        } else if let Some(g) = w.generation {
+            Response::Generation(g)
+        } else {
+            Response::Ack
+        };
+        Ok((r, id))
+    }
+}
+
+/// Split a request line into its optional `"id"` and the request. The id
+/// is returned even when the request is bad, so the error reply carries it.
+pub fn parse_request(line: &[u8]) -> (Option<serde_json::Value>, Result<Request, serde_json::Error>) {
+    let mut map = match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(line) {
+        Ok(m) => m,
+        Err(e) => return (None, Err(e)),
+    };
+    let id = map.remove("id");
+    (id, serde_json::from_value(serde_json::Value::Object(map)))
+}
+
+/// Every field any reply has, for (de)serializing the flat JSON object.
+// `matched_rule` has three states on the wire: absent (not a decision),
+// `null` (the default decided) and a rule.
+#[allow(clippy::option_option)]
+#[derive(Default, Serialize, Deserialize)]
+struct Wire {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "exposed_opt")]
+    value: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    substitutions: Option<Vec<Substitution>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verdict: Option<Verdict>,
+    // Outer option: field present; inner: `null` when the default decided.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    matched_rule: Option<Option<MatchedRule>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    default_used: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<serde_json::Value>,
+}
+
+#[allow(clippy::option_option)]
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<MatchedRule>>, D::Error> {
+    Option::<MatchedRule>::deserialize(d).map(Some)
+}
+
+/// The one place a secret becomes reply text.
+mod exposed {
+    use super::Value;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Value, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.expose())
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+        String::deserialize(d).map(Value::new)
+    }
+}
+
+mod exposed_opt {
+    use super::Value;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[allow(clippy::ref_option)] // serde's `with` passes `&Option<T>`.
+    pub(super) fn serialize<S: Serializer>(v: &Option<Value>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_str(v.expose()),
+            None => s.serialize_none(),
+        }
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+        Option::<String>::deserialize(d).map(|o| o.map(Value::new))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(line: &str) -> Result<Request, String> {
+        parse_request(line.as_bytes()).1.map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(req(r#"{"op":"reload"}"#).unwrap(), Request::Reload);
+        assert_eq!(req(r#"{"op":"generation"}"#).unwrap(), Request::Generation);
+        assert_eq!(
+            req(r#"{"op":"secret","service":"anthropic","sandbox":"red-fox","host":"api.anthropic.com"}"#).unwrap(),
+            Request::Secret {
+                service: Some("anthropic".into()),
+                sandbox: Some("red-fox".into()),
+                host: "api.anthropic.com".into()
+            }
+        );
+        assert_eq!(
+            req(r#"{"op":"decide","sandbox":"red-fox","host":null,"ip":"1.2.3.4","port":443,"protocol":"tls"}"#)
+                .unwrap(),
+            Request::Decide {
+                sandbox: Some("red-fox".into()),
+                host: None,
+                ip: Some("1.2.3.4".parse().unwrap()),
+                port: 443,
+                protocol: Some(Protocol::Tls)
+            }
+        );
+        let (id, r) = parse_request(br#"{"id":7,"op":"generation"}"#);
+        assert_eq!((id, r.unwrap()), (Some(serde_json::json!(7)), Request::Generation));
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        for bad in [
+            "",
+            "{",
+            "[]",
+            r#"{"op":"fly"}"#,
+            r#"{"service":"x","host":"h"}"#,
+            r#"{"op":"decide","port":70000}"#,
+            r#"{"op":"decide","port":1,"ip":"1.2.3"}"#,
+            r#"{"op":"decide","port":1,"protocol":"sctp"}"#,
+            r#"{"op":"secret","host":"h","hots":1}"#,
+            r#"{"op":"secret","service":"x"}"#,
+        ] {
+            assert!(req(bad).is_err(), "{bad}");
+        }
+        let (id, r) = parse_request(br#"{"id":"a","op":"fly"}"#);
+        assert_eq!(id, Some(serde_json::json!("a")));
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn replies_round_trip_and_redact() {
+        let r = Response::Header { header: "x-api-key".into(), value: Value::new("sk-secret".into()) };
+        let line = r.to_line(None);
+        assert_eq!(line, "{\"ok\":true,\"header\":\"x-api-key\",\"value\":\"sk-secret\"}\n");
+        assert!(!format!("{r:?}").contains("sk-secret"));
+        let (back, id) = Response::parse(&line).unwrap();
+        assert!(id.is_none());
+        assert!(
+            matches!(back, Response::Header { ref header, ref value } if header == "x-api-key" && value.expose() == "sk-secret")
+        );
+
+        let d = Response::Decision(Decision {
+            verdict: Verdict::Deny,
+            matched_rule: None,
+            default_used: true,
+            generation: 3,
+        });
+        let line = d.to_line(Some(&serde_json::json!(1)));
+        assert_eq!(
+            line,
+            "{\"ok\":true,\"verdict\":\"deny\",\"matched_rule\":null,\"default_used\":true,\"generation\":3,\"id\":1}\n"
+        );
+        assert!(
+            matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.generation == 3 && x.matched_rule.is_none())
+        );
+
+        let e = Response::Error { reason: Reason::NoSecret, detail: None };
+        assert_eq!(e.to_line(None), "{\"ok\":false,\"reason\":\"no-secret\"}\n");
+        assert_eq!(Response::Generation(4).to_line(None), "{\"ok\":true,\"generation\":4}\n");
+        assert!(matches!(Response::parse("{\"ok\":true}").unwrap().0, Response::Ack));
+        assert!(matches!(
+            Response::parse(r#"{"ok":false,"reason":"from-the-future"}"#).unwrap().0,
+            Response::Error { reason: Reason::Unknown, .. }
+        ));
+        let s = Response::Substitutions(vec![Substitution { placeholder: "P".into(), value: Value::new("v".into()) }]);
+        assert_eq!(s.to_line(None), "{\"ok\":true,\"substitutions\":[{\"placeholder\":\"P\",\"value\":\"v\"}]}\n");
+    }
+}

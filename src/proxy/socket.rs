@@ -1,0 +1,520 @@
+//! The daemon's socket server: `$PPP_DATA/secret.sock`, which the mitmproxy
+//! addon asks for policy decisions and for the headers to inject, and which
+//! CLI commands ask to reload. Owns binding the socket safely, checking the
+//! peer, framing, and the policy engine the daemon answers with
+//! ([`State`]). The wire types live in [`super::protocol`]; the secrets
+//! themselves in [`crate::secret::Store`], read on every request.
+//!
+//! It must never let a bad client take it down: every failure on one
+//! connection ends at most that connection, and is never a panic. It must
+//! never log or echo a secret value.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::task::JoinSet;
+
+use super::protocol::{self, MAX_LINE, MatchedRule, Reason, Request, Response};
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::policy::{self, Engine, Verdict};
+use crate::secret::{self, Store};
+
+/// How long a connection may sit without completing a request line. The
+/// addon's persistent connection sends often; one that goes quiet is
+/// reopened on its next request, which costs a fraction of a millisecond.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The policy default when `policies.yaml` does not exist: fail closed
+/// (ADR 0005), as `ppp policy check` does.
+const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
+
+/// `sun_path` in `struct sockaddr_un` is 108 bytes on Linux (104 on macOS)
+/// and holds a NUL-terminated path, so a longer path cannot be bound at all;
+/// std reports that as a bare `InvalidInput`, which says nothing about what
+/// to change.
+const SUN_PATH_MAX: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
+
+/// A bound, private socket, ready for [`serve`].
+#[derive(Debug)]
+pub struct Listener {
+    inner: std::os::unix::net::UnixListener,
+    path: PathBuf,
+    /// The socket file's inode, so cleanup never removes a successor's file.
+    ino: u64,
+}
+
+impl Listener {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Bind `$PPP_DATA/secret.sock` with mode 0600 inside a 0700 `$PPP_DATA`.
+///
+/// Refuses when another server answers on the path; a socket file nobody
+/// answers on is left over from a crash and is replaced. Needs no runtime.
+pub fn bind(dirs: &Dirs) -> Result<Listener> {
+    let path = dirs.secret_socket();
+    let len = path.as_os_str().len();
+    if len > SUN_PATH_MAX {
+        return Err(fail(format!(
+            "the daemon socket path `{}` is {len} bytes, longer than the {SUN_PATH_MAX} a Unix socket path may have",
+            path.display()
+        ))
+        .hint("set `PPP_DATA` to a shorter directory, such as `~/.ppp-data`")
+        .into());
+    }
+    // The directory is made private *before* the socket exists: bind creates
+    // the file with the process umask (typically 0755 → reachable by all),
+    // and the chmod to 0600 below comes after. Inside a 0700 directory that
+    // window is harmless, because nobody else can even reach the path. A
+    // temporary umask would close it too, but umask is process-wide and
+    // would race every other thread creating files.
+    crate::state::tighten_dir(&dirs.data)?;
+    let meta = std::fs::metadata(&dirs.data).with_context(|| format!("could not inspect `{}`", dirs.data.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me || meta.mode() & 0o077 != 0 {
+        return Err(fail(format!(
+            "`{}` must be owned by uid {me} with mode 0700 to hold the daemon socket",
+            dirs.data.display()
+        ))
+        .hint(format!("check `ls -ld {}`", dirs.data.display()))
+        .into());
+    }
+    remove_stale(&path)?;
+    let inner = std::os::unix::net::UnixListener::bind(&path)
+        .with_context(|| format!("could not listen on `{}`", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("could not make `{}` private (mode 0600)", path.display()))?;
+    inner.set_nonblocking(true).context("could not make the daemon socket non-blocking")?;
+    let ino = std::fs::symlink_metadata(&path).map(|m| m.ino()).unwrap_or_default();
+    tracing::debug!("listening on `{}`", path.display());
+    Ok(Listener { inner, path, ino })
+}
+
+/// Remove a socket file left by a daemon that died, but never one a live
+/// server answers on, and never anything that is not a socket.
+fn remove_stale(path: &Path) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("could not inspect `{}`", path.display())),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(fail(format!("`{}` exists and is not a socket", path.display()))
+            .hint("move it away; ppp does not delete files it did not create")
+            .into());
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(fail(format!("another ppp daemon is already serving `{}`", path.display()))
+            .hint("stop it with `ppp daemon stop`, or check it with `ppp daemon status`")
+            .into()),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::debug!("removing the stale socket `{}`", path.display());
+            std::fs::remove_file(path).with_context(|| format!("could not remove stale socket `{}`", path.display()))
+        }
+        Err(e) => Err(e).with_context(|| format!("could not check whether `{}` is in use", path.display())),
+    }
+}
+
+/// The compiled policy and the generation it belongs to, swapped whole.
+#[derive(Debug)]
+struct Snapshot {
+    generation: u64,
+    engine: Arc<Engine>,
+}
+
+/// What the server answers from: the policy engine, shared and swapped on
+/// reload, and the secret store.
+#[derive(Debug)]
+pub struct State {
+    dirs: Dirs,
+    store: Arc<Store>,
+    /// Readers clone the `Arc` and let go at once; a rebuild happens outside
+    /// the lock and only the swap takes it, so a decision never waits for a
+    /// rebuild.
+    snapshot: RwLock<Arc<Snapshot>>,
+    /// Serialises rebuilds so two reloads cannot swap in the wrong order.
+    rebuilding: Mutex<()>,
+    /// Last generation handed out; starts at 1.
+    generation: AtomicU64,
+}
+
+impl State {
+    /// Load the policy files and keep `store`. A malformed policy file is an
+    /// error naming the file and line: a daemon should not start on a policy
+    /// it cannot read.
+    pub fn new(dirs: Dirs, store: Store) -> Result<State> {
+        let engine = load_engine(&dirs)?;
+        Ok(State {
+            dirs,
+            store: Arc::new(store),
+            snapshot: RwLock::new(Arc::new(Snapshot { generation: 1, engine: Arc::new(engine) })),
+            rebuilding: Mutex::new(()),
+            generation: AtomicU64::new(1),
+        })
+    }
+
+    /// The current reload generation.
+    pub fn generation(&self) -> u64 {
+        self.current().generation
+    }
+
+    /// The engine now in use.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.current().engine.clone()
+    }
+
+    fn current(&self) -> Arc<Snapshot> {
+        // A poisoned lock only means a panic elsewhere mid-swap; the Arc
+        // inside is whole either way.
+        self.snapshot.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Re-read the policy files and swap the engine in; returns the new
+    /// generation. On error the old engine stays. Blocking: file I/O and
+    /// compiling can take tens of milliseconds at 10,000 rules.
+    pub fn reload(&self) -> Result<u64> {
+        let _one = self.rebuilding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let engine = Arc::new(load_engine(&self.dirs)?);
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let next = Arc::new(Snapshot { generation, engine });
+        *self.snapshot.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+        Ok(generation)
+    }
+}
+
+/// Build the engine from the global file (absent: deny by default) and every
+/// sandbox directory's `policy.yaml`.
+fn load_engine(dirs: &Dirs) -> Result<Engine> {
+    let (default, global) = match policy::load_global(&dirs.global_policy())? {
+        Some(f) => (f.default, f.rules),
+        None => (DEFAULT_WITHOUT_FILE, Vec::new()),
+    };
+    let mut sandboxes = Vec::new();
+    let root = dirs.sandboxes();
+    let entries = match std::fs::read_dir(&root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Engine::build(default, global, sandboxes),
+        Err(e) => return Err(e).with_context(|| format!("could not list `{}`", root.display())),
+    };
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not list `{}`", root.display()))?;
+        // Sandbox names are ASCII by validation; anything else is not ppp's.
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Some(f) = policy::load_sandbox(&dirs.sandbox_policy(&name))? {
+            sandboxes.push((name, f.rules));
+        }
+    }
+    Engine::build(default, global, sandboxes)
+}
+
+/// Accept and answer connections until `shutdown` completes, then stop
+/// accepting, drop open connections and remove the socket file. Must run
+/// inside a tokio runtime with the time driver.
+pub async fn serve(listener: Listener, state: Arc<State>, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let Listener { inner, path, ino } = listener;
+    let listener = tokio::net::UnixListener::from_std(inner).context("could not register the daemon socket")?;
+    let me = nix::unistd::geteuid().as_raw();
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let state = state.clone();
+                    conns.spawn(async move { connection(stream, state, me).await });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("daemon socket: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            // Reap finished connections so the set does not grow.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.shutdown().await;
+    drop(listener);
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
+        let _ = std::fs::remove_file(&path);
+    }
+    Ok(())
+}
+
+/// One connection: check the peer, then answer one line at a time until the
+/// client closes, goes idle, or breaks the framing.
+async fn connection(stream: UnixStream, state: Arc<State>, me: u32) {
+    let (read, mut write) = stream.into_split();
+    let peer = read.as_ref().peer_cred();
+    match peer {
+        Ok(c) if c.uid() == me => {}
+        other => {
+            let who = match &other {
+                Ok(c) => {
+                    format!("uid {} (pid {})", c.uid(), c.pid().map_or_else(|| "unknown".to_owned(), |p| p.to_string()))
+                }
+                Err(e) => format!("an unidentifiable peer ({e})"),
+            };
+            tracing::warn!("daemon socket: refused a connection from {who}; only uid {me} may connect");
+            let reply = Response::error(Reason::Forbidden, format!("only uid {me} may use this socket"));
+            let _ = write.write_all(reply.to_line(None).as_bytes()).await;
+            return;
+        }
+    }
+    let mut reader = BufReader::new(read);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let line = match tokio::time::timeout(IDLE_TIMEOUT, read_line(&mut reader, &mut buf)).await {
+            Err(_) => {
+                tracing::debug!("daemon socket: closing an idle connection");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!("daemon socket: read failed: {e}");
+                return;
+            }
+            Ok(Ok(l)) => l,
+        };
+        let (reply, id, last) = match line {
+            Line::Eof => return,
+            Line::TooLarge => {
+                tracing::warn!("daemon socket: a request exceeded {MAX_LINE} bytes; closing the connection");
+                (
+                    Response::error(Reason::TooLarge, format!("a request line may have at most {MAX_LINE} bytes")),
+                    None,
+                    true,
+                )
+            }
+            // A last line without its newline is still answered: a client may
+            // write one request and shut down its sending side.
+            Line::Complete | Line::Unterminated => {
+                let (id, reply) = answer(&buf, &state).await;
+                (reply, id, matches!(line, Line::Unterminated))
+            }
+        };
+        if let Err(e) = write.write_all(reply.to_line(id.as_ref()).as_bytes()).await {
+            tracing::debug!("daemon socket: write failed: {e}");
+            return;
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+/// How [`read_line`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Line {
+    /// A line ended by `\n`, now in the buffer without it.
+    Complete,
+    /// End of stream after some bytes without a `\n`.
+    Unterminated,
+    /// End of stream at a line boundary.
+    Eof,
+    /// More than [`MAX_LINE`] bytes without a `\n`; the rest is unread.
+    TooLarge,
+}
+
+/// Read one line into `buf`, never holding more than [`MAX_LINE`] bytes
+/// plus one read's worth: `read_until` would buffer a 10 MiB line whole.
+async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> io::Result<Line> {
+    loop {
+        let chunk = r.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(if buf.is_empty() { Line::Eof } else { Line::Unterminated });
+        }
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        if buf.len() + take > MAX_LINE {
+            return Ok(Line::TooLarge);
+        }
+        buf.extend_from_slice(&chunk[..take]);
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Line::Complete);
+        }
+    }
+}
+
+/// Parse and answer one request line.
+async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, Response) {
+    let (id, request) = protocol::parse_request(line);
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => {
+            // serde_json's messages quote at most a type or field name, never
+            // the input, so the detail cannot echo a pasted secret.
+            return (id, Response::error(Reason::BadRequest, e.to_string()));
+        }
+    };
+    let reply = match request {
+        Request::Generation => Response::Generation(state.generation()),
+        Request::Decide { sandbox, host, ip, port, protocol: _ } => {
+            decide(state, sandbox.as_deref(), host.as_deref(), ip, port)
+        }
+        Request::Reload => {
+            let st = state.clone();
+            match tokio::task::spawn_blocking(move || st.reload()).await {
+                Ok(Ok(g)) => {
+                    tracing::info!("daemon socket: policy reloaded, generation {g}");
+                    Response::Generation(g)
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!("daemon socket: reload failed, keeping the old policy: {e:#}");
+                    Response::error(Reason::BadPolicy, format!("{e:#}"))
+                }
+                Err(e) => Response::error(Reason::Internal, format!("reload task failed: {e}")),
+            }
+        }
+        Request::Secret { service, sandbox, host } => {
+            let st = state.clone();
+            let service = service.filter(|s| !s.is_empty());
+            match tokio::task::spawn_blocking(move || secret(&st.store, service.as_deref(), sandbox.as_deref(), &host))
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => Response::error(Reason::Internal, format!("secret task failed: {e}")),
+            }
+        }
+    };
+    (id, reply)
+}
+
+fn decide(
+    state: &State,
+    sandbox: Option<&str>,
+    host: Option<&str>,
+    ip: Option<std::net::IpAddr>,
+    port: u16,
+) -> Response {
+    let snap = state.current();
+    let d = snap.engine.decide(sandbox, host, ip, port);
+    Response::Decision(protocol::Decision {
+        verdict: d.verdict,
+        matched_rule: d.matched_rule.map(|m| MatchedRule {
+            id: m.rule.id.to_string(),
+            decision: m.rule.decision,
+            resource: m.rule.resource.to_string(),
+            scope: m.scope,
+            source: m.rule.source,
+        }),
+        default_used: d.default_used,
+        generation: snap.generation,
+    })
+}
+
+/// Look a secret up. Blocking: the keychain and the age file are.
+fn secret(store: &Store, service: Option<&str>, sandbox: Option<&str>, host: &str) -> Response {
+    // Names are checked here so a malformed one is the client's error, not
+    // a store failure.
+    if let Some(s) = sandbox
+        && let Err(e) = secret::validate::sandbox(s)
+    {
+        return Response::error(Reason::BadRequest, format!("{e:#}"));
+    }
+    if let Some(s) = service
+        && let Err(e) = secret::validate::service(s)
+    {
+        return Response::error(Reason::BadRequest, format!("{e:#}"));
+    }
+    let failed = |e: &anyhow::Error| {
+        if secret::is_unavailable(e) {
+            tracing::warn!("daemon socket: the secret store is locked: {e:#}");
+            Response::Error { reason: Reason::Locked, detail: None }
+        } else {
+            // Store errors name secrets and files, never values.
+            tracing::warn!("daemon socket: secret lookup failed: {e:#}");
+            Response::error(Reason::Internal, format!("{e:#}"))
+        }
+    };
+    match service {
+        Some(service) => match store.header_for(sandbox, service, host) {
+            Ok(Some(i)) => {
+                tracing::debug!("daemon socket: injecting `{service}` ({} scope) for `{host}`", i.scope);
+                Response::Header { header: i.header, value: i.value }
+            }
+            Ok(None) => Response::Error { reason: Reason::NoSecret, detail: None },
+            Err(e) => failed(&e),
+        },
+        None => match store.substitutions(sandbox, host) {
+            Ok(subs) => Response::Substitutions(
+                subs.into_iter()
+                    .map(|s| protocol::Substitution { placeholder: s.placeholder, value: s.value })
+                    .collect(),
+            ),
+            Err(e) => failed(&e),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn read_line_is_bounded() {
+        // An endless line: reading must stop after MAX_LINE, not buffer forever.
+        let mut r = BufReader::new(tokio::io::repeat(b'a'));
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut r, &mut buf).await.unwrap(), Line::TooLarge);
+        assert!(buf.len() <= MAX_LINE && buf.capacity() <= 2 * MAX_LINE, "{}", buf.capacity());
+    }
+
+    #[tokio::test]
+    async fn read_line_frames() {
+        let mut r = BufReader::with_capacity(3, &b"ab\n\ncdefg\nhi"[..]);
+        let mut got = Vec::new();
+        loop {
+            let mut buf = Vec::new();
+            let l = read_line(&mut r, &mut buf).await.unwrap();
+            got.push((l, String::from_utf8(buf).unwrap()));
+            if matches!(l, Line::Eof | Line::Unterminated) {
+                break;
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                (Line::Complete, "ab".to_owned()),
+                (Line::Complete, String::new()),
+                (Line::Complete, "cdefg".to_owned()),
+                (Line::Unterminated, "hi".to_owned())
+            ]
+        );
+        let mut exact = vec![b'x'; MAX_LINE];
+        exact.push(b'\n');
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut BufReader::new(&exact[..]), &mut buf).await.unwrap(), Line::Complete);
+        assert_eq!(buf.len(), MAX_LINE);
+    }
+
+    #[test]
+    fn long_socket_path_is_refused_with_a_hint() {
+        let long = PathBuf::from("/tmp").join("d".repeat(120));
+        let dirs = Dirs { config: long.join("c"), data: long.clone(), cache: long.join("k") };
+        let err = bind(&dirs).unwrap_err();
+        let (text, _) = crate::error::render(&err);
+        assert!(text.contains("longer than the"), "{text}");
+        assert!(text.contains("hint: set `PPP_DATA` to a shorter directory"), "{text}");
+        assert!(!long.exists(), "nothing is created for a path that cannot work");
+    }
+}
