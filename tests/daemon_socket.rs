@@ -112,14 +112,23 @@ struct Daemon {
 
 impl Daemon {
     fn start(dirs: &Dirs) -> Daemon {
+        Daemon::start_with(dirs, socket::IDLE_TIMEOUT)
+    }
+
+    fn start_with(dirs: &Dirs, idle: Duration) -> Daemon {
         let listener = socket::bind(dirs).unwrap();
         let state = Arc::new(State::new(dirs.clone(), file_store(dirs)).unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(socket::serve(listener, state, async {
-                let _ = rx.await;
-            }))
+            rt.block_on(socket::serve_with(
+                listener,
+                state,
+                async {
+                    let _ = rx.await;
+                },
+                idle,
+            ))
         });
         Daemon { path: dirs.secret_socket(), stop: Some(tx), thread: Some(thread) }
     }
@@ -473,6 +482,24 @@ fn several_requests_share_one_connection() {
     }
     assert_eq!(c.ask(&json!({"op":"reload"})), json!({"ok":true,"generation":2}));
     assert_eq!(c.ask(&json!({"op":"generation"})), json!({"ok":true,"generation":2}));
+}
+
+#[test]
+fn idle_and_slow_connections_are_closed() {
+    let w = World::new();
+    let d = Daemon::start_with(&w.dirs, Duration::from_millis(300));
+    let mut idle = d.connect();
+    assert_eq!(idle.ask(&json!({"op":"generation"}))["ok"], true);
+    // A client that dribbles a line without finishing it is cut off too.
+    let mut slow = d.connect();
+    slow.send_raw(b"{\"op\":");
+    for c in [&mut idle, &mut slow] {
+        let mut rest = Vec::new();
+        let start = std::time::Instant::now();
+        c.reader.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty() && start.elapsed() < Duration::from_secs(5), "closed without a reply");
+    }
+    assert_eq!(d.ask(&json!({"op":"generation"}))["ok"], true);
 }
 
 #[test]

@@ -226,6 +226,17 @@ fn load_engine(dirs: &Dirs) -> Result<Engine> {
 /// accepting, drop open connections and remove the socket file. Must run
 /// inside a tokio runtime with the time driver.
 pub async fn serve(listener: Listener, state: Arc<State>, shutdown: impl Future<Output = ()>) -> Result<()> {
+    serve_with(listener, state, shutdown, IDLE_TIMEOUT).await
+}
+
+/// [`serve`] with a chosen idle timeout: how long a connection may take to
+/// send its next complete line before it is closed.
+pub async fn serve_with(
+    listener: Listener,
+    state: Arc<State>,
+    shutdown: impl Future<Output = ()>,
+    idle: Duration,
+) -> Result<()> {
     let Listener { inner, path, ino } = listener;
     let listener = tokio::net::UnixListener::from_std(inner).context("could not register the daemon socket")?;
     let me = nix::unistd::geteuid().as_raw();
@@ -237,7 +248,7 @@ pub async fn serve(listener: Listener, state: Arc<State>, shutdown: impl Future<
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let state = state.clone();
-                    conns.spawn(async move { connection(stream, state, me).await });
+                    conns.spawn(async move { connection(stream, state, me, idle).await });
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -259,7 +270,7 @@ pub async fn serve(listener: Listener, state: Arc<State>, shutdown: impl Future<
 
 /// One connection: check the peer, then answer one line at a time until the
 /// client closes, goes idle, or breaks the framing.
-async fn connection(stream: UnixStream, state: Arc<State>, me: u32) {
+async fn connection(stream: UnixStream, state: Arc<State>, me: u32, idle: Duration) {
     let (read, mut write) = stream.into_split();
     let peer = read.as_ref().peer_cred();
     match peer {
@@ -281,7 +292,7 @@ async fn connection(stream: UnixStream, state: Arc<State>, me: u32) {
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        let line = match tokio::time::timeout(IDLE_TIMEOUT, read_line(&mut reader, &mut buf)).await {
+        let line = match tokio::time::timeout(idle, read_line(&mut reader, &mut buf)).await {
             Err(_) => {
                 tracing::debug!("daemon socket: closing an idle connection");
                 return;
@@ -505,6 +516,43 @@ mod tests {
         let mut buf = Vec::new();
         assert_eq!(read_line(&mut BufReader::new(&exact[..]), &mut buf).await.unwrap(), Line::Complete);
         assert_eq!(buf.len(), MAX_LINE);
+    }
+
+    proptest::proptest! {
+        /// However the bytes arrive, the lines read are the lines sent, and
+        /// a line over the limit is reported instead of read.
+        #[test]
+        fn framing_matches_splitting(
+            lines in proptest::collection::vec(proptest::collection::vec(0u8..=255, 0..200), 0..8),
+            cap in 1usize..64,
+            tail in proptest::collection::vec(0u8..=255, 0..50),
+        ) {
+            let lines: Vec<Vec<u8>> =
+                lines.into_iter().map(|l| l.into_iter().filter(|&b| b != b'\n').collect()).collect();
+            let tail: Vec<u8> = tail.into_iter().filter(|&b| b != b'\n').collect();
+            let mut input: Vec<u8> = lines.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect();
+            input.extend_from_slice(&tail);
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let got = rt.block_on(async {
+                let mut r = BufReader::with_capacity(cap, &input[..]);
+                let mut got = Vec::new();
+                loop {
+                    let mut buf = Vec::new();
+                    match read_line(&mut r, &mut buf).await.unwrap() {
+                        Line::Complete => got.push(buf),
+                        Line::Unterminated => { got.push(buf); break; }
+                        Line::Eof => break,
+                        Line::TooLarge => unreachable!("lines here are short"),
+                    }
+                }
+                got
+            });
+            let mut want = lines.clone();
+            if !tail.is_empty() {
+                want.push(tail);
+            }
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 
     #[test]
