@@ -284,7 +284,7 @@ async fn connection(stream: UnixStream, state: Arc<State>, me: u32, idle: Durati
             };
             tracing::warn!("daemon socket: refused a connection from {who}; only uid {me} may connect");
             let reply = Response::error(Reason::Forbidden, format!("only uid {me} may use this socket"));
-            let _ = write.write_all(reply.to_line(None).as_bytes()).await;
+            let _ = tokio::time::timeout(idle, write.write_all(reply.to_line(None).as_bytes())).await;
             return;
         }
     }
@@ -320,9 +320,18 @@ async fn connection(stream: UnixStream, state: Arc<State>, me: u32, idle: Durati
                 (reply, id, matches!(line, Line::Unterminated))
             }
         };
-        if let Err(e) = write.write_all(reply.to_line(id.as_ref()).as_bytes()).await {
-            tracing::debug!("daemon socket: write failed: {e}");
-            return;
+        // Bounded too: a client that pipelines requests but never reads the
+        // replies would otherwise hold this task forever once its buffer fills.
+        match tokio::time::timeout(idle, write.write_all(reply.to_line(id.as_ref()).as_bytes())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!("daemon socket: write failed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("daemon socket: closing a connection that does not read its replies");
+                return;
+            }
         }
         if last {
             return;
