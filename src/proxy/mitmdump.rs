@@ -91,7 +91,15 @@ pub fn listen_ports(claimed: impl IntoIterator<Item = u16>) -> Vec<u16> {
     ports
 }
 
-/// The long-running mitmdump, as data.
+/// Create the directories `spec` names for mitmdump to write into, private
+/// (0700): the confdir holds mitmproxy's CA key, the key directory the
+/// WireGuard keys. The key files themselves are left to mitmdump.
+pub fn prepare(spec: &Spec) -> Result<()> {
+    state::create_private_dir(&spec.wg_dir)?;
+    state::tighten_dir(&spec.confdir)
+}
+
+/// The long-running mitmdump, as data. Run [`prepare`] first.
 ///
 /// Key files are not created here: mitmdump writes a missing one with fresh
 /// keys, while an empty or invalid one makes it refuse to start.
