@@ -233,7 +233,7 @@ impl Lookup {
             mitmdump: nonempty(env::PPP_MITMDUMP).map(PathBuf::from),
             python: nonempty(env::PPP_PYTHON).map(PathBuf::from),
             path: nonempty("PATH"),
-            pyenv_root: nonempty("PYENV_ROOT")
+            pyenv_root: nonempty(env::PYENV_ROOT)
                 .map(PathBuf::from)
                 .or_else(|| nonempty("HOME").map(|h| PathBuf::from(h).join(".pyenv"))),
         }

@@ -73,7 +73,9 @@ pub fn export(dirs: &Dirs, source: &Source) -> Result<PathBuf> {
                     .hint(format!("point `{}` at a PEM bundle of CA certificates", env::PPP_UPSTREAM_CA))
             })?;
             check(&text, path)?;
-            return Ok(path.clone());
+            // mitmdump may run from another directory than the one the
+            // variable was set in.
+            return Ok(std::path::absolute(path)?);
         }
         Source::Files(candidates) => {
             let Some(path) = candidates.iter().find(|p| p.is_file()) else {
