@@ -146,6 +146,24 @@ impl Dirs {
     pub fn wg_client_confs(&self) -> PathBuf {
         self.wg().join("client-confs.json")
     }
+    /// `$PPP_DATA/wg/upstream-ca.pem`: the host trust store exported for
+    /// mitmproxy's upstream verification (spec A.6).
+    pub fn upstream_ca(&self) -> PathBuf {
+        self.wg().join("upstream-ca.pem")
+    }
+    /// `$PPP_DATA/mitmproxy`: mitmproxy's confdir (its CA), kept out of
+    /// `~/.mitmproxy`.
+    pub fn mitmproxy_confdir(&self) -> PathBuf {
+        self.data.join("mitmproxy")
+    }
+    /// `$PPP_DATA/addon`: addon files, each named by a hash of its content.
+    pub fn addon_dir(&self) -> PathBuf {
+        self.data.join("addon")
+    }
+    /// `$PPP_DATA/venv.lock`: held while the venv is checked or built.
+    pub fn venv_lock(&self) -> PathBuf {
+        self.data.join("venv.lock")
+    }
     /// `$PPP_DATA/venv`: ppp's own Python venv holding the pinned mitmproxy.
     pub fn venv(&self) -> PathBuf {
         self.data.join("venv")

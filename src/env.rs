@@ -15,6 +15,9 @@ pub const PPP_MITMDUMP: &str = "PPP_MITMDUMP";
 pub const PPP_PYTHON: &str = "PPP_PYTHON";
 /// PEM bundle mitmproxy verifies upstream servers against.
 pub const PPP_UPSTREAM_CA: &str = "PPP_UPSTREAM_CA";
+/// pyenv's root (default `~/.pyenv`), searched for a Python to build the
+/// mitmproxy venv with.
+pub const PYENV_ROOT: &str = "PYENV_ROOT";
 /// Forces the secret backend: `keychain` or `file`.
 pub const PPP_SECRET_BACKEND: &str = "PPP_SECRET_BACKEND";
 /// Path of the age identity for the file secret store.
@@ -33,6 +36,7 @@ pub const ALL: &[&str] = &[
     PPP_MITMDUMP,
     PPP_PYTHON,
     PPP_UPSTREAM_CA,
+    PYENV_ROOT,
     PPP_SECRET_BACKEND,
     PPP_AGE_IDENTITY,
     PPP_LOG,

@@ -12,6 +12,10 @@ use std::time::Duration;
 
 use crate::dirs::Dirs;
 
+pub mod clientconf;
+pub mod mitmdump;
+pub mod trust;
+
 /// How long a CLI command waits for the daemon to acknowledge a reload.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
