@@ -245,3 +245,32 @@ fn teardown_leaves_no_namespaces_links_or_processes() {
         assert!(!netns::alive(p), "pid {p} survived tear-down");
     }
 }
+
+#[test]
+fn dns_through_the_tunnel_is_answered_by_the_test_dns_server_only() {
+    let rig = rig(&[P1], &[P1], no_extra);
+    let g = &rig.guests[0];
+    let dig = |name: &str| {
+        let out = g.run(&["dig", "+short", "+time=3", "+tries=1", "@10.0.0.53", name, "A"]);
+        assert!(out.status.success(), "dig {name}: {}\n{}", describe(&out), rig.mitm.logs());
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(dig(UPSTREAM_NAME), UPSTREAM_IP.to_string());
+    rig.upstream.set_name("later.test", Ipv4Addr::new(198, 18, 0, 10));
+    assert_eq!(dig("later.test"), "198.18.0.10");
+    // Not in the test zone: no answer. Every name was asked of the test server.
+    assert_eq!(dig("absent.test"), "");
+    let asked: Vec<Value> = rig.upstream.dns_queries().iter().map(|q| q["name"].clone()).collect();
+    for name in [UPSTREAM_NAME, "later.test", "absent.test"] {
+        assert!(asked.contains(&Value::from(name)), "mitmproxy did not ask the test DNS server for {name}: {asked:?}");
+    }
+
+    // A command with a private resolv.conf resolves names through the tunnel.
+    let resolv = rig.topo.path().join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 10.0.0.53\n").unwrap();
+    let out = g.run_with_resolv(&resolv, &["curl", "-sS", "-m", "10", &format!("http://{UPSTREAM_NAME}/by-name")]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let e: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["path"], "/by-name");
+    assert_eq!(e["client"], HOST_UPSTREAM_IP.to_string());
+}

@@ -80,7 +80,7 @@ pub fn require_env() {
         nix::unistd::Uid::effective().is_root(),
         "the end-to-end network tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run them as root, as CI does"
     );
-    for tool in ["ip", "nft", "nsenter", "wireguard-go", "wg", "curl", "openssl"] {
+    for tool in ["ip", "nft", "nsenter", "wireguard-go", "wg", "curl", "openssl", "dig", "bash"] {
         let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
         assert!(found.status.success(), "`{tool}` is missing; run `make test-deps` (scripts/install-test-deps.sh)");
     }
@@ -362,6 +362,9 @@ impl Mitmdump {
         cmd.arg("--set")
             .arg(format!("confdir={}", confdir.display()))
             .args(["--set", "connection_strategy=lazy"])
+            // Names resolve through the upstream's test DNS server only: never
+            // the machine's resolver or its hosts file.
+            .args(["--set", &format!("dns_name_servers={UPSTREAM_IP}"), "--set", "dns_use_hosts_file=false"])
             .args(extra_args)
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
@@ -607,6 +610,10 @@ pub struct Upstream {
     pub ca_cert: PathBuf,
     /// One JSON line per request the upstream received.
     pub requests_log: PathBuf,
+    /// The DNS server's names, `{name: ipv4}`; see [`Upstream::set_name`].
+    pub zone: PathBuf,
+    /// One JSON line per DNS query: name, qtype, answer.
+    pub dns_log: PathBuf,
     stderr_log: PathBuf,
 }
 
@@ -683,6 +690,9 @@ impl Upstream {
             &ext,
         ]);
         let requests_log = d.join("requests.jsonl");
+        let zone = d.join("zone.json");
+        let dns_log = d.join("dns.jsonl");
+        std::fs::write(&zone, serde_json::json!({ UPSTREAM_NAME: UPSTREAM_IP.to_string() }).to_string()).unwrap();
         let ready = d.join("ready");
         let stderr_log = d.join("upstream.err");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/upstream.py");
@@ -694,13 +704,15 @@ impl Upstream {
             .args([&cert, &key])
             .arg(&requests_log)
             .arg(&ready)
+            .arg(&zone)
+            .arg(&dns_log)
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr_log).unwrap())
             .spawn()
             .expect("the upstream echo server starts");
-        let mut u = Self { child, ca_cert: PathBuf::from(ca_cert), requests_log, stderr_log };
+        let mut u = Self { child, ca_cert: PathBuf::from(ca_cert), requests_log, zone, dns_log, stderr_log };
         wait_until("the upstream echo server to listen", DEADLINE, || {
             if let Ok(Some(status)) = u.child.try_wait() {
                 panic!("upstream.py exited early ({status}): {}", u.stderr());
@@ -713,6 +725,26 @@ impl Upstream {
     /// Every request received so far, as parsed JSON.
     pub fn requests(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.requests_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("upstream.py writes JSON lines"))
+            .collect()
+    }
+
+    /// Make the test DNS server answer `name` with `ip` from now on
+    /// (atomically: the server re-reads the zone on every query).
+    pub fn set_name(&self, name: &str, ip: Ipv4Addr) {
+        let mut zone: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&self.zone).unwrap()).unwrap();
+        zone.insert(name.to_ascii_lowercase(), ip.to_string().into());
+        let tmp = self.zone.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::Value::Object(zone).to_string()).unwrap();
+        std::fs::rename(tmp, &self.zone).unwrap();
+    }
+
+    /// Every DNS query received so far, as parsed JSON.
+    pub fn dns_queries(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.dns_log)
             .unwrap_or_default()
             .lines()
             .map(|l| serde_json::from_str(l).expect("upstream.py writes JSON lines"))
