@@ -100,8 +100,8 @@ fn https_is_intercepted_and_the_upstream_is_verified_against_the_test_ca() {
     let out = g.curl(&["--resolve", &resolve, &format!("https://{UPSTREAM_NAME}/untrusted")]);
     assert!(!out.status.success(), "the guest trusted mitmproxy without its CA: {}", describe(&out));
 
-    // mitmproxy really verifies the upstream: a name the upstream's
-    // certificate does not carry is refused before any request reaches it.
+    // mitmproxy really verifies the upstream: for a name the upstream's
+    // certificate does not carry it answers 502, and no request reaches it.
     let other = "other.test";
     let out = g.curl(&[
         "--cacert",
@@ -114,7 +114,7 @@ fn https_is_intercepted_and_the_upstream_is_verified_against_the_test_ca() {
         "%{http_code}",
         &format!("https://{other}/mismatch"),
     ]);
-    assert_ne!(String::from_utf8_lossy(&out.stdout), "200", "{}", describe(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "502", "{}", describe(&out));
     assert!(!upstream_saw(&rig, "/mismatch"), "the upstream was reached despite a certificate mismatch");
 }
 
@@ -273,4 +273,24 @@ fn dns_through_the_tunnel_is_answered_by_the_test_dns_server_only() {
     let e: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["path"], "/by-name");
     assert_eq!(e["client"], HOST_UPSTREAM_IP.to_string());
+}
+
+#[test]
+fn client_config_blocks_parse_by_endpoint_port_in_any_order() {
+    let fence = "-".repeat(60);
+    let block = |key: &str, port: u16| {
+        format!(
+            "[11:37:42.593] {fence}\n[Interface]\nPrivateKey = priv{key}\nAddress = 10.0.0.1/32\nDNS = 10.0.0.53\n\n\
+             [Peer]\nPublicKey = pub{key}\nAllowedIPs = 0.0.0.0/0\nEndpoint = 192.0.2.2:{port}\n{fence}\n"
+        )
+    };
+    let out =
+        format!("[11:37:42.590] HTTP(S) proxy listening\n{}{}[11:37:43.000] other\n", block("B", P2), block("A", P1));
+    let confs = netns::parse_client_confs(&out);
+    assert_eq!(confs.keys().copied().collect::<Vec<_>>(), [P1, P2]);
+    assert_eq!((confs[&P1].private_key.as_str(), confs[&P1].server_public_key.as_str()), ("privA", "pubA"));
+    assert_eq!((confs[&P2].private_key.as_str(), confs[&P2].server_public_key.as_str()), ("privB", "pubB"));
+    // A block still being printed is not a config yet.
+    let partial = block("C", 51822);
+    assert!(netns::parse_client_confs(&partial[..partial.len() - 62]).is_empty());
 }
