@@ -275,6 +275,62 @@ fn dns_through_the_tunnel_is_answered_by_the_test_dns_server_only() {
     assert_eq!(e["client"], HOST_UPSTREAM_IP.to_string());
 }
 
+/// Servers added and removed at run time (`ctx.options.update(mode=…)`, as
+/// the daemon will do) start and stop without disturbing the tunnels of the
+/// servers that stay: same handshake, requests keep flowing.
+#[test]
+fn hot_added_and_removed_servers_leave_established_tunnels_alone() {
+    let topo = Topology::new(2);
+    let upstream = Upstream::start(&topo);
+    let addon = topo.path().join("modes.py");
+    let keys = topo.path().join("keys");
+    std::fs::write(
+        &addon,
+        format!(
+            "from mitmproxy import ctx, http\n\
+             def request(flow):\n    \
+                 verb, _, port = flow.request.path.rpartition('/')\n    \
+                 modes = [m for m in ctx.options.mode if not m.endswith('@' + port)]\n    \
+                 if verb == '/test-modes/add':\n        \
+                     modes.append('wireguard:{keys}/keys-' + port + '.conf@' + port)\n    \
+                 elif verb != '/test-modes/remove':\n        \
+                     return\n    \
+                 ctx.options.update(mode=modes)\n    \
+                 flow.response = http.Response.make(200, b'ok')\n",
+            keys = keys.display()
+        ),
+    )
+    .unwrap();
+    let mut mitm = Mitmdump::start(&topo, &[P1], &topo.path().join("confdir"), &["-s", addon.to_str().unwrap()]);
+    let g1 = Guest::up(&topo, 1, mitm.conf(P1), P1);
+    let ok = |g: &Guest, path: &str, mitm: &Mitmdump| {
+        let out = g.curl(&["-m", "5", &format!("http://{UPSTREAM_IP}{path}")]);
+        assert!(out.status.success(), "{path} from {}: {}\n{}", g.ns, describe(&out), mitm.logs());
+    };
+    ok(&g1, "/before", &mitm);
+    let shake = g1.latest_handshake();
+    assert_ne!(shake, 0);
+
+    ok(&g1, &format!("/test-modes/add/{P2}"), &mitm);
+    let conf2 = mitm.wait_conf(P2);
+    let g2 = Guest::up(&topo, 2, &conf2, P2);
+    ok(&g2, "/on-added-server", &mitm);
+    ok(&g1, "/after-add", &mitm);
+
+    ok(&g1, &format!("/test-modes/remove/{P2}"), &mitm);
+    let stopped = format!("WireGuard server at *:{P2} stopped");
+    wait_until("the removed server to stop", DEADLINE, || mitm.logs().contains(&stopped));
+    ok(&g1, "/after-remove", &mitm);
+    let out = g2.curl(&["-m", "3", &format!("http://{UPSTREAM_IP}/on-removed-server")]);
+    assert!(!out.status.success(), "the removed server still answered: {}", describe(&out));
+    assert_eq!(g1.latest_handshake(), shake, "guest 1 had to handshake again: its tunnel did not survive");
+    let seen: Vec<Value> = upstream.requests().iter().map(|r| r["path"].clone()).collect();
+    for path in ["/before", "/on-added-server", "/after-add", "/after-remove"] {
+        assert!(seen.contains(&Value::from(path)), "{path} never reached the upstream: {seen:?}");
+    }
+    assert!(!seen.contains(&Value::from("/on-removed-server")));
+}
+
 #[test]
 fn client_config_blocks_parse_by_endpoint_port_in_any_order() {
     let fence = "-".repeat(60);

@@ -341,6 +341,8 @@ pub struct Mitmdump {
     child: Child,
     pub confs: BTreeMap<u16, ClientConf>,
     pub confdir: PathBuf,
+    /// Where the `keys-<port>.conf` files live (for hot-added servers too).
+    pub keys_dir: PathBuf,
     pub stdout_log: PathBuf,
     pub stderr_log: PathBuf,
 }
@@ -371,7 +373,8 @@ impl Mitmdump {
             .stdout(std::fs::File::create(&stdout_log).unwrap())
             .stderr(std::fs::File::create(&stderr_log).unwrap());
         let child = cmd.spawn().expect("mitmdump starts");
-        let mut m = Self { child, confs: BTreeMap::new(), confdir: confdir.to_owned(), stdout_log, stderr_log };
+        let mut m =
+            Self { child, confs: BTreeMap::new(), confdir: confdir.to_owned(), keys_dir: keys, stdout_log, stderr_log };
         let end = Instant::now() + DEADLINE;
         loop {
             m.confs = parse_client_confs(&std::fs::read_to_string(&m.stdout_log).unwrap_or_default());
@@ -389,6 +392,20 @@ impl Mitmdump {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Wait until a client config for `port` has been printed (a server added
+    /// at run time prints one too), and return it.
+    pub fn wait_conf(&mut self, port: u16) -> ClientConf {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            self.confs = parse_client_confs(&self.stdout());
+            if let Some(c) = self.confs.get(&port) {
+                return c.clone();
+            }
+            assert!(Instant::now() < end, "no client config for port {port} in {DEADLINE:?}:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The client config for `port`.
