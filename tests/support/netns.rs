@@ -146,17 +146,23 @@ impl Topology {
     pub fn new(n_guests: u8) -> Self {
         require_env();
         assert!((1..=99).contains(&n_guests), "1 to 99 guests");
-        let prefix = unique_prefix();
-        let dir = tempfile::Builder::new().prefix(&format!("ppp-e2e-{prefix}-")).tempdir().unwrap();
+        let dir = tempfile::Builder::new().prefix("ppp-e2e-").tempdir().unwrap();
+        // Whoever creates `<prefix>-h` owns the prefix: `ip netns add` fails
+        // on an existing name, so a (very unlikely) clash picks another
+        // prefix instead of tearing down someone else's namespaces.
+        let prefix = (0..8)
+            .map(|_| unique_prefix())
+            .find(|p| run(&["ip", "netns", "add", &format!("{p}-h")]).status.success())
+            .expect("`ip netns add` keeps failing; is this root with CAP_SYS_ADMIN?");
         let topo = Self { prefix, dir, n_guests };
         // From here on, a panic drops `topo`, which deletes whatever was made.
         let h = topo.host_ns();
         let u = topo.upstream_ns();
-        let mut all = vec![h.clone(), u.clone()];
-        all.extend((1..=n_guests).map(|i| topo.guest_ns(i)));
-        for ns in &all {
-            run_ok(&["ip", "netns", "add", ns]);
-            run_ok(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        for ns in topo.namespaces() {
+            if ns != h {
+                run_ok(&["ip", "netns", "add", &ns]);
+            }
+            run_ok(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
         }
         // The host namespace forwards nothing unless a test asks for it.
         run_ok(&["ip", "netns", "exec", &h, "sysctl", "-qw", "net.ipv4.ip_forward=0"]);
