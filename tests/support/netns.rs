@@ -1,0 +1,795 @@
+//! Network-namespace fixtures for the end-to-end tests: a test "host"
+//! namespace where mitmdump runs, guest namespaces with real `wireguard-go`,
+//! and an upstream namespace with an HTTP/HTTPS echo server.
+//!
+//! Safety: nothing here ever touches the root namespace's network. Every link
+//! is created inside a namespace this module made, the host namespace has no
+//! default route and no link to the root namespace, and every address is one
+//! assigned to our own veths. Names carry a per-run prefix, so parallel tests
+//! and leftovers of a crashed run never collide. Tear-down lives in `Drop`:
+//! kill by pid, wait (with a deadline) for the pid to go, delete the
+//! namespaces, then make sure no link with the prefix is left.
+//!
+//! Addresses (each topology has its own namespaces, so parallel runs reuse them):
+//! guest `i` veth is `10.251.i.2/30`, its host side `10.251.i.1/30` (the
+//! WireGuard endpoint); the upstream veth is `10.251.0.2/30`, host side
+//! `10.251.0.1/30`; the upstream serves on `198.18.0.10`, routed only by the
+//! host namespace, via the upstream veth.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The upstream echo server's address, reachable only inside a topology.
+pub const UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
+/// The host namespace's side of the upstream veth: what the upstream sees
+/// as the client of every request that went through mitmproxy.
+pub const HOST_UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 1);
+/// The name on the upstream's TLS certificate.
+pub const UPSTREAM_NAME: &str = "echo.test";
+/// How long a fixture waits for anything to come up or go away.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Poll `cond` every 20 ms until it holds; panic naming `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run `argv`, capturing its output.
+pub fn run(argv: &[&str]) -> Output {
+    Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("`{}` could not run: {e}", argv.join(" ")))
+}
+
+/// Run `argv`, require success, return stdout.
+pub fn run_ok(argv: &[&str]) -> String {
+    let out = run(argv);
+    assert!(out.status.success(), "`{}` failed: {}", argv.join(" "), describe(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Status, stdout and stderr of `out`, for assertion messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Fail loudly (never skip) when not root or a tool is missing.
+pub fn require_env() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "the end-to-end network tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run them as root, as CI does"
+    );
+    for tool in ["ip", "nft", "nsenter", "wireguard-go", "wg", "curl", "openssl", "dig", "bash"] {
+        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
+        assert!(found.status.success(), "`{tool}` is missing; run `make test-deps` (scripts/install-test-deps.sh)");
+    }
+    assert!(Path::new("/dev/net/tun").exists(), "`/dev/net/tun` is missing: wireguard-go needs it");
+    let m = mitmdump_path();
+    assert!(m.is_file(), "mitmdump not found at `{}`; run `make test-deps` or set PPP_TEST_MITMDUMP", m.display());
+}
+
+/// `$PPP_TEST_MITMDUMP`, else the default venv under `target/`.
+pub fn mitmdump_path() -> PathBuf {
+    std::env::var_os("PPP_TEST_MITMDUMP")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/mitmdump"), PathBuf::from)
+}
+
+/// The test venv's python, next to its mitmdump.
+pub fn venv_python() -> PathBuf {
+    mitmdump_path().with_file_name("python")
+}
+
+/// SIGTERM `pid`, wait until `child` exits; SIGKILL after `grace`.
+fn stop_child(child: &mut Child, grace: Duration) {
+    if child.try_wait().ok().flatten().is_some() {
+        return;
+    }
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let _ = kill(pid, Signal::SIGTERM);
+    let end = Instant::now() + grace;
+    while Instant::now() < end {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Whether `pid` is still running (a zombie counts as gone).
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(") ").is_none_or(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn unique_prefix() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let random = std::collections::hash_map::RandomState::new();
+    let h = std::hash::BuildHasher::hash_one(&random, (std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    // "pt" + 6 hex: 8 bytes, leaving room for "h12" within IFNAMSIZ (15).
+    format!("pt{:06x}", h & 0xff_ffff)
+}
+
+/// The namespaces and veths of one test: a host namespace, `n` guests and an upstream.
+pub struct Topology {
+    pub prefix: String,
+    pub dir: tempfile::TempDir,
+    pub n_guests: u8,
+}
+
+impl Topology {
+    /// Create the namespaces and veths, loopback up, addresses and routes set.
+    pub fn new(n_guests: u8) -> Self {
+        require_env();
+        assert!((1..=99).contains(&n_guests), "1 to 99 guests");
+        let dir = tempfile::Builder::new().prefix("ppp-e2e-").tempdir().unwrap();
+        // Whoever creates `<prefix>-h` owns the prefix: `ip netns add` fails
+        // on an existing name, so a (very unlikely) clash picks another
+        // prefix instead of tearing down someone else's namespaces.
+        let prefix = (0..8)
+            .map(|_| unique_prefix())
+            .find(|p| run(&["ip", "netns", "add", &format!("{p}-h")]).status.success())
+            .expect("`ip netns add` keeps failing; is this root with CAP_SYS_ADMIN?");
+        let topo = Self { prefix, dir, n_guests };
+        // From here on, a panic drops `topo`, which deletes whatever was made.
+        let h = topo.host_ns();
+        let u = topo.upstream_ns();
+        for ns in topo.namespaces() {
+            if ns != h {
+                run_ok(&["ip", "netns", "add", &ns]);
+            }
+            run_ok(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        }
+        // The host namespace forwards nothing unless a test asks for it.
+        run_ok(&["ip", "netns", "exec", &h, "sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+
+        // Upstream: veth created inside the host namespace, peer moved into the
+        // upstream one; the root namespace never sees either end.
+        let hu = format!("{}hu", topo.prefix);
+        run_ok(&["ip", "-n", &h, "link", "add", &hu, "type", "veth", "peer", "name", "veth0", "netns", &u]);
+        run_ok(&["ip", "-n", &h, "addr", "add", "10.251.0.1/30", "dev", &hu]);
+        run_ok(&["ip", "-n", &h, "link", "set", &hu, "up"]);
+        run_ok(&["ip", "-n", &u, "addr", "add", "10.251.0.2/30", "dev", "veth0"]);
+        run_ok(&["ip", "-n", &u, "addr", "add", &format!("{UPSTREAM_IP}/32"), "dev", "veth0"]);
+        run_ok(&["ip", "-n", &u, "link", "set", "veth0", "up"]);
+        // Replies to guests matter only when a test turns host forwarding on.
+        run_ok(&["ip", "-n", &u, "route", "add", "10.251.0.0/16", "via", "10.251.0.1"]);
+        run_ok(&["ip", "-n", &h, "route", "add", "198.18.0.0/24", "via", "10.251.0.2", "dev", &hu]);
+
+        for i in 1..=n_guests {
+            let g = topo.guest_ns(i);
+            let hv = topo.host_veth(i);
+            run_ok(&["ip", "-n", &h, "link", "add", &hv, "type", "veth", "peer", "name", "veth0", "netns", &g]);
+            run_ok(&["ip", "-n", &h, "addr", "add", &format!("{}/30", topo.endpoint(i)), "dev", &hv]);
+            run_ok(&["ip", "-n", &h, "link", "set", &hv, "up"]);
+            run_ok(&["ip", "-n", &g, "addr", "add", &format!("{}/30", topo.guest_veth_ip(i)), "dev", "veth0"]);
+            run_ok(&["ip", "-n", &g, "link", "set", "veth0", "up"]);
+        }
+        topo
+    }
+
+    pub fn host_ns(&self) -> String {
+        format!("{}-h", self.prefix)
+    }
+    pub fn upstream_ns(&self) -> String {
+        format!("{}-u", self.prefix)
+    }
+    pub fn guest_ns(&self, i: u8) -> String {
+        format!("{}-g{i}", self.prefix)
+    }
+    /// The host-namespace end of guest `i`'s veth.
+    pub fn host_veth(&self, i: u8) -> String {
+        format!("{}h{i}", self.prefix)
+    }
+    /// The WireGuard endpoint guest `i` talks to: the host side of its veth.
+    pub fn endpoint(&self, i: u8) -> Ipv4Addr {
+        assert!((1..=self.n_guests).contains(&i), "no guest {i} in this topology");
+        Ipv4Addr::new(10, 251, i, 1)
+    }
+    /// Guest `i`'s own veth address.
+    pub fn guest_veth_ip(&self, i: u8) -> Ipv4Addr {
+        assert!((1..=self.n_guests).contains(&i), "no guest {i} in this topology");
+        Ipv4Addr::new(10, 251, i, 2)
+    }
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Run `argv` in namespace `ns` (`ip netns exec`), one of this topology's.
+    pub fn exec(&self, ns: &str, argv: &[&str]) -> Output {
+        assert!(self.namespaces().iter().any(|n| n == ns), "`{ns}` is not a namespace of this topology");
+        let mut full = vec!["ip", "netns", "exec", ns];
+        full.extend_from_slice(argv);
+        run(&full)
+    }
+
+    /// Turn IPv4 forwarding in the host namespace on or off (off by default).
+    /// With it on, the host routes like a real one would, which is what the
+    /// bypass test needs to show the kill switch is what stops a guest.
+    pub fn host_forwarding(&self, on: bool) {
+        let v = format!("net.ipv4.ip_forward={}", u8::from(on));
+        run_ok(&["ip", "netns", "exec", &self.host_ns(), "sysctl", "-qw", &v]);
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        let mut all = vec![self.host_ns(), self.upstream_ns()];
+        all.extend((1..=self.n_guests).map(|i| self.guest_ns(i)));
+        all
+    }
+}
+
+/// Namespaces and root-namespace links whose names start with `prefix`.
+pub fn leftovers(prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in run_ok(&["ip", "netns", "list"]).lines() {
+        if line.starts_with(prefix) {
+            found.push(format!("netns {line}"));
+        }
+    }
+    for line in run_ok(&["ip", "-o", "link", "show"]).lines() {
+        if let Some(name) = line.split(": ").nth(1) {
+            let name = name.split('@').next().unwrap_or(name);
+            if name.starts_with(prefix) {
+                found.push(format!("link {name}"));
+            }
+        }
+    }
+    found
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        // The fixtures below stop their own processes; this catches anything a
+        // test started in our namespaces and leaked. Only pids inside
+        // namespaces we made are touched.
+        let mut pids = Vec::new();
+        for ns in self.namespaces() {
+            let out = run(&["ip", "netns", "pids", &ns]);
+            pids.extend(String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+        for &p in &pids {
+            let _ = kill(Pid::from_raw(i32::try_from(p).unwrap()), Signal::SIGKILL);
+        }
+        let end = Instant::now() + DEADLINE;
+        while pids.iter().any(|&p| pid_alive(p)) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for ns in self.namespaces() {
+            let _ = run(&["ip", "netns", "del", &ns]);
+        }
+        // A deleted namespace can leave its veth behind for a moment.
+        let end = Instant::now() + DEADLINE;
+        loop {
+            let left = leftovers(&self.prefix);
+            if left.is_empty() || Instant::now() >= end {
+                for l in left {
+                    if let Some(link) = l.strip_prefix("link ") {
+                        let _ = run(&["ip", "link", "del", link]);
+                    }
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// One server's client config, as mitmdump printed it.
+#[derive(Clone, Debug)]
+pub struct ClientConf {
+    pub private_key: String,
+    pub server_public_key: String,
+    pub port: u16,
+    /// The `Address` mitmdump suggested (the same for every server).
+    pub address: String,
+}
+
+/// Every client config block in mitmdump's stdout, keyed by `Endpoint` port.
+///
+/// A block sits between two 60-hyphen fences; the opening one carries a
+/// `[HH:MM:SS.mmm] ` prefix, the closing one does not. Blocks come in any order.
+pub fn parse_client_confs(stdout: &str) -> BTreeMap<u16, ClientConf> {
+    let fence = "-".repeat(60);
+    let mut confs = BTreeMap::new();
+    let mut block: Option<BTreeMap<String, String>> = None;
+    for line in stdout.lines() {
+        let line = line.trim_end();
+        match block.as_mut() {
+            None if line.ends_with(&fence) => block = Some(BTreeMap::new()),
+            None => {}
+            Some(fields) if line == fence => {
+                let get = |k: &str| fields.get(k).cloned();
+                let port = get("Endpoint").and_then(|e| e.rsplit_once(':').and_then(|(_, p)| p.parse().ok()));
+                if let (Some(private_key), Some(server_public_key), Some(port)) =
+                    (get("PrivateKey"), get("PublicKey"), port)
+                {
+                    let address = get("Address").unwrap_or_default();
+                    confs.insert(port, ClientConf { private_key, server_public_key, port, address });
+                }
+                block = None;
+            }
+            Some(fields) => {
+                if let Some((k, v)) = line.split_once(" = ") {
+                    fields.insert(k.trim().to_owned(), v.trim().to_owned());
+                }
+            }
+        }
+    }
+    confs
+}
+
+/// mitmdump in WireGuard mode, one server per port, in the host namespace.
+pub struct Mitmdump {
+    child: Child,
+    pub confs: BTreeMap<u16, ClientConf>,
+    pub confdir: PathBuf,
+    /// Where the `keys-<port>.conf` files live (for hot-added servers too).
+    pub keys_dir: PathBuf,
+    pub stdout_log: PathBuf,
+    pub stderr_log: PathBuf,
+}
+
+impl Mitmdump {
+    /// Start mitmdump with one `--mode wireguard:<keys>@<port>` per port, and
+    /// wait until every port's client config has been printed.
+    pub fn start(topo: &Topology, ports: &[u16], confdir: &Path, extra_args: &[&str]) -> Self {
+        let keys = topo.path().join("keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        std::fs::create_dir_all(confdir).unwrap();
+        let stdout_log = topo.path().join("mitmdump.out");
+        let stderr_log = topo.path().join("mitmdump.err");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &topo.host_ns()]).arg(mitmdump_path());
+        for p in ports {
+            cmd.arg("--mode").arg(format!("wireguard:{}@{p}", keys.join(format!("keys-{p}.conf")).display()));
+        }
+        cmd.arg("--set")
+            .arg(format!("confdir={}", confdir.display()))
+            .args(["--set", "connection_strategy=lazy"])
+            // Names resolve through the upstream's test DNS server only: never
+            // the machine's resolver or its hosts file.
+            .args(["--set", &format!("dns_name_servers={UPSTREAM_IP}"), "--set", "dns_use_hosts_file=false"])
+            .args(extra_args)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout_log).unwrap())
+            .stderr(std::fs::File::create(&stderr_log).unwrap());
+        let child = cmd.spawn().expect("mitmdump starts");
+        let mut m =
+            Self { child, confs: BTreeMap::new(), confdir: confdir.to_owned(), keys_dir: keys, stdout_log, stderr_log };
+        let end = Instant::now() + DEADLINE;
+        loop {
+            m.confs = parse_client_confs(&std::fs::read_to_string(&m.stdout_log).unwrap_or_default());
+            if ports.iter().all(|p| m.confs.contains_key(p)) {
+                break;
+            }
+            if let Ok(Some(status)) = m.child.try_wait() {
+                panic!("mitmdump exited early ({status}):\n{}", m.logs());
+            }
+            assert!(Instant::now() < end, "mitmdump printed no config for every port in {DEADLINE:?}:\n{}", m.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait until a client config for `port` has been printed (a server added
+    /// at run time prints one too), and return it.
+    pub fn wait_conf(&mut self, port: u16) -> ClientConf {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            self.confs = parse_client_confs(&self.stdout());
+            if let Some(c) = self.confs.get(&port) {
+                return c.clone();
+            }
+            assert!(Instant::now() < end, "no client config for port {port} in {DEADLINE:?}:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The client config for `port`.
+    pub fn conf(&self, port: u16) -> &ClientConf {
+        &self.confs[&port]
+    }
+
+    /// The CA that mitmproxy signs its leaf certificates with.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.confdir.join("mitmproxy-ca-cert.pem")
+    }
+
+    /// Stdout so far (client configs, then one entry per flow).
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_log).unwrap_or_default()
+    }
+
+    /// Both logs, for assertion messages.
+    pub fn logs(&self) -> String {
+        let err = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
+        format!("--- mitmdump stdout\n{}--- mitmdump stderr\n{err}", self.stdout())
+    }
+
+    /// SIGTERM and wait until the process is gone (it takes a few seconds).
+    pub fn stop(&mut self) {
+        stop_child(&mut self.child, DEADLINE);
+    }
+}
+
+impl Drop for Mitmdump {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A guest: a namespace with `wireguard-go` on wg0, routes and a kill switch.
+pub struct Guest {
+    wg: Child,
+    pub ns: String,
+    pub index: u8,
+    pub endpoint: Ipv4Addr,
+    pub port: u16,
+    /// wg0's address, `10.0.0.<index>`.
+    pub inner_ip: Ipv4Addr,
+    nft_table: String,
+    dir: PathBuf,
+}
+
+impl Guest {
+    /// Bring up guest `i` with `conf`'s keys, talking to `endpoint(i):port`.
+    /// `port` is normally `conf.port`; a test may point it elsewhere.
+    pub fn up(topo: &Topology, i: u8, conf: &ClientConf, port: u16) -> Self {
+        let ns = topo.guest_ns(i);
+        let dir = topo.path().join(format!("g{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // The mount point must exist; each guest mounts a private tmpfs on it
+        // (in its own mount namespace), because wireguard-go's control socket
+        // `/run/wireguard/wg0.sock` would otherwise collide between guests.
+        std::fs::create_dir_all("/run/wireguard").unwrap();
+        let log = std::fs::File::create(dir.join("wireguard-go.log")).unwrap();
+        let wg = Command::new("ip")
+            .args(["netns", "exec", &ns, "sh", "-c"])
+            .arg(format!("mount -t tmpfs {}-wg /run/wireguard && exec wireguard-go -f wg0", topo.prefix))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("wireguard-go starts");
+        let mut g = Self {
+            wg,
+            ns,
+            index: i,
+            endpoint: topo.endpoint(i),
+            port,
+            inner_ip: Ipv4Addr::new(10, 0, 0, i),
+            nft_table: format!("{}_egress", topo.prefix),
+            dir,
+        };
+        wait_until("wireguard-go to create wg0", DEADLINE, || {
+            if let Ok(Some(status)) = g.wg.try_wait() {
+                panic!("wireguard-go exited early ({status}): {}", g.wg_log());
+            }
+            g.wg_cmd(&["show", "wg0"]).status.success()
+        });
+        let setconf = g.dir.join("wg0.setconf");
+        std::fs::write(
+            &setconf,
+            format!(
+                "[Interface]\nPrivateKey = {}\n\n[Peer]\nPublicKey = {}\nAllowedIPs = 0.0.0.0/0\nEndpoint = {}:{port}\n",
+                conf.private_key, conf.server_public_key, g.endpoint
+            ),
+        )
+        .unwrap();
+        let out = g.wg_cmd(&["setconf", "wg0", setconf.to_str().unwrap()]);
+        assert!(out.status.success(), "wg setconf failed: {}", describe(&out));
+        let n = g.ns.clone();
+        run_ok(&["ip", "-n", &n, "addr", "add", &format!("{}/32", g.inner_ip), "dev", "wg0"]);
+        run_ok(&["ip", "-n", &n, "link", "set", "wg0", "mtu", "1420", "up"]);
+        run_ok(&["ip", "-n", &n, "route", "replace", &format!("{}/32", g.endpoint), "dev", "veth0"]);
+        // quickack: without it keep-alive requests stall ~40 ms (Nagle in
+        // mitmproxy's userspace TCP against the guest's delayed ACKs).
+        run_ok(&["ip", "-n", &n, "route", "replace", "default", "dev", "wg0", "quickack", "1"]);
+        g.kill_switch_on();
+        g
+    }
+
+    /// Run `argv` inside the guest's network namespace.
+    pub fn run(&self, argv: &[&str]) -> Output {
+        let mut full = vec!["ip", "netns", "exec", self.ns.as_str()];
+        full.extend_from_slice(argv);
+        run(&full)
+    }
+
+    /// Run `argv` in the guest with `resolv` bind-mounted on /etc/resolv.conf,
+    /// in a mount namespace of its own (the bind never reaches the machine).
+    pub fn run_with_resolv(&self, resolv: &Path, argv: &[&str]) -> Output {
+        let mount = format!("mount --bind {} /etc/resolv.conf && exec \"$@\"", resolv.display());
+        let mut full = vec!["ip", "netns", "exec", self.ns.as_str(), "sh", "-c", mount.as_str(), "sh"];
+        full.extend_from_slice(argv);
+        run(&full)
+    }
+
+    /// Run `wg <args>` in wireguard-go's mount namespace (where its socket is).
+    pub fn wg_cmd(&self, args: &[&str]) -> Output {
+        let pid = self.wg.id().to_string();
+        let mut full = vec!["nsenter", "-t", pid.as_str(), "-m", "-n", "wg"];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// `curl -sS -m 10 <args>` in the guest.
+    pub fn curl(&self, args: &[&str]) -> Output {
+        let mut full = vec!["curl", "-sS", "-m", "10"];
+        full.extend_from_slice(args);
+        self.run(&full)
+    }
+
+    /// The peer's latest handshake (unix seconds), 0 when there was none.
+    pub fn latest_handshake(&self) -> u64 {
+        let out = self.wg_cmd(&["show", "wg0", "latest-handshakes"]);
+        assert!(out.status.success(), "wg show failed: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).and_then(|t| t.parse().ok()).unwrap_or(0)
+    }
+
+    /// Send one packet into the tunnel, which makes wireguard-go handshake.
+    pub fn nudge(&self) {
+        let _ = self.curl(&["-m", "1", "-o", "/dev/null", &format!("http://{UPSTREAM_IP}:9/")]);
+    }
+
+    /// Poll for a handshake, nudging the tunnel meanwhile; true if one happened.
+    pub fn handshake_within(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        let mut next_nudge = Instant::now();
+        while Instant::now() < end {
+            if self.latest_handshake() != 0 {
+                return true;
+            }
+            if Instant::now() >= next_nudge {
+                // A UDP packet to the tunnel without waiting on any answer.
+                let _ = self.run(&["bash", "-c", &format!("echo x > /dev/udp/{UPSTREAM_IP}/9; true")]);
+                next_nudge = Instant::now() + Duration::from_millis(500);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.latest_handshake() != 0
+    }
+
+    /// The nftables output chain that lets only loopback, wg0 and UDP to the
+    /// endpoint's WireGuard port out (what a guest's provisioning installs).
+    pub fn kill_switch_on(&self) {
+        let rules = format!(
+            "table inet {t} {{\n  chain out {{\n    type filter hook output priority 0; policy drop;\n    \
+             oifname \"lo\" accept\n    oifname \"wg0\" accept\n    \
+             oifname \"veth0\" ip daddr {ep} udp dport {port} accept\n  }}\n}}\n",
+            t = self.nft_table,
+            ep = self.endpoint,
+            port = self.port
+        );
+        let f = self.dir.join("killswitch.nft");
+        std::fs::write(&f, rules).unwrap();
+        let out = self.run(&["nft", "-f", f.to_str().unwrap()]);
+        assert!(out.status.success(), "nft failed: {}", describe(&out));
+    }
+
+    /// Remove the kill switch, as root in the guest could.
+    pub fn kill_switch_off(&self) {
+        let out = self.run(&["nft", "delete", "table", "inet", &self.nft_table]);
+        assert!(out.status.success(), "nft delete failed: {}", describe(&out));
+    }
+
+    /// Replace wg0's address (the spoof test), keeping the default route.
+    pub fn set_inner_ip(&mut self, ip: Ipv4Addr) {
+        run_ok(&["ip", "-n", &self.ns, "addr", "flush", "dev", "wg0"]);
+        run_ok(&["ip", "-n", &self.ns, "addr", "add", &format!("{ip}/32"), "dev", "wg0"]);
+        run_ok(&["ip", "-n", &self.ns, "route", "replace", "default", "dev", "wg0", "quickack", "1"]);
+        self.inner_ip = ip;
+    }
+
+    pub fn wg_pid(&self) -> u32 {
+        self.wg.id()
+    }
+
+    fn wg_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("wireguard-go.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        stop_child(&mut self.wg, DEADLINE);
+    }
+}
+
+/// The HTTP/HTTPS echo server in the upstream namespace
+/// (`tests/support/upstream.py`), with its own test CA.
+pub struct Upstream {
+    child: Child,
+    /// The test CA that signed the upstream's certificate.
+    pub ca_cert: PathBuf,
+    /// One JSON line per request the upstream received.
+    pub requests_log: PathBuf,
+    /// The DNS server's names, `{name: ipv4}`; see [`Upstream::set_name`].
+    pub zone: PathBuf,
+    /// One JSON line per DNS query: name, qtype, answer.
+    pub dns_log: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl Upstream {
+    /// Make a test CA and a certificate for [`UPSTREAM_NAME`] (and the IP),
+    /// start the echo server on 80 and 443, and wait until it listens.
+    pub fn start(topo: &Topology) -> Self {
+        let d = topo.path().join("upstream");
+        std::fs::create_dir_all(&d).unwrap();
+        let p = |f: &str| d.join(f).to_str().unwrap().to_owned();
+        let (ca_key, ca_cert, key, csr, cert, ext) =
+            (p("ca.key"), p("ca.pem"), p("srv.key"), p("srv.csr"), p("srv.pem"), p("srv.ext"));
+        run_ok(&[
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca_cert,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=ppp e2e test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        run_ok(&[
+            "openssl",
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={UPSTREAM_NAME}"),
+        ]);
+        let mut extfile = String::new();
+        writeln!(extfile, "basicConstraints=critical,CA:FALSE").unwrap();
+        writeln!(extfile, "keyUsage=critical,digitalSignature").unwrap();
+        writeln!(extfile, "extendedKeyUsage=serverAuth").unwrap();
+        writeln!(extfile, "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid").unwrap();
+        writeln!(extfile, "subjectAltName=DNS:{UPSTREAM_NAME},IP:{UPSTREAM_IP}").unwrap();
+        std::fs::write(&ext, extfile).unwrap();
+        run_ok(&[
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_cert,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+        let requests_log = d.join("requests.jsonl");
+        let zone = d.join("zone.json");
+        let dns_log = d.join("dns.jsonl");
+        std::fs::write(&zone, serde_json::json!({ UPSTREAM_NAME: UPSTREAM_IP.to_string() }).to_string()).unwrap();
+        let ready = d.join("ready");
+        let stderr_log = d.join("upstream.err");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/upstream.py");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &topo.upstream_ns()])
+            .arg(venv_python())
+            .arg(script)
+            .arg(UPSTREAM_IP.to_string())
+            .args([&cert, &key])
+            .arg(&requests_log)
+            .arg(&ready)
+            .arg(&zone)
+            .arg(&dns_log)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_log).unwrap())
+            .spawn()
+            .expect("the upstream echo server starts");
+        let mut u = Self { child, ca_cert: PathBuf::from(ca_cert), requests_log, zone, dns_log, stderr_log };
+        wait_until("the upstream echo server to listen", DEADLINE, || {
+            if let Ok(Some(status)) = u.child.try_wait() {
+                panic!("upstream.py exited early ({status}): {}", u.stderr());
+            }
+            ready.exists()
+        });
+        u
+    }
+
+    /// Every request received so far, as parsed JSON.
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.requests_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("upstream.py writes JSON lines"))
+            .collect()
+    }
+
+    /// Make the test DNS server answer `name` with `ip` from now on
+    /// (atomically: the server re-reads the zone on every query).
+    pub fn set_name(&self, name: &str, ip: Ipv4Addr) {
+        let mut zone: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&self.zone).unwrap()).unwrap();
+        zone.insert(name.to_ascii_lowercase(), ip.to_string().into());
+        let tmp = self.zone.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::Value::Object(zone).to_string()).unwrap();
+        std::fs::rename(tmp, &self.zone).unwrap();
+    }
+
+    /// Every DNS query received so far, as parsed JSON.
+    pub fn dns_queries(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.dns_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("upstream.py writes JSON lines"))
+            .collect()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        stop_child(&mut self.child, DEADLINE);
+    }
+}
+
+/// Whether `pid` still runs; for tests asserting on tear-down.
+pub fn alive(pid: u32) -> bool {
+    pid_alive(pid)
+}

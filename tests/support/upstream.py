@@ -1,0 +1,112 @@
+"""Upstream echo server for the end-to-end tests (tests/support/netns.rs).
+
+Runs inside the test's upstream network namespace, never in the root one.
+HTTP on ADDR:80 and HTTPS on ADDR:443 answer every request with a JSON echo
+of what arrived (method, path, headers, client address, whether TLS was
+used), and append the same JSON as one line to LOG, so a test can also see
+requests whose response never made it back. DNS on ADDR:53 (UDP) answers A
+queries from ZONE, a JSON object {name: ipv4} re-read on every query (so a
+test can change answers), NXDOMAIN for unknown names, and logs each query as
+a JSON line to DNSLOG. READY is created once every socket listens: the
+fixture polls for it instead of sleeping.
+
+usage: upstream.py ADDR CERT KEY LOG READY ZONE DNSLOG
+"""
+
+import http.server
+import json
+import socket
+import ssl
+import struct
+import sys
+import threading
+
+addr, cert, key, log_path, ready_path, zone_path, dns_log_path = sys.argv[1:8]
+log_lock = threading.Lock()
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def handle_any(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+        echo = {
+            "method": self.command,
+            "path": self.path,
+            "headers": {k: v for k, v in self.headers.items()},
+            "body": body,
+            "client": self.client_address[0],
+            "tls": isinstance(self.connection, ssl.SSLSocket),
+        }
+        line = json.dumps(echo)
+        with log_lock, open(log_path, "a") as f:
+            f.write(line + "\n")
+        out = (line + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = handle_any
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("%s %s\n" % (self.client_address[0], fmt % args))
+
+
+def dns_answer(query):
+    """The reply to one DNS query, or None when it is not worth answering."""
+    if len(query) < 12:
+        return None
+    tid, flags, qdcount = struct.unpack(">HHH", query[:6])
+    if qdcount != 1 or flags & 0x8000:
+        return None
+    i, labels = 12, []
+    while i < len(query) and query[i] != 0:
+        n = query[i]
+        labels.append(query[i + 1 : i + 1 + n].decode("ascii", "replace").lower())
+        i += 1 + n
+    i += 1
+    if i + 4 > len(query):
+        return None
+    qtype, _qclass = struct.unpack(">HH", query[i : i + 4])
+    question = query[12 : i + 4]
+    name = ".".join(labels)
+    with open(zone_path) as f:
+        ip = json.load(f).get(name)
+    with log_lock, open(dns_log_path, "a") as f:
+        f.write(json.dumps({"name": name, "qtype": qtype, "answer": ip}) + "\n")
+    answers, ancount, rcode = b"", 0, 0
+    if ip is None:
+        rcode = 3  # NXDOMAIN
+    elif qtype == 1:
+        answers = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
+        ancount = 1
+    header = struct.pack(">HHHHHH", tid, 0x8400 | (flags & 0x0100) | rcode, 1, ancount, 0, 0)
+    return header + question + answers
+
+
+def serve_dns(sock):
+    while True:
+        query, client = sock.recvfrom(4096)
+        reply = dns_answer(query)
+        if reply is not None:
+            sock.sendto(reply, client)
+
+
+dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dns.bind((addr, 53))
+threading.Thread(target=serve_dns, args=(dns,), daemon=True).start()
+
+plain = http.server.ThreadingHTTPServer((addr, 80), Echo)
+tls = http.server.ThreadingHTTPServer((addr, 443), Echo)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+# Handshake in the handler thread, so one stalled client cannot block accept().
+tls.socket = ctx.wrap_socket(tls.socket, server_side=True, do_handshake_on_connect=False)
+for server in (plain, tls):
+    server.daemon_threads = True
+threading.Thread(target=plain.serve_forever, daemon=True).start()
+open(ready_path, "w").close()
+tls.serve_forever()
