@@ -346,6 +346,22 @@ class Live(Base):
         c = self.tls(51820, "www.allowed.test", "93.184.216.34")
         self.assertIsNotNone(self.connect(c, "93.184.216.34", 443))
 
+    def test_reconnects_when_the_daemon_drops_the_connection(self) -> None:
+        self.assertEqual(self.run_http(http_flow(51820, "a.allowed.test")).response.status_code, 200)
+        sock = self.addon.daemon._sock
+        self.assertIsNotNone(sock, "one persistent connection")
+        sock.shutdown(socket.SHUT_RDWR)  # as the daemon's idle timeout does
+        self.addon._last_poll = 0.0
+        self.assertEqual(self.run_http(http_flow(51820, "b.allowed.test")).response.status_code, 200)
+
+    def test_secrets_dropped_on_a_new_generation(self) -> None:
+        self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        self.assertTrue(self.addon._secrets)
+        self.assertTrue(ask({"op": "reload"})["ok"])
+        self.addon._last_poll = 0.0
+        self.addon.decide("red-fox", "x.allowed.test", "93.184.216.34", 443, "http")
+        self.assertFalse(self.addon._secrets)
+
     def test_registry_reloads_when_the_file_changes(self) -> None:
         reg = Path(STATE) / "port-registry.json"
         before = reg.read_text()
