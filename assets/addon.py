@@ -683,9 +683,24 @@ class PppAddon:
             limit = ctx.options.ppp_max_response_bytes
             cl = flow.response.headers.get("content-length", "")
             if cl.strip().isdigit() and int(cl) > limit:
-                # Replaced by a 413 in the response hook. mitmproxy's own
-                # body_size_limit bounds what it buffers meanwhile.
-                flow.metadata["ppp_too_large"] = True
+                # Declared too large: answer 413 now and stream the upstream
+                # body into the void, so it is never buffered. mitmproxy sends
+                # these headers at once, then what `stream` returns per chunk;
+                # the final call (with b"") emits the 413's body.
+                self._too_large(flow, "response", limit)
+                assert flow.response is not None
+                body = flow.response.raw_content or b""
+                sent = False
+
+                def discard(chunk: bytes) -> bytes:
+                    nonlocal sent
+                    if chunk == b"" and not sent:
+                        sent = True
+                        return body
+                    return b""
+
+                flow.response.stream = discard
+                flow.metadata["ppp_too_large"] = "streamed"
         except Exception:  # noqa: BLE001
             log.exception("ppp: responseheaders failed")
             flow.kill()
@@ -697,11 +712,10 @@ class PppAddon:
             if (
                 meta.get("decision") == "allow"
                 and flow.response is not None
-                and (
-                    flow.metadata.get("ppp_too_large")
-                    or len(flow.response.raw_content or b"") > limit
-                )
+                and flow.metadata.get("ppp_too_large") != "streamed"
+                and len(flow.response.raw_content or b"") > limit
             ):
+                # No (or a false) Content-Length: caught once buffered.
                 self._too_large(flow, "response", limit)
             self._log_http(flow)
         except Exception:  # noqa: BLE001
