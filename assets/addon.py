@@ -446,10 +446,10 @@ class PppAddon:
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         client = data.context.client
-        sandbox = None
-        host = canonical_host(data.client_hello.sni)
-        ip, port = self._addr(data.context.server)
+        sandbox = host = ip = port = None
         try:
+            host = canonical_host(data.client_hello.sni)
+            ip, port = self._addr(data.context.server)
             sandbox = self.sandbox_of(client)
             if sandbox is None:
                 v = deny(f"unknown WireGuard port {self._port(client)}")
@@ -487,10 +487,10 @@ class PppAddon:
         return mode.listen_port() if isinstance(mode, mode_specs.WireGuardMode) else None
 
     def _start_stream(self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str) -> None:
-        sandbox = None
-        ip, port = self._addr(flow.server_conn)
-        host = canonical_host(flow.client_conn.sni)
+        sandbox = host = ip = port = None
         try:
+            ip, port = self._addr(flow.server_conn)
+            host = canonical_host(flow.client_conn.sni)
             sandbox = self.sandbox_of(flow.client_conn)
             prior = self._denied.get(flow.client_conn.id)
             if sandbox is None:
@@ -508,10 +508,13 @@ class PppAddon:
         flow.metadata["ppp"].update(kind=kind, ip=ip, port=port)
         if not v.allow:
             self._denied[flow.client_conn.id] = v
-            log.info("ppp: [%s] denied %s %s:%s: %s", sandbox, kind.upper(), ip, port, v.reason)
-            self._log_stream(flow)
             if flow.killable:
                 flow.kill()
+            log.info("ppp: [%s] denied %s %s:%s: %s", sandbox, kind.upper(), ip, port, v.reason)
+            try:
+                self._log_stream(flow)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log a denied %s flow", kind)
 
     def tcp_start(self, flow: tcp.TCPFlow) -> None:
         self._start_stream(flow, "tcp")
@@ -571,18 +574,24 @@ class PppAddon:
         if not v.allow:
             flow.response = flow.request.fail(response_codes.REFUSED)
             log.info("ppp: [%s] refused DNS %s: %s", sandbox, name, v.reason)
-            ip, _ = self._addr(flow.server_conn)
-            self.log_flow(
-                sandbox=sandbox,
-                kind="dns",
-                host=name,
-                ip=ip,
-                port=53,
-                status="REFUSED",
-                decision="deny",
-                matched_rule=v.rule_id,
-                bytes_out=len(flow.request.packed),
-            )
+            try:
+                self._log_dns(flow, sandbox, name, v)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log a refused DNS query")
+
+    def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> None:
+        ip, _ = self._addr(flow.server_conn)
+        self.log_flow(
+            sandbox=sandbox,
+            kind="dns",
+            host=name,
+            ip=ip,
+            port=53,
+            status="REFUSED",
+            decision="deny",
+            matched_rule=v.rule_id,
+            bytes_out=len(flow.request.packed),
+        )
 
     # ---- HTTP ----------------------------------------------------------
 
