@@ -1,0 +1,760 @@
+"""ppp's mitmproxy addon: egress policy and secret injection for sandboxes.
+
+Every guest reaches mitmdump over WireGuard, one server (UDP port) per
+sandbox. This addon:
+
+* names the sandbox from the WireGuard server's listen port, looked up in
+  `$PPP_DATA/port-registry.json` (never from the peer address);
+* asks the ppp daemon (`$PPP_DATA/secret.sock`, NDJSON) for every decision
+  and caches the answer per (sandbox, host, ip, port) until the daemon's
+  generation changes; there is no matching logic here;
+* fails closed: an unknown port, a daemon that does not answer, or any
+  error inside a hook denies the flow;
+* injects API keys and custom placeholders the daemon hands out, only into
+  requests the policy allowed;
+* appends one JSON line per flow to `$PPP_DATA/flows.jsonl`, never with a
+  secret value in it.
+
+See docs/addon.md for how each kind of denial is enforced.
+"""
+
+# No `from __future__ import annotations`: mitmproxy loads scripts without
+# registering them in sys.modules, and dataclasses then cannot resolve string
+# annotations.
+import ipaddress
+import itertools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
+from mitmproxy.net.dns import response_codes
+from mitmproxy.proxy import mode_specs, server_hooks
+
+_log = logging.getLogger("ppp")
+
+
+class _SafeLog:
+    """`logging` that never raises into a hook: a failing handler (mitmproxy's
+    forwards records to its event loop) must not turn a denial into a crash."""
+
+    def __getattr__(self, level: str) -> Any:
+        real = getattr(_log, level)
+
+        def call(*args: Any, **kwargs: Any) -> None:
+            try:
+                real(*args, **kwargs)
+            except Exception:  # noqa: BLE001
+                pass
+
+        return call
+
+
+log = _SafeLog()
+
+# How often the daemon's generation is polled, at most (seconds).
+GENERATION_POLL = 1.0
+# How long a secret may be cached (seconds); dropped earlier on a new generation.
+SECRET_TTL = 60.0
+# Timeout of one daemon round trip (seconds).
+DAEMON_TIMEOUT = 2.0
+# Headers a client may use to carry its own credentials; removed before ppp
+# injects a key so the guest's dummy key never reaches the service.
+AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
+# Built-in services and their hosts (src/secret/services.rs). Only used to
+# pick which service to ask the daemon for; the daemon decides whether its
+# key may go to the host.
+SERVICE_HOSTS: dict[str, str] = {
+    "api.anthropic.com": "anthropic",
+    "api.openai.com": "openai",
+    "api.github.com": "github",
+    "uploads.github.com": "github",
+    "github.com": "github",
+    "generativelanguage.googleapis.com": "google",
+    "api.groq.com": "groq",
+    "api.mistral.ai": "mistral",
+    "api.studio.nebius.com": "nebius",
+    "api.studio.nebius.ai": "nebius",
+    "api.tokenfactory.nebius.com": "nebius",
+    "openrouter.ai": "openrouter",
+    "api.x.ai": "xai",
+}
+METADATA_IP = ipaddress.ip_address("169.254.169.254")
+
+
+class DaemonError(Exception):
+    """The daemon could not be asked, or answered with an error."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allow: bool
+    rule_id: str | None = None
+    resource: str | None = None
+    # Why, in words, for the 403 body and the log.
+    reason: str = ""
+    generation: int | None = None
+
+
+def deny(reason: str) -> Verdict:
+    return Verdict(allow=False, reason=reason)
+
+
+class Daemon:
+    """One persistent connection to the daemon socket, with request ids.
+
+    Hooks run on mitmproxy's event loop one at a time, and a round trip is
+    well under a millisecond, so a blocking call behind a lock is enough.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock: socket.socket | None = None
+        self._buf = b""
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+        self._buf = b""
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(DAEMON_TIMEOUT)
+            try:
+                s.connect(self.path)
+            except OSError:
+                s.close()
+                raise
+            self._sock = s
+        return self._sock
+
+    def _once(self, req: dict[str, Any]) -> dict[str, Any]:
+        rid = next(self._ids)
+        s = self._connect()
+        s.sendall((json.dumps({**req, "id": rid}) + "\n").encode())
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line, self._buf = self._buf[:nl], self._buf[nl + 1 :]
+                reply = json.loads(line)
+                if not isinstance(reply, dict):
+                    raise DaemonError("malformed reply")
+                if reply.get("id") == rid:
+                    return reply
+                continue  # a stale reply to an abandoned request
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("daemon closed the connection")
+            self._buf += chunk
+
+    def ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One request; reconnects once (the daemon closes idle connections)."""
+        with self._lock:
+            for attempt in (0, 1):
+                try:
+                    return self._once(req)
+                except (OSError, ValueError, DaemonError) as e:
+                    self.close()
+                    if attempt == 1:
+                        raise DaemonError(f"daemon socket {self.path}: {e}") from e
+        raise AssertionError("unreachable")
+
+
+def canonical_host(host: str | None) -> str | None:
+    if not host:
+        return None
+    host = host.strip().rstrip(".").lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or None
+
+
+def parse_ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not text:
+        return None
+    try:
+        ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def is_internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Loopback, private, link-local, metadata, and every other non-public address."""
+    return ip == METADATA_IP or not ip.is_global or ip.is_multicast
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class PppAddon:
+    def __init__(self) -> None:
+        self.daemon: Daemon | None = None
+        self.state_dir = ""
+        self.generation: int | None = None
+        self._last_poll = 0.0
+        self._decisions: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
+        self._secrets: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
+        self._registry: dict[int, str] = {}
+        self._registry_stamp: tuple[int, int] | None = None
+        # Client connections denied at TLS/TCP/UDP level, by client id:
+        # server_connect refuses any upstream connection for them.
+        self._denied: dict[str, Verdict] = {}
+
+    # ---- options -------------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
+        loader.add_option("ppp_max_request_bytes", int, 1024 * 1024, "Largest request body ppp forwards")
+        loader.add_option("ppp_max_response_bytes", int, 10 * 1024 * 1024, "Largest response body ppp forwards")
+
+    def configure(self, updated: set[str]) -> None:
+        if "ppp_state_dir" in updated or self.daemon is None:
+            self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
+            if self.daemon is not None:
+                self.daemon.close()
+            self.daemon = Daemon(os.path.join(self.state_dir, "secret.sock")) if self.state_dir else None
+            self._invalidate(None)
+            self._registry_stamp = None
+
+    def done(self) -> None:
+        if self.daemon is not None:
+            self.daemon.close()
+
+    # ---- daemon, caches ------------------------------------------------
+
+    def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        if self.daemon is None:
+            raise DaemonError("ppp_state_dir is not set")
+        return self.daemon.ask(req)
+
+    def _invalidate(self, generation: int | None) -> None:
+        self._decisions.clear()
+        self._secrets.clear()
+        self._registry_stamp = None
+        self.generation = generation
+
+    def _saw_generation(self, g: Any) -> None:
+        if isinstance(g, int) and g != self.generation:
+            self._invalidate(g)
+
+    def _poll(self) -> None:
+        """Drop every cache when the daemon's generation moved (at most once a second)."""
+        now = time.monotonic()
+        if now - self._last_poll < GENERATION_POLL and self.generation is not None:
+            return
+        try:
+            r = self._ask({"op": "generation"})
+        except DaemonError:
+            self._invalidate(None)
+            raise
+        if not r.get("ok"):
+            self._invalidate(None)
+            raise DaemonError(f"generation: {r.get('reason')}")
+        self._last_poll = now
+        self._saw_generation(r.get("generation"))
+
+    def _load_registry(self) -> None:
+        path = os.path.join(self.state_dir, "port-registry.json")
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._registry, self._registry_stamp = {}, None
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._registry_stamp:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                ports = json.load(f).get("ports", {})
+            self._registry = {int(p): str(n) for p, n in ports.items()}
+            self._registry_stamp = stamp
+        except (OSError, ValueError, AttributeError) as e:
+            log.warning("ppp: unreadable %s: %s; denying every sandbox", path, e)
+            self._registry, self._registry_stamp = {}, None
+
+    def sandbox_of(self, client: connection.Client) -> str | None:
+        """The sandbox behind a client connection: its WireGuard server's port."""
+        mode = client.proxy_mode
+        if not isinstance(mode, mode_specs.WireGuardMode):
+            return None
+        port = mode.listen_port()
+        if port is None:
+            return None
+        self._load_registry()
+        return self._registry.get(port)
+
+    def decide(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+        """The daemon's verdict, cached per (sandbox, host, ip, port) for one generation."""
+        try:
+            self._poll()
+            key = (sandbox, host, ip, port, "")
+            if (v := self._decisions.get(key)) is not None:
+                return v
+            r = self._ask(
+                {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol}
+            )
+            if not r.get("ok"):
+                raise DaemonError(f"decide: {r.get('reason')} {r.get('detail', '')}")
+            rule = r.get("matched_rule")
+            if rule is not None and not isinstance(rule, dict):
+                raise DaemonError("decide: malformed matched_rule")
+            allow = r.get("verdict") == "allow"
+            if rule:
+                reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
+            else:
+                reason = f"default {r.get('verdict')}"
+            v = Verdict(
+                allow=allow,
+                rule_id=rule.get("id") if rule else None,
+                resource=rule.get("resource") if rule else None,
+                reason=reason,
+                generation=r.get("generation"),
+            )
+            self._saw_generation(r.get("generation"))
+            self._decisions[key] = v
+            return v
+        except DaemonError as e:
+            log.warning("ppp: policy daemon unavailable, denying: %s", e)
+            return deny("the ppp daemon is unreachable (fail closed)")
+
+    def check(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+        """Policy for a flow, plus the DNS-rebinding defence.
+
+        An allowed *name* whose destination is an internal address (loopback,
+        private, link-local, metadata) is only let through when a rule for
+        that address itself allows it.
+        """
+        if host is not None and parse_ip(host) is not None:
+            ip, host = str(parse_ip(host)), None
+        v = self.decide(sandbox, host, ip, port, protocol)
+        if not v.allow or host is None:
+            return v
+        addr = parse_ip(ip)
+        if addr is None or not is_internal(addr):
+            return v
+        by_ip = self.decide(sandbox, None, str(addr), port, protocol)
+        if by_ip.allow and by_ip.rule_id is not None:
+            return v
+        return Verdict(
+            allow=False,
+            reason=f"{host} resolves to internal address {addr}, which no rule allows (DNS rebinding defence)",
+            generation=v.generation,
+        )
+
+    def secret(self, service: str, sandbox: str, host: str) -> dict[str, Any]:
+        """A `secret` reply, cached for at most SECRET_TTL and one generation."""
+        key = (service, sandbox, host)
+        hit = self._secrets.get(key)
+        now = time.monotonic()
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        r = self._ask({"op": "secret", "service": service, "sandbox": sandbox, "host": host})
+        if r.get("ok") or r.get("reason") == "no-secret":
+            self._secrets[key] = (now + SECRET_TTL, r)
+        return r
+
+    # ---- flow log ------------------------------------------------------
+
+    def log_flow(self, **fields: Any) -> None:
+        record = {
+            "sandbox": fields.get("sandbox"),
+            "timestamp": now_rfc3339(),
+            "kind": fields.get("kind"),
+            "host": fields.get("host"),
+            "ip": fields.get("ip"),
+            "port": fields.get("port"),
+            "method": fields.get("method"),
+            "status": fields.get("status"),
+            "decision": fields.get("decision"),
+            "matched_rule": fields.get("matched_rule"),
+            "bytes_out": fields.get("bytes_out", 0),
+            "bytes_in": fields.get("bytes_in", 0),
+        }
+        if not self.state_dir:
+            return
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        try:
+            fd = os.open(os.path.join(self.state_dir, "flows.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)  # one write: concurrent appenders never interleave
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("ppp: could not append to flows.jsonl: %s", e)
+
+    # ---- helpers -------------------------------------------------------
+
+    @staticmethod
+    def _addr(server: connection.Server) -> tuple[str | None, int | None]:
+        if server.address:
+            ip = parse_ip(str(server.address[0]))
+            return (str(ip) if ip else None), int(server.address[1])
+        return None, None
+
+    @staticmethod
+    def hint(sandbox: str | None, host: str | None) -> str:
+        if sandbox and host:
+            return f"ppp policy allow network --sandbox {sandbox} {host}"
+        return "ppp policy allow network --sandbox <name> <host>"
+
+    def _deny_http(self, flow: http.HTTPFlow, sandbox: str | None, host: str | None, v: Verdict) -> None:
+        if v.rule_id is not None:
+            why = f"blocked by ppp policy rule {v.rule_id} ({v.resource})"
+        elif v.reason.startswith("default"):
+            why = "blocked by ppp policy: default deny"
+        else:
+            why = f"blocked by ppp: {v.reason}"
+        body = f"{why}\nhost: {host}\nto allow: {self.hint(sandbox, host)}\n"
+        flow.response = http.Response.make(403, body.encode(), {"content-type": "text/plain; charset=utf-8"})
+        self._mark(flow, sandbox, host, v, False)
+        log.info("ppp: [%s] denied HTTP %s: %s", sandbox, host, why)
+
+    @staticmethod
+    def _mark(flow: Any, sandbox: str | None, host: str | None, v: Verdict, allowed: bool) -> None:
+        flow.metadata["ppp"] = {
+            "sandbox": sandbox,
+            "host": host,
+            "decision": "allow" if allowed else "deny",
+            "matched_rule": v.rule_id,
+        }
+
+    def _too_large(self, flow: http.HTTPFlow, what: str, limit: int) -> None:
+        body = f"blocked by ppp: the {what} body exceeds {limit} bytes\n"
+        flow.response = http.Response.make(413, body.encode(), {"content-type": "text/plain; charset=utf-8"})
+        meta = flow.metadata.setdefault("ppp", {})
+        meta["decision"] = "deny"
+        log.info("ppp: %s body over %d bytes refused for %s", what, limit, flow.request.pretty_host)
+
+    # ---- TLS and connections -------------------------------------------
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        client = data.context.client
+        sandbox = host = ip = port = None
+        try:
+            host = canonical_host(data.client_hello.sni)
+            ip, port = self._addr(data.context.server)
+            sandbox = self.sandbox_of(client)
+            if sandbox is None:
+                v = deny(f"unknown WireGuard port {self._port(client)}")
+            elif port is None:
+                v = deny("no destination address")
+            else:
+                v = self.check(sandbox, host, ip, port, "tls")
+        except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
+            log.exception("ppp: tls_clienthello failed, denying")
+            v = deny(f"internal error: {type(e).__name__}")
+        if not v.allow:
+            self._denied[client.id] = v
+            self.log_flow(
+                sandbox=sandbox, kind="tls", host=host, ip=ip, port=port, decision="deny", matched_rule=v.rule_id
+            )
+            log.info("ppp: [%s] denied TLS %s (%s:%s): %s", sandbox, host, ip, port, v.reason)
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            v = self._denied.get(data.client.id)
+            if v is None and self.sandbox_of(data.client) is None:
+                v = deny(f"unknown WireGuard port {self._port(data.client)}")
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: server_connect failed, refusing")
+            v = deny("internal error")
+        if v is not None:
+            data.server.error = f"ppp: denied by policy: {v.reason}"
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._denied.pop(client.id, None)
+
+    @staticmethod
+    def _port(client: connection.Client) -> int | None:
+        mode = client.proxy_mode
+        return mode.listen_port() if isinstance(mode, mode_specs.WireGuardMode) else None
+
+    def _start_stream(self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str) -> None:
+        sandbox = host = ip = port = None
+        try:
+            ip, port = self._addr(flow.server_conn)
+            host = canonical_host(flow.client_conn.sni)
+            sandbox = self.sandbox_of(flow.client_conn)
+            prior = self._denied.get(flow.client_conn.id)
+            if sandbox is None:
+                v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            elif prior is not None:
+                v = prior
+            elif port is None:
+                v = deny("no destination address")
+            else:
+                v = self.check(sandbox, host, ip, port, kind)
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: %s_start failed, denying", kind)
+            v = deny(f"internal error: {type(e).__name__}")
+        self._mark(flow, sandbox, host or ip, v, v.allow)
+        flow.metadata["ppp"].update(kind=kind, ip=ip, port=port)
+        if not v.allow:
+            self._denied[flow.client_conn.id] = v
+            if flow.killable:
+                flow.kill()
+            log.info("ppp: [%s] denied %s %s:%s: %s", sandbox, kind.upper(), ip, port, v.reason)
+            try:
+                self._log_stream(flow)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log a denied %s flow", kind)
+
+    def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        self._start_stream(flow, "tcp")
+
+    def udp_start(self, flow: udp.UDPFlow) -> None:
+        self._start_stream(flow, "udp")
+
+    def _log_stream(self, flow: tcp.TCPFlow | udp.UDPFlow) -> None:
+        meta = flow.metadata.get("ppp")
+        if not meta or meta.get("logged"):
+            return
+        meta["logged"] = True
+        out = sum(len(m.content) for m in flow.messages if m.from_client)
+        inn = sum(len(m.content) for m in flow.messages if not m.from_client)
+        self.log_flow(
+            sandbox=meta.get("sandbox"),
+            kind=meta.get("kind"),
+            host=meta.get("host"),
+            ip=meta.get("ip"),
+            port=meta.get("port"),
+            decision=meta.get("decision"),
+            matched_rule=meta.get("matched_rule"),
+            bytes_out=out,
+            bytes_in=inn,
+        )
+
+    def tcp_end(self, flow: tcp.TCPFlow) -> None:
+        self._log_stream(flow)
+
+    def tcp_error(self, flow: tcp.TCPFlow) -> None:
+        self._log_stream(flow)
+
+    def udp_end(self, flow: udp.UDPFlow) -> None:
+        self._log_stream(flow)
+
+    def udp_error(self, flow: udp.UDPFlow) -> None:
+        self._log_stream(flow)
+
+    # ---- DNS -----------------------------------------------------------
+
+    def dns_request(self, flow: dns.DNSFlow) -> None:
+        sandbox = None
+        name = None
+        try:
+            sandbox = self.sandbox_of(flow.client_conn)
+            q = flow.request.question
+            name = canonical_host(q.name) if q is not None else None
+            if sandbox is None:
+                v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            elif name is None:
+                v = deny("a DNS query without a question")
+            else:
+                v = self.decide(sandbox, name, None, 53, "dns")
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: dns_request failed, refusing")
+            v = deny(f"internal error: {type(e).__name__}")
+        if not v.allow:
+            flow.response = flow.request.fail(response_codes.REFUSED)
+            log.info("ppp: [%s] refused DNS %s: %s", sandbox, name, v.reason)
+            try:
+                self._log_dns(flow, sandbox, name, v)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log a refused DNS query")
+
+    def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> None:
+        ip, _ = self._addr(flow.server_conn)
+        self.log_flow(
+            sandbox=sandbox,
+            kind="dns",
+            host=name,
+            ip=ip,
+            port=53,
+            status="REFUSED",
+            decision="deny",
+            matched_rule=v.rule_id,
+            bytes_out=len(flow.request.packed),
+        )
+
+    # ---- HTTP ----------------------------------------------------------
+
+    def _http_decide(self, flow: http.HTTPFlow) -> None:
+        sandbox = None
+        host = canonical_host(flow.request.pretty_host)
+        try:
+            sandbox = self.sandbox_of(flow.client_conn)
+            ip, port = self._addr(flow.server_conn)
+            if ip is None:
+                ip = str(parse_ip(flow.request.host)) if parse_ip(flow.request.host) else None
+            if port is None:
+                port = flow.request.port
+            prior = self._denied.get(flow.client_conn.id)
+            if sandbox is None:
+                v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            elif prior is not None:
+                v = prior
+            else:
+                v = self.check(sandbox, host, ip, port, "http")
+            if not v.allow:
+                self._deny_http(flow, sandbox, host, v)
+                return
+            self._mark(flow, sandbox, host, v, True)
+            flow.metadata["ppp"].update(ip=ip, port=port)
+            limit = ctx.options.ppp_max_request_bytes
+            cl = flow.request.headers.get("content-length", "")
+            if cl.strip().isdigit() and int(cl) > limit:
+                self._too_large(flow, "request", limit)
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: HTTP policy check failed, denying")
+            self._deny_http(flow, sandbox, host, deny(f"internal error: {type(e).__name__}"))
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        self._http_decide(flow)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if "ppp" not in flow.metadata:
+            # requestheaders did not run (e.g. a replayed flow): decide now.
+            self._http_decide(flow)
+        meta = flow.metadata.get("ppp", {})
+        if flow.response is not None or meta.get("decision") != "allow":
+            return
+        try:
+            limit = ctx.options.ppp_max_request_bytes
+            if flow.request.raw_content is not None and len(flow.request.raw_content) > limit:
+                self._too_large(flow, "request", limit)
+                return
+            self._inject(flow, meta["sandbox"], meta["host"])
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: secret injection failed, denying")
+            self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
+
+    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None) -> None:
+        if not host:
+            return
+        try:
+            self._poll()
+            service = SERVICE_HOSTS.get(host)
+            if service is not None:
+                r = self.secret(service, sandbox, host)
+                if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
+                    for h in AUTH_HEADERS:
+                        flow.request.headers.pop(h, None)
+                    flow.request.headers[r["header"]] = r["value"]
+                    log.info("ppp: [%s] injected the %s key for %s", sandbox, service, host)
+                elif r.get("reason") != "no-secret":
+                    raise DaemonError(f"secret {service}: {r.get('reason')}")
+            subs = self.secret("", sandbox, host)
+            if not subs.get("ok"):
+                raise DaemonError(f"substitutions: {subs.get('reason')}")
+            pairs = [
+                (s["placeholder"], s["value"])
+                for s in subs.get("substitutions") or []
+                if isinstance(s, dict) and s.get("placeholder") and isinstance(s.get("value"), str)
+            ]
+            if pairs:
+                for name in set(flow.request.headers.keys()):
+                    vals = flow.request.headers.get_all(name)
+                    new = [self._sub(v, pairs) for v in vals]
+                    if new != vals:
+                        flow.request.headers.set_all(name, new)
+        except DaemonError as e:
+            log.warning("ppp: [%s] secrets unavailable for %s: %s", sandbox, host, e)
+            body = f"ppp could not fetch the secret for {host}: {e}\n"
+            flow.response = http.Response.make(503, body.encode(), {"content-type": "text/plain; charset=utf-8"})
+
+    @staticmethod
+    def _sub(value: str, pairs: list[tuple[str, str]]) -> str:
+        for p, secret in pairs:
+            value = value.replace(p, secret)
+        return value
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            if flow.response is None or flow.metadata.get("ppp", {}).get("decision") != "allow":
+                return
+            limit = ctx.options.ppp_max_response_bytes
+            cl = flow.response.headers.get("content-length", "")
+            if cl.strip().isdigit() and int(cl) > limit:
+                # Declared too large: answer 413 now and stream the upstream
+                # body into the void, so it is never buffered. mitmproxy sends
+                # these headers at once, then what `stream` returns per chunk;
+                # the final call (with b"") emits the 413's body.
+                self._too_large(flow, "response", limit)
+                assert flow.response is not None
+                body = flow.response.raw_content or b""
+                sent = False
+
+                def discard(chunk: bytes) -> bytes:
+                    nonlocal sent
+                    if chunk == b"" and not sent:
+                        sent = True
+                        return body
+                    return b""
+
+                flow.response.stream = discard
+                flow.metadata["ppp_too_large"] = "streamed"
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: responseheaders failed")
+            flow.kill()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        try:
+            meta = flow.metadata.get("ppp", {})
+            limit = ctx.options.ppp_max_response_bytes
+            if (
+                meta.get("decision") == "allow"
+                and flow.response is not None
+                and flow.metadata.get("ppp_too_large") != "streamed"
+                and len(flow.response.raw_content or b"") > limit
+            ):
+                # No (or a false) Content-Length: caught once buffered.
+                self._too_large(flow, "response", limit)
+            self._log_http(flow)
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: response hook failed")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._log_http(flow)
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: error hook failed")
+
+    def _log_http(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get("ppp", {})
+        if meta.get("logged"):
+            return
+        meta["logged"] = True
+        ip, port = self._addr(flow.server_conn)
+        self.log_flow(
+            sandbox=meta.get("sandbox"),
+            kind="http",
+            host=meta.get("host") or canonical_host(flow.request.pretty_host),
+            ip=meta.get("ip", ip),
+            port=meta.get("port", port),
+            method=flow.request.method,
+            status=flow.response.status_code if flow.response else None,
+            decision=meta.get("decision", "deny"),
+            matched_rule=meta.get("matched_rule"),
+            bytes_out=len(flow.request.raw_content or b""),
+            bytes_in=len(flow.response.raw_content or b"") if flow.response else 0,
+        )
+
+
+addons = [PppAddon()]

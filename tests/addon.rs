@@ -1,0 +1,249 @@
+//! The mitmproxy addon (`assets/addon.py`) against the real daemon socket:
+//! each test builds a `$PPP_DATA` (policy files, the file secret store, a
+//! port registry), serves `secret.sock` in-process, and runs the Python
+//! suite `tests/addon/test_addon.py` in the test venv, which drives the
+//! addon's hooks with mitmproxy's own test flows. No network is used.
+//!
+//! Plus one real `mitmdump -s <addon>` start, inside a network namespace with
+//! nothing but loopback (needs root and `ip netns`), proving the addon loads.
+//!
+//! Needs the venv `make test-deps` builds; without it the tests fail rather
+//! than skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use ppp::dirs::Dirs;
+use ppp::proxy::socket::{self, State};
+use ppp::proxy::{mitmdump, trust};
+use ppp::secret::{Backend, Scope, Settings, Store, Value};
+
+fn venv() -> PathBuf {
+    let root = std::env::var_os("PPP_TEST_VENV")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv"), PathBuf::from);
+    let python = root.join("bin/python");
+    assert!(python.is_file(), "`{}` is missing: run `make test-deps`", python.display());
+    root
+}
+
+fn dirs(root: &Path) -> Dirs {
+    // Short names: the socket path must fit in `sun_path`.
+    Dirs { config: root.join("c"), data: root.join("d"), cache: root.join("k") }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+fn rules_yaml(rules: &[(&str, &str)]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("rules:\n");
+    for (decision, resource) in rules {
+        let id = uuid::Uuid::new_v4();
+        let _ = write!(
+            out,
+            "  - id: {id}\n    decision: {decision}\n    type: network\n    resource: \"{resource}\"\n    \
+             created_at: 2026-01-01T00:00:00Z\n    source: local\n"
+        );
+    }
+    out
+}
+
+/// The fixture `tests/addon/test_addon.py` documents in its header.
+fn fixture(d: &Dirs) {
+    write(
+        &d.global_policy(),
+        &format!(
+            "default: deny\n{}",
+            rules_yaml(&[
+                ("allow", "api.anthropic.com"),
+                ("allow", "api.openai.com"),
+                ("allow", "jira.example.com"),
+                ("allow", "*.allowed.test"),
+                ("allow", "10.9.0.0/16"),
+                ("deny", "evil.allowed.test"),
+            ])
+        ),
+    );
+    write(&d.sandbox_policy("red-fox"), &rules_yaml(&[("allow", "fox-only.test")]));
+    write(&d.sandbox_policy("blue"), &rules_yaml(&[("deny", "www.allowed.test")]));
+    registry(d);
+    let store = Store::open_with(d, &Settings { backend: Some(Backend::File), age_identity: None }).unwrap();
+    let fox = Scope::Sandbox("red-fox".into());
+    store.set_service(&Scope::Global, "anthropic", &[], &Value::new("sk-ant-GLOBAL-1111".into())).unwrap();
+    store.set_service(&fox, "anthropic", &[], &Value::new("sk-ant-FOX-2222".into())).unwrap();
+    store.set_service(&fox, "openai", &[], &Value::new("sk-oai-FOX-3333".into())).unwrap();
+    let jira = ["jira.example.com".to_owned()];
+    store.set_custom(&Scope::Global, "PPP_JIRA_TOKEN", &jira, None, &Value::new("jira-secret-4444".into())).unwrap();
+}
+
+fn registry(d: &Dirs) {
+    write(&d.port_registry(), r#"{"ports": {"51820": "red-fox", "51821": "blue"}}"#);
+}
+
+/// The daemon's socket server on its own runtime thread, stopped on drop.
+struct Daemon {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Daemon {
+    fn start(d: &Dirs) -> Daemon {
+        let listener = socket::bind(d).unwrap();
+        let store = Store::open_with(d, &Settings { backend: Some(Backend::File), age_identity: None }).unwrap();
+        let state = Arc::new(State::new(d.clone(), store).unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(socket::serve(listener, state, async {
+                let _ = rx.await;
+            }))
+        });
+        Daemon { stop: Some(tx), thread: Some(thread) }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+            let r = self.thread.take().unwrap().join();
+            if !std::thread::panicking() {
+                r.unwrap().unwrap();
+            }
+        }
+    }
+}
+
+/// Run the Python suite (or the named tests) with `PPP_STATE_DIR=data`;
+/// returns how many tests ran. Fails unless unittest says OK.
+fn python_suite(data: &Path, names: &[&str]) -> usize {
+    let python = venv().join("bin/python");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(&python)
+        .arg(root.join("tests/addon/test_addon.py"))
+        .arg("-v")
+        .args(names)
+        .current_dir(root)
+        .env("PPP_STATE_DIR", data)
+        .env_remove("PPP_DATA")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "the addon suite failed");
+    let ran = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran ").and_then(|r| r.split_whitespace().next()?.parse::<usize>().ok()))
+        .expect("unittest reports how many tests ran");
+    assert!(stderr.lines().any(|l| l.trim() == "OK"), "unittest did not say OK");
+    ran
+}
+
+#[test]
+fn addon_suite_against_the_real_daemon() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    let _daemon = Daemon::start(&d);
+    let ran = python_suite(&d.data, &["Live"]);
+    assert!(ran >= 17, "only {ran} tests ran");
+    let flows = std::fs::read_to_string(d.flows_log()).unwrap();
+    for secret in ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444"] {
+        assert!(!flows.contains(secret), "flows.jsonl leaks a secret");
+    }
+    for line in flows.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let t = v["timestamp"].as_str().unwrap();
+        assert!(time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).is_ok(), "{t}");
+    }
+}
+
+#[test]
+fn addon_fails_closed_without_a_daemon() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    assert_eq!(python_suite(&d.data, &["NoDaemon"]), 1);
+}
+
+/// Deletes the named network namespace on drop, also when an assertion fails.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// `mitmdump -s addon.py` starts a WireGuard server with the addon loaded
+/// and logs no error, in a namespace with no route anywhere.
+#[test]
+fn mitmdump_loads_the_addon() {
+    let mitmdump_bin = venv().join("bin/mitmdump");
+    assert!(mitmdump_bin.is_file(), "`{}` is missing: run `make test-deps`", mitmdump_bin.display());
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    registry(&d);
+    let addon = mitmdump::write_addon(&d, &ppp::assets::addon()).unwrap();
+    let ca =
+        trust::export(&d, &trust::Source::Files(trust::LINUX_BUNDLES.iter().map(PathBuf::from).collect())).unwrap();
+    let mut spec = mitmdump::Spec::new(&d, mitmdump_bin, [51999], addon, ca);
+    spec.sets.push(("ppp_state_dir".into(), d.data.display().to_string()));
+    spec.sets.push(("console_eventlog_verbosity".into(), "info".into()));
+    mitmdump::prepare(&spec).unwrap();
+    let inv = mitmdump::command(&spec);
+
+    let ns = format!("ppp-a{}", std::process::id());
+    let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
+    assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success(), "ip netns add (needs root)");
+    let _cleanup = Cleanup(ns.clone());
+    let log = tmp.path().join("proxy.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(&inv.program)
+        .args(&inv.args)
+        .envs(inv.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("listening") {
+            break text;
+        }
+        if start.elapsed() > Duration::from_secs(60) || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mitmdump did not start listening:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Give a late load error a moment to show up.
+    std::thread::sleep(Duration::from_millis(500));
+    let text = std::fs::read_to_string(&log).unwrap_or(text);
+    kill(Pid::from_raw(i32::try_from(child.id()).unwrap()), Signal::SIGTERM).unwrap();
+    let stopped = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if stopped.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mitmdump ignored SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!text.contains("Traceback") && !text.contains("Error"), "mitmdump logged an error:\n{text}");
+    assert!(text.contains("Loading script"), "the addon was not loaded:\n{text}");
+}

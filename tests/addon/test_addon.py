@@ -1,0 +1,416 @@
+"""ppp's mitmproxy addon against the real ppp daemon socket.
+
+Run by tests/addon.rs, which builds the fixture, starts the daemon in-process
+and sets PPP_STATE_DIR. Fixture (the contract with tests/addon.rs):
+
+* port-registry: 51820 -> red-fox, 51821 -> blue
+* global policy: default deny; allow api.anthropic.com, api.openai.com,
+  jira.example.com, *.allowed.test, 10.9.0.0/16; deny evil.allowed.test
+* red-fox: allow fox-only.test; blue: deny www.allowed.test
+* secrets: anthropic global sk-ant-GLOBAL-1111, anthropic red-fox
+  sk-ant-FOX-2222, openai red-fox sk-oai-FOX-3333, custom PPP_JIRA_TOKEN for
+  jira.example.com = jira-secret-4444
+
+`Live` needs the daemon; `NoDaemon` needs a state dir with no daemon.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import types
+import unittest
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import connection, dns, http
+from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.mode_specs import ProxyMode
+from mitmproxy.test import taddons, tflow, tutils
+from mitmproxy.tls import ClientHelloData
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = os.environ.get("PPP_STATE_DIR", "")
+SECRETS = ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444"]
+
+
+def load_addon_module() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("ppp_addon", ROOT / "assets" / "addon.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+A = load_addon_module()
+
+
+def ask(req: dict[str, Any]) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.path.join(STATE, "secret.sock"))
+        s.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf)
+
+
+def client(port: int, peer: str = "10.0.0.2") -> connection.Client:
+    c = tflow.tclient_conn()
+    c.proxy_mode = ProxyMode.parse(f"wireguard:/nonexistent@{port}")
+    c.peername = (peer, 40000)
+    c.sni = None
+    return c
+
+
+def server(ip: str, port: int) -> connection.Server:
+    s = tflow.tserver_conn()
+    s.address = (ip, port)
+    s.sni = None
+    return s
+
+
+def http_flow(
+    port: int,
+    host: str,
+    ip: str = "93.184.216.34",
+    dport: int = 443,
+    headers: dict[str, str] | None = None,
+    content: bytes = b"",
+    peer: str = "10.0.0.2",
+) -> http.HTTPFlow:
+    f = tflow.tflow(client_conn=client(port, peer), server_conn=server(ip, dport))
+    r = f.request
+    r.scheme, r.host, r.port, r.authority = "https", ip, dport, ""
+    r.headers.clear()
+    r.headers["host"] = host
+    for k, v in (headers or {}).items():
+        r.headers[k] = v
+    r.content = content
+    if content:
+        r.headers["content-length"] = str(len(content))
+    return f
+
+
+class Base(unittest.TestCase):
+    def setUp(self) -> None:
+        if not STATE:
+            self.fail("PPP_STATE_DIR is not set; run through `cargo test --test addon`")
+        self.addon = A.PppAddon()
+        self.tctx = taddons.context(self.addon)
+        self.tctx.__enter__()
+        self.tctx.configure(self.addon, ppp_state_dir=STATE)
+
+    def tearDown(self) -> None:
+        self.addon.done()
+        self.tctx.__exit__(None, None, None)
+
+    def run_http(self, f: http.HTTPFlow) -> http.HTTPFlow:
+        """The hooks mitmproxy calls for a request, in order."""
+        self.addon.requestheaders(f)
+        self.addon.request(f)
+        if f.response is None:  # "upstream" answers
+            f.response = tutils.tresp(content=b"upstream says hi")
+            self.addon.responseheaders(f)
+        self.addon.response(f)
+        return f
+
+    def tls(self, port: int, sni: str | None, ip: str, dport: int = 443) -> connection.Client:
+        c = client(port)
+        cx = Context(c, self.tctx.options)
+        cx.server = server(ip, dport)
+        self.addon.tls_clienthello(ClientHelloData(cx, types.SimpleNamespace(sni=sni)))  # type: ignore[arg-type]
+        return c
+
+    def connect(self, c: connection.Client, ip: str, dport: int) -> str | None:
+        s = server(ip, dport)
+        self.addon.server_connect(server_hooks.ServerConnectionHookData(client=c, server=s))
+        return s.error
+
+    def flows(self) -> list[dict[str, Any]]:
+        p = Path(STATE) / "flows.jsonl"
+        return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+class Live(Base):
+    def test_identity_is_the_listen_port_not_the_peer(self) -> None:
+        # fox-only.test is allowed for red-fox (51820) only, whatever the peer says.
+        f = self.run_http(http_flow(51820, "fox-only.test", peer="10.99.0.2"))
+        self.assertEqual(f.response.status_code, 200)
+        f = self.run_http(http_flow(51821, "fox-only.test", peer="10.0.0.2"))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("ppp policy allow network --sandbox blue fox-only.test", f.response.text)
+
+    def test_unknown_port_and_other_modes_are_denied(self) -> None:
+        f = self.run_http(http_flow(51899, "api.anthropic.com"))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("unknown WireGuard port 51899", f.response.text)
+        f = http_flow(51820, "api.anthropic.com")
+        f.client_conn.proxy_mode = ProxyMode.parse("regular@51820")
+        self.assertEqual(self.run_http(f).response.status_code, 403)
+        self.assertIsNotNone(self.connect(client(51899), "93.184.216.34", 443))
+
+    def test_allow_and_deny_per_sandbox_with_rule_in_body(self) -> None:
+        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test")).response.status_code, 200)
+        f = self.run_http(http_flow(51821, "www.allowed.test"))
+        self.assertEqual(f.response.status_code, 403)
+        rule = ask({"op": "decide", "sandbox": "blue", "host": "www.allowed.test", "port": 443})["matched_rule"]
+        self.assertIn(rule["id"], f.response.text)
+        self.assertIn("www.allowed.test", f.response.text)
+        self.assertIn("ppp policy allow network --sandbox blue www.allowed.test", f.response.text)
+        f = self.run_http(http_flow(51820, "nothing.example"))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("default deny", f.response.text)
+        self.assertIn("ppp policy allow network --sandbox red-fox nothing.example", f.response.text)
+
+    def test_decisions_are_cached_until_the_generation_changes(self) -> None:
+        calls: list[str] = []
+        real = self.addon.daemon.ask
+
+        def counting(req: dict[str, Any]) -> dict[str, Any]:
+            calls.append(req["op"])
+            return real(req)
+
+        self.addon.daemon.ask = counting  # type: ignore[method-assign]
+        for _ in range(5):
+            self.assertEqual(self.run_http(http_flow(51821, "late.test")).response.status_code, 403)
+        self.assertEqual(calls.count("decide"), 1, calls)
+
+        policy = Path(STATE) / "sandboxes" / "blue" / "policy.yaml"
+        before = policy.read_text()
+        try:
+            policy.write_text(
+                before
+                + "  - id: 7f1c2d3e-0000-4000-8000-000000000001\n    decision: allow\n    type: network\n"
+                + '    resource: "late.test"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
+            )
+            self.assertTrue(ask({"op": "reload"})["ok"])
+            self.addon._last_poll = 0.0  # the next hook polls (it would after ~1 s anyway)
+            f = self.run_http(http_flow(51821, "late.test"))
+            self.assertEqual(f.response.status_code, 200)
+            self.assertEqual(calls.count("decide"), 2, calls)
+        finally:
+            policy.write_text(before)
+            ask({"op": "reload"})
+
+    def test_key_injected_only_for_its_host_and_client_auth_stripped(self) -> None:
+        f = self.run_http(
+            http_flow(51821, "api.anthropic.com", headers={"x-api-key": "guest-dummy", "authorization": "Bearer x"})
+        )
+        self.assertEqual(f.request.headers.get_all("x-api-key"), ["sk-ant-GLOBAL-1111"])
+        self.assertNotIn("authorization", f.request.headers)
+        # Allowed host with no service: the guest's headers are left alone, no key is added.
+        f = self.run_http(http_flow(51820, "www.allowed.test", headers={"authorization": "Bearer mine"}))
+        self.assertEqual(f.request.headers["authorization"], "Bearer mine")
+        self.assertFalse(any(s in str(f.request.headers) for s in SECRETS))
+        # Denied: no key, whatever the host.
+        f = self.run_http(http_flow(51821, "api.openai.com", ip="127.0.0.1"))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertNotIn("authorization", f.request.headers)
+
+    def test_sandbox_key_preferred_over_global(self) -> None:
+        f = self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "dummy"}))
+        self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+        f = self.run_http(http_flow(51820, "api.openai.com", headers={"authorization": "Bearer dummy"}))
+        self.assertEqual(f.request.headers["authorization"], "Bearer sk-oai-FOX-3333")
+        # blue has no openai key: nothing injected, the request goes as is.
+        f = self.run_http(http_flow(51821, "api.openai.com", headers={"authorization": "Bearer dummy"}))
+        self.assertEqual(f.request.headers["authorization"], "Bearer dummy")
+
+    def test_placeholders_substituted_for_their_host_only(self) -> None:
+        f = self.run_http(http_flow(51820, "jira.example.com", headers={"authorization": "Basic me:PPP_JIRA_TOKEN"}))
+        self.assertEqual(f.request.headers["authorization"], "Basic me:jira-secret-4444")
+        f = self.run_http(http_flow(51820, "www.allowed.test", headers={"x-token": "PPP_JIRA_TOKEN"}))
+        self.assertEqual(f.request.headers["x-token"], "PPP_JIRA_TOKEN")
+
+    def test_dns_rebinding_to_internal_addresses_refused(self) -> None:
+        for ip in ["127.0.0.1", "169.254.169.254", "192.168.1.1", "::1", "::ffff:169.254.169.254"]:
+            f = self.run_http(http_flow(51820, "rebind.allowed.test", ip=ip))
+            self.assertEqual(f.response.status_code, 403, ip)
+            self.assertIn("rebinding", f.response.text)
+        # An internal address a CIDR rule allows is fine.
+        self.assertEqual(self.run_http(http_flow(51820, "db.allowed.test", ip="10.9.1.1")).response.status_code, 200)
+        # TLS too: the SNI is allowed, the address is not.
+        c = self.tls(51820, "rebind.allowed.test", "169.254.169.254")
+        self.assertIsNotNone(self.connect(c, "169.254.169.254", 443))
+
+    def test_body_size_limits(self) -> None:
+        big = b"x" * (2 * 1024 * 1024)
+        f = self.run_http(http_flow(51820, "www.allowed.test", content=big))
+        self.assertEqual(f.response.status_code, 413)
+        f = http_flow(51820, "www.allowed.test", content=big)
+        del f.request.headers["content-length"]  # chunked: caught once buffered
+        self.assertEqual(self.run_http(f).response.status_code, 413)
+        f = http_flow(51820, "www.allowed.test")
+        self.addon.requestheaders(f)
+        self.addon.request(f)
+        f.response = tutils.tresp(content=b"y" * (11 * 1024 * 1024))
+        self.addon.responseheaders(f)
+        self.addon.response(f)
+        self.assertEqual(f.response.status_code, 413)
+        # A declared Content-Length over the limit: 413 at once, upstream body discarded as it streams.
+        f = http_flow(51820, "www.allowed.test")
+        self.addon.requestheaders(f)
+        self.addon.request(f)
+        f.response = tutils.tresp(content=b"")
+        f.response.headers["content-length"] = str(50 * 1024 * 1024)
+        self.addon.responseheaders(f)
+        self.assertEqual(f.response.status_code, 413)
+        self.assertTrue(callable(f.response.stream))
+        self.assertEqual(f.response.stream(b"z" * 65536), b"")
+        body = f.response.stream(b"")
+        self.assertIn(b"exceeds", body)
+        self.assertEqual(int(f.response.headers["content-length"]), len(body))
+        self.assertEqual(f.response.stream(b""), b"")
+        self.addon.response(f)
+        self.assertEqual(f.response.status_code, 413)
+        self.assertEqual(self.flows()[-1]["status"], 413)
+        self.tctx.configure(self.addon, ppp_max_request_bytes=10)
+        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413)
+        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200)
+
+    def test_tls_denial_refuses_upstream_and_requests(self) -> None:
+        c = self.tls(51821, "www.allowed.test", "93.184.216.34")
+        err = self.connect(c, "93.184.216.34", 443)
+        self.assertIsNotNone(err)
+        self.assertIn("denied", err)
+        f = http_flow(51821, "www.allowed.test")
+        f.client_conn = c
+        self.assertEqual(self.run_http(f).response.status_code, 403)
+        # Domain fronting: an allowed Host header inside a denied SNI is still denied.
+        f = http_flow(51821, "ok.allowed.test")
+        f.client_conn = c
+        self.assertEqual(self.run_http(f).response.status_code, 403)
+        ok = self.tls(51820, "www.allowed.test", "93.184.216.34")
+        self.assertIsNone(self.connect(ok, "93.184.216.34", 443))
+        self.addon.client_disconnected(c)
+        self.assertNotIn(c.id, self.addon._denied)
+
+    def test_tcp_and_udp(self) -> None:
+        f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("203.0.113.5", 22))
+        self.addon.tcp_start(f)
+        self.assertTrue(f.error and f.error.msg == "Connection killed.", f.error)
+        self.assertIsNotNone(self.connect(f.client_conn, "203.0.113.5", 22))
+        f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.1", 5432))
+        self.addon.tcp_start(f)
+        self.assertIsNone(f.error)
+        self.assertIsNone(self.connect(f.client_conn, "10.9.1.1", 5432))
+        self.addon.tcp_end(f)
+        f = tflow.tudpflow(client_conn=client(51821), server_conn=server("203.0.113.5", 9999))
+        self.addon.udp_start(f)
+        self.assertTrue(f.error)
+        f = tflow.tudpflow(client_conn=client(51821), server_conn=server("10.9.1.1", 9999))
+        self.addon.udp_start(f)
+        self.assertIsNone(f.error)
+        f = tflow.ttcpflow(client_conn=client(51877), server_conn=server("10.9.1.1", 5432))
+        self.addon.tcp_start(f)
+        self.assertTrue(f.error)
+
+    def test_dns(self) -> None:
+        def query(port: int, name: str) -> dns.DNSFlow:
+            req = tutils.tdnsreq(questions=[dns.Question(name, dns.types.A, dns.classes.IN)])
+            f = tflow.tdnsflow(client_conn=client(port), server_conn=server("10.0.0.53", 53), req=req)
+            self.addon.dns_request(f)
+            return f
+
+        f = query(51820, "api.anthropic.com")
+        self.assertIsNone(f.response, "allowed names are left to mitmproxy's resolver")
+        for port, name in [(51820, "blocked.test"), (51821, "fox-only.test"), (51877, "api.anthropic.com")]:
+            f = query(port, name)
+            self.assertIsNotNone(f.response, name)
+            self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
+            self.assertEqual(f.response.id, f.request.id)
+        logged = [x for x in self.flows() if x["kind"] == "dns" and x["host"] == "blocked.test"]
+        self.assertTrue(logged and logged[-1]["decision"] == "deny")
+
+    def test_flow_log_is_well_formed_and_has_no_secret(self) -> None:
+        self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}, content=b"abc"))
+        self.run_http(http_flow(51821, "evil.allowed.test"))
+        self.run_http(http_flow(51820, "jira.example.com", headers={"authorization": "PPP_JIRA_TOKEN"}))
+        text = (Path(STATE) / "flows.jsonl").read_text()
+        for s in SECRETS:
+            self.assertNotIn(s, text)
+        keys = {"sandbox", "timestamp", "host", "ip", "port", "method", "status", "decision", "matched_rule"}
+        rows = self.flows()
+        for row in rows:
+            self.assertTrue(keys <= row.keys(), row)
+            self.assertTrue(row["timestamp"].endswith("Z"), row)
+            self.assertIsInstance(row["bytes_out"], int)
+            self.assertIsInstance(row["bytes_in"], int)
+        ant = [r for r in rows if r["host"] == "api.anthropic.com" and r["sandbox"] == "red-fox"][-1]
+        self.assertEqual((ant["decision"], ant["status"], ant["method"], ant["port"]), ("allow", 200, "GET", 443))
+        self.assertEqual((ant["bytes_out"], ant["bytes_in"]), (3, len(b"upstream says hi")))
+        self.assertIsNotNone(ant["matched_rule"])
+        evil = [r for r in rows if r["host"] == "evil.allowed.test"][-1]
+        self.assertEqual((evil["decision"], evil["status"], evil["sandbox"]), ("deny", 403, "blue"))
+        rule = ask({"op": "decide", "sandbox": "blue", "host": "evil.allowed.test", "port": 443})["matched_rule"]
+        self.assertEqual(evil["matched_rule"], rule["id"])
+
+    def test_hook_exceptions_deny(self) -> None:
+        def boom(*a: Any, **k: Any) -> Any:
+            raise RuntimeError("boom")
+
+        self.addon.check = boom  # type: ignore[method-assign]
+        f = self.run_http(http_flow(51820, "www.allowed.test"))
+        self.assertEqual(f.response.status_code, 403)
+        c = self.tls(51820, "www.allowed.test", "93.184.216.34")
+        self.assertIsNotNone(self.connect(c, "93.184.216.34", 443))
+
+    def test_reconnects_when_the_daemon_drops_the_connection(self) -> None:
+        self.assertEqual(self.run_http(http_flow(51820, "a.allowed.test")).response.status_code, 200)
+        sock = self.addon.daemon._sock
+        self.assertIsNotNone(sock, "one persistent connection")
+        sock.shutdown(socket.SHUT_RDWR)  # as the daemon's idle timeout does
+        self.addon._last_poll = 0.0
+        self.assertEqual(self.run_http(http_flow(51820, "b.allowed.test")).response.status_code, 200)
+
+    def test_secrets_dropped_on_a_new_generation(self) -> None:
+        self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        self.assertTrue(self.addon._secrets)
+        self.assertTrue(ask({"op": "reload"})["ok"])
+        self.addon._last_poll = 0.0
+        self.addon.decide("red-fox", "x.allowed.test", "93.184.216.34", 443, "http")
+        self.assertFalse(self.addon._secrets)
+
+    def test_registry_reloads_when_the_file_changes(self) -> None:
+        reg = Path(STATE) / "port-registry.json"
+        before = reg.read_text()
+        try:
+            self.assertEqual(self.run_http(http_flow(51822, "www.allowed.test")).response.status_code, 403)
+            data = json.loads(before)
+            data["ports"]["51822"] = "red-fox"
+            reg.write_text(json.dumps(data) + " " * 7)  # size changes even within one mtime tick
+            self.assertEqual(self.run_http(http_flow(51822, "www.allowed.test")).response.status_code, 200)
+        finally:
+            reg.write_text(before)
+
+
+class NoDaemon(Base):
+    """Run with a state dir whose daemon is not listening: everything is denied."""
+
+    def test_everything_denied(self) -> None:
+        self.assertFalse(os.path.exists(os.path.join(STATE, "secret.sock")))
+        f = self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "dummy"}))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("unreachable", f.response.text)
+        self.assertEqual(f.request.headers["x-api-key"], "dummy")
+        c = self.tls(51820, "api.anthropic.com", "93.184.216.34")
+        self.assertIsNotNone(self.connect(c, "93.184.216.34", 443))
+        t = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.1", 5432))
+        self.addon.tcp_start(t)
+        self.assertTrue(t.error)
+        req = tutils.tdnsreq(questions=[dns.Question("api.anthropic.com", dns.types.A, dns.classes.IN)])
+        d = tflow.tdnsflow(client_conn=client(51820), server_conn=server("10.0.0.53", 53), req=req)
+        self.addon.dns_request(d)
+        self.assertEqual(d.response.response_code, dns.response_codes.REFUSED)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv)
