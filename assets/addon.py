@@ -1,0 +1,1 @@
+"""ppp's mitmproxy addon (placeholder until the real addon lands)."""
