@@ -91,7 +91,6 @@ fn later_commands_refuse_with_exit_2() {
         (&["reset", "-f"], "reset"),
         (&["diagnose", "-o", "json"], "diagnose"),
         (&["tui"], "tui"),
-        (&["daemon", "log-level"], "daemon log-level"),
         (&["kit", "validate", "x"], "kit validate"),
         (&["kit", "pack", "x"], "kit pack"),
         (&["template", "ls"], "template ls"),

@@ -27,7 +27,7 @@ impl Netns {
     fn new() -> Self {
         assert!(nix::unistd::geteuid().is_root(), "the daemon tests need root for `ip netns` (CI runs as root)");
         let name = format!("ppp-dl{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
         assert!(Command::new("ip").args(["netns", "add", &name]).status().unwrap().success());
         assert!(
             Command::new("ip")
@@ -118,6 +118,24 @@ fn start_restart_recover_stop() {
     )
     .unwrap();
     wait_for("a reload on SIGHUP", || generation(&w) > g1);
+
+    // Log levels persist in config.yaml; a new proxy level restarts
+    // mitmdump on purpose (not counted as a crash) with the new verbosity.
+    assert_eq!(ok(&mut w.ppp(["daemon", "log-level"])), "proxy:   info\ngeneral: warn\n");
+    let out = ok(&mut w.ppp(["daemon", "log-level", "set", "proxy", "debug"]));
+    assert_eq!(out, "proxy log level set to debug; the running daemon applies it now\n");
+    wait_for("mitmdump to restart with the new level", || {
+        let s = status(&w);
+        s["mitmdump_alive"] == true && s["mitmdump_pid"].as_i64() != Some(first)
+    });
+    let s = status(&w);
+    assert_eq!(s["restarts"], 0, "a planned restart is not a crash: {s}");
+    let first = s["mitmdump_pid"].as_i64().unwrap();
+    let cmdline = std::fs::read_to_string(format!("/proc/{first}/cmdline")).unwrap();
+    assert!(cmdline.contains("termlog_verbosity=debug"), "{cmdline:?}");
+    assert_eq!(ok(&mut w.ppp(["daemon", "log-level", "general"])), "general: warn\n");
+    let yaml = std::fs::read_to_string(w.config().join("config.yaml")).unwrap();
+    assert!(yaml.contains("proxy: debug") && yaml.contains("general: warn"), "{yaml}");
 
     // A crashed mitmdump is restarted, and the restart recorded.
     nix::sys::signal::kill(

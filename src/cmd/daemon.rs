@@ -10,9 +10,9 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Ctx;
-use crate::cli::{DaemonCommand, DaemonStartArgs};
+use crate::cli::{DaemonCommand, DaemonStartArgs, LogLevelArgs, LogLevelSet, LogTarget};
 use crate::dirs::Dirs;
-use crate::error::{Failure, fail};
+use crate::error::fail;
 use crate::exec::{self, Invocation};
 use crate::proxy::{mitmdump, supervisor};
 use crate::sandbox::PortRegistry;
@@ -30,7 +30,7 @@ pub fn run(cmd: &DaemonCommand, ctx: &Ctx) -> Result<ExitCode> {
         DaemonCommand::Start(a) => start(dirs, a),
         DaemonCommand::Stop => stop(dirs),
         DaemonCommand::Status(a) => status(dirs, a.json),
-        DaemonCommand::LogLevel(_) => Err(Failure::not_available("daemon log-level").into()),
+        DaemonCommand::LogLevel(a) => log_level(dirs, a),
     }
 }
 
@@ -110,6 +110,59 @@ fn ready(dirs: &Dirs) -> Result<Option<supervisor::Record>> {
 
 fn ports_text(ports: &[u16]) -> String {
     ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// `daemon log-level [TARGET] [LEVEL]` and `daemon log-level set TARGET LEVEL`.
+fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
+    let (target, level) = match &args.set {
+        Some(LogLevelSet::Set { target, level }) => (*target, Some(*level)),
+        None => (args.target, args.level),
+    };
+    let Some(level) = level else {
+        let c = crate::config::load(dirs)?;
+        let word = |l: crate::cli::LogLevel| serde_json::to_value(l).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let mut text = String::new();
+        if target != LogTarget::General {
+            let _ = writeln!(text, "proxy:   {}", word(c.log.proxy).unwrap_or_default());
+        }
+        if target != LogTarget::Proxy {
+            let _ = writeln!(text, "general: {}", word(c.log.general).unwrap_or_default());
+        }
+        output::print(&text)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    {
+        let _lock = crate::state::Lock::acquire(&dirs.state_lock())?;
+        let mut c = crate::config::load(dirs)?;
+        if target != LogTarget::General {
+            c.log.proxy = level;
+        }
+        if target != LogTarget::Proxy {
+            c.log.general = level;
+        }
+        crate::config::save(dirs, &c)?;
+    }
+    let applied = if supervisor::is_running(dirs)? {
+        let rec = supervisor::load_record(dirs)?;
+        match rec.and_then(|r| i32::try_from(r.pid).ok()) {
+            Some(pid) => {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP)
+                    .with_context(|| format!("could not signal the daemon (pid {pid})"))?;
+                "; the running daemon applies it now"
+            }
+            None => "; it applies when the daemon next starts",
+        }
+    } else {
+        "; it applies when the daemon next starts"
+    };
+    let what = match target {
+        LogTarget::Proxy => "proxy log level",
+        LogTarget::General => "general log level",
+        LogTarget::All => "log levels",
+    };
+    let word = serde_json::to_value(level)?.as_str().unwrap_or_default().to_owned();
+    output::println(&format!("{what} set to {word}{applied}"))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn stop(dirs: &Dirs) -> Result<ExitCode> {

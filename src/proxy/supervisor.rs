@@ -158,7 +158,11 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
     let outcome: Result<()> = 'outer: loop {
         let registry = PortRegistry::load(dirs)?;
         let ports = mitmdump::listen_ports(registry.ports.keys().copied());
-        let spec = mitmdump::Spec::new(dirs, opts.mitmdump.clone(), ports.clone(), addon.clone(), upstream_ca.clone());
+        let levels = configured_levels(dirs);
+        crate::set_log_level(levels.general);
+        let mut spec =
+            mitmdump::Spec::new(dirs, opts.mitmdump.clone(), ports.clone(), addon.clone(), upstream_ca.clone());
+        spec.sets.push(("termlog_verbosity".to_owned(), crate::config::mitmproxy_level(levels.proxy).to_owned()));
         mitmdump::prepare(&spec)?;
         let log_path = dirs.proxy_log();
         let log = OpenOptions::new()
@@ -186,16 +190,28 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
                         tracing::warn!("{e:#}");
                     }
                 }
-                status = child.wait() => break status,
+                status = child.wait() => break Some(status),
                 _ = term.recv() => break 'outer stop_child(&mut child).await,
                 _ = int.recv() => break 'outer stop_child(&mut child).await,
-                _ = hup.recv() => match shared.reload() {
-                    Ok(g) => tracing::info!("reloaded on SIGHUP (generation {g})"),
-                    Err(e) => tracing::warn!("reload on SIGHUP failed: {e:#}"),
-                },
+                _ = hup.recv() => {
+                    match shared.reload() {
+                        Ok(g) => tracing::info!("reloaded on SIGHUP (generation {g})"),
+                        Err(e) => tracing::warn!("reload on SIGHUP failed: {e:#}"),
+                    }
+                    let now = configured_levels(dirs);
+                    crate::set_log_level(now.general);
+                    if now.proxy != levels.proxy {
+                        // mitmdump reads its verbosity at start; a planned
+                        // restart applies the new one and is not a crash.
+                        tracing::info!("restarting mitmdump to apply proxy log level {:?}", now.proxy);
+                        stop_child(&mut child).await?;
+                        break None;
+                    }
+                }
                 _ = stop_rx.changed() => {}
             }
         };
+        let Some(status) = status else { continue };
         let why = match status {
             Ok(s) => format!("mitmdump exited ({s})"),
             Err(e) => format!("could not wait for mitmdump: {e}"),
@@ -321,6 +337,18 @@ fn is_mitmdump(pid: i32) -> bool {
     let inv =
         exec::Invocation::new("ps").args(["-p", &pid.to_string(), "-o", "command="]).timeout(Duration::from_secs(5));
     exec::run(&inv).is_ok_and(|o| o.stdout.contains("mitmdump"))
+}
+
+/// The levels in config.yaml; a malformed file keeps the defaults and says
+/// why, rather than stopping the proxy.
+fn configured_levels(dirs: &Dirs) -> crate::config::Levels {
+    crate::config::load(dirs).map_or_else(
+        |e| {
+            tracing::warn!("{e:#}; using the default log levels");
+            crate::config::Levels::default()
+        },
+        |c| c.log,
+    )
 }
 
 fn now() -> String {
