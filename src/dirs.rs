@@ -122,6 +122,18 @@ impl Dirs {
     pub fn daemon_pid(&self) -> PathBuf {
         self.data.join("daemon.pid")
     }
+    /// `$PPP_DATA/daemon.lock`: held by the running daemon for its whole life.
+    pub fn daemon_lock(&self) -> PathBuf {
+        self.data.join("daemon.lock")
+    }
+    /// `$PPP_DATA/daemon.json`: the running daemon's pids, ports and restarts.
+    pub fn daemon_record(&self) -> PathBuf {
+        self.data.join("daemon.json")
+    }
+    /// `$PPP_DATA/daemon.log`: a detached daemon's own output.
+    pub fn daemon_log(&self) -> PathBuf {
+        self.data.join("daemon.log")
+    }
     /// `$PPP_DATA/secret.sock`: the daemon's Unix socket.
     pub fn secret_socket(&self) -> PathBuf {
         self.data.join("secret.sock")

@@ -157,6 +157,34 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     }
 }
 
+/// Start `inv` as a long-running child with stdout and stderr appended to
+/// `log`, in a process group of its own so a terminal's Ctrl-C reaches only
+/// its supervisor, which stops it in order. Killed if the handle is dropped.
+pub fn spawn_logged(inv: &Invocation, log: &std::fs::File) -> Result<tokio::process::Child, ExecError> {
+    let command = inv.to_string();
+    let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
+    let mut c = tokio::process::Command::from(inv.command());
+    c.stdin(Stdio::null()).stdout(io(log)?).stderr(io(log)?).process_group(0).kill_on_drop(true);
+    c.spawn().map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+        _ => ExecError::Spawn { command, source },
+    })
+}
+
+/// Start `inv` detached from this process: its own process group, no
+/// stdin, output appended to `log`. Used for `ppp daemon start -d`.
+pub fn spawn_detached(inv: &Invocation, log: &std::fs::File) -> Result<std::process::Child, ExecError> {
+    use std::os::unix::process::CommandExt;
+    let command = inv.to_string();
+    let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
+    let mut c = inv.command();
+    c.stdin(Stdio::null()).stdout(io(log)?).stderr(io(log)?).process_group(0);
+    c.spawn().map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+        _ => ExecError::Spawn { command, source },
+    })
+}
+
 /// Find `name` on `PATH`, like a shell would.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

@@ -12,6 +12,7 @@ use clap::Parser;
 pub mod assets;
 pub mod cli;
 pub mod cmd;
+pub mod config;
 pub mod dirs;
 pub mod env;
 pub mod error;
@@ -42,16 +43,42 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Changes ppp's own log filter after start-up (`daemon log-level`).
+static FILTER: std::sync::OnceLock<
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+> = std::sync::OnceLock::new();
+
+/// Set ppp's own log level in this process, unless `PPP_LOG` pins it.
+pub fn set_log_level(level: cli::LogLevel) {
+    if std::env::var_os(env::PPP_LOG).is_some() {
+        return;
+    }
+    if let Some(h) = FILTER.get() {
+        let _ = h.reload(tracing_subscriber::EnvFilter::new(config::tracing_directive(level)));
+    }
+}
+
+/// `-D` wins, then `PPP_LOG`, then the level in config.yaml.
 fn init_tracing(debug: bool) {
-    let default = if debug { "ppp=debug" } else { "ppp=warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env(env::PPP_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .event_format(LogLine)
-        .try_init();
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let configured = || {
+        let level = dirs::Dirs::from_env().ok().and_then(|d| config::load(&d).ok()).map(|c| c.log.general);
+        config::tracing_directive(level.unwrap_or(cli::LogLevel::Warn))
+    };
+    let filter = if debug {
+        tracing_subscriber::EnvFilter::new("ppp=debug")
+    } else {
+        tracing_subscriber::EnvFilter::try_from_env(env::PPP_LOG)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(configured()))
+    };
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).event_format(LogLine);
+    // With -D the user asked for debug output; a configured level must not
+    // take it away later.
+    if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() && !debug {
+        let _ = FILTER.set(handle);
+    }
 }
 
 /// Log lines in the same shape as ppp's other messages: `warning: …`,

@@ -1,21 +1,276 @@
-//! `ppp daemon …`. The proxy supervisor lands with a later release; until
-//! then every verb refuses plainly instead of pretending to work.
+//! `ppp daemon …`: start, stop and inspect the proxy daemon. The daemon
+//! itself lives in [`crate::proxy::supervisor`]; this module finds
+//! mitmdump, detaches, waits for readiness and prints.
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use serde::Serialize;
 
 use super::Ctx;
-use crate::cli::DaemonCommand;
-use crate::error::Failure;
+use crate::cli::{DaemonCommand, DaemonStartArgs, LogLevelArgs, LogLevelSet, LogTarget};
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::exec::{self, Invocation};
+use crate::proxy::{mitmdump, supervisor};
+use crate::sandbox::PortRegistry;
+use crate::{output, policy};
+
+/// How long `start -d` waits for the daemon to be ready, and `stop` for it
+/// to be gone. mitmdump's first start imports a lot of Python.
+const READY_DEADLINE: Duration = Duration::from_secs(90);
+const STOP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Run `ppp daemon …`.
-pub fn run(cmd: &DaemonCommand, _ctx: &Ctx) -> Result<ExitCode> {
-    let verb = match cmd {
-        DaemonCommand::Start(_) => "daemon start",
-        DaemonCommand::Stop => "daemon stop",
-        DaemonCommand::Status(_) => "daemon status",
-        DaemonCommand::LogLevel(_) => "daemon log-level",
+pub fn run(cmd: &DaemonCommand, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    match cmd {
+        DaemonCommand::Start(a) => start(dirs, a),
+        DaemonCommand::Stop => stop(dirs),
+        DaemonCommand::Status(a) => status(dirs, a.json),
+        DaemonCommand::LogLevel(a) => log_level(dirs, a),
+    }
+}
+
+fn start(dirs: &Dirs, args: &DaemonStartArgs) -> Result<ExitCode> {
+    if let Some(preset) = args.policy
+        && policy::load_global(&dirs.global_policy())?.is_none()
+    {
+        let _lock = crate::state::Lock::acquire(&dirs.state_lock())?;
+        if policy::load_global(&dirs.global_policy())?.is_none() {
+            policy::save_global(&dirs.global_policy(), &policy::GlobalFile::from_preset(preset))?;
+            eprintln!("created the global policy from preset `{preset}`");
+        }
+    }
+    if supervisor::is_running(dirs)? {
+        let pid = supervisor::load_record(dirs)?.map_or_else(|| "?".to_owned(), |r| r.pid.to_string());
+        output::println(&format!("the ppp daemon is already running (pid {pid})"))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mitm = mitmdump::ensure(dirs, |msg| eprintln!("{msg}"))?;
+    if args.detach {
+        return start_detached(dirs);
+    }
+    eprintln!("ppp daemon running in the foreground (pid {}); Ctrl-C stops it", std::process::id());
+    let opts = supervisor::Options { mitmdump: mitm, addon: crate::assets::addon() };
+    if !supervisor::run(dirs, &opts)? {
+        output::println("the ppp daemon is already running")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Re-run `ppp daemon start` in the background and wait until it serves.
+fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
+    let exe = std::env::current_exe().context("could not locate the ppp executable")?;
+    crate::state::create_private_dir(&dirs.data)?;
+    let log_path = dirs.daemon_log();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("could not open `{}`", log_path.display()))?;
+    let mut child = exec::spawn_detached(&Invocation::new(exe).args(["daemon", "start"]), &log)?;
+    let deadline = Instant::now() + READY_DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Err(fail(format!("the daemon exited during start-up ({status})"))
+                .hint(format!("see `{}` and `{}`", log_path.display(), dirs.proxy_log().display()))
+                .into());
+        }
+        if let Some(rec) = ready(dirs)? {
+            output::println(&format!(
+                "ppp daemon started (pid {}, mitmdump pid {}, WireGuard ports {})",
+                rec.pid,
+                rec.mitmdump_pid.unwrap_or(0),
+                ports_text(&rec.ports)
+            ))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        if Instant::now() > deadline {
+            return Err(fail(format!("the daemon was not ready within {} s", READY_DEADLINE.as_secs()))
+                .hint(format!("see `{}`", dirs.proxy_log().display()))
+                .into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The record of a daemon that runs mitmdump and whose configs are captured.
+fn ready(dirs: &Dirs) -> Result<Option<supervisor::Record>> {
+    let Some(rec) = supervisor::load_record(dirs)? else { return Ok(None) };
+    if rec.mitmdump_pid.is_none() || !supervisor::is_running(dirs)? {
+        return Ok(None);
+    }
+    let confs = crate::proxy::clientconf::load(dirs).unwrap_or_default();
+    let socket_up = std::os::unix::net::UnixStream::connect(dirs.secret_socket()).is_ok();
+    Ok((socket_up && rec.ports.iter().all(|p| confs.contains_key(p))).then_some(rec))
+}
+
+fn ports_text(ports: &[u16]) -> String {
+    ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// `daemon log-level [TARGET] [LEVEL]` and `daemon log-level set TARGET LEVEL`.
+fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
+    let (target, level) = match &args.set {
+        Some(LogLevelSet::Set { target, level }) => (*target, Some(*level)),
+        None => (args.target, args.level),
     };
-    Err(Failure::not_available(verb).into())
+    let Some(level) = level else {
+        let c = crate::config::load(dirs)?;
+        let word = |l: crate::cli::LogLevel| serde_json::to_value(l).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let mut text = String::new();
+        if target != LogTarget::General {
+            let _ = writeln!(text, "proxy:   {}", word(c.log.proxy).unwrap_or_default());
+        }
+        if target != LogTarget::Proxy {
+            let _ = writeln!(text, "general: {}", word(c.log.general).unwrap_or_default());
+        }
+        output::print(&text)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    {
+        let _lock = crate::state::Lock::acquire(&dirs.state_lock())?;
+        let mut c = crate::config::load(dirs)?;
+        if target != LogTarget::General {
+            c.log.proxy = level;
+        }
+        if target != LogTarget::Proxy {
+            c.log.general = level;
+        }
+        crate::config::save(dirs, &c)?;
+    }
+    let applied = if supervisor::is_running(dirs)? {
+        let rec = supervisor::load_record(dirs)?;
+        match rec.and_then(|r| i32::try_from(r.pid).ok()) {
+            Some(pid) => {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP)
+                    .with_context(|| format!("could not signal the daemon (pid {pid})"))?;
+                "; the running daemon applies it now"
+            }
+            None => "; it applies when the daemon next starts",
+        }
+    } else {
+        "; it applies when the daemon next starts"
+    };
+    let what = match target {
+        LogTarget::Proxy => "proxy log level",
+        LogTarget::General => "general log level",
+        LogTarget::All => "log levels",
+    };
+    let word = serde_json::to_value(level)?.as_str().unwrap_or_default().to_owned();
+    output::println(&format!("{what} set to {word}{applied}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stop(dirs: &Dirs) -> Result<ExitCode> {
+    if !supervisor::is_running(dirs)? {
+        output::println("the ppp daemon is not running")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rec = supervisor::load_record(dirs)?
+        .ok_or_else(|| fail("the daemon is running but left no `daemon.json`").hint("stop it by hand"))?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(rec.pid).context("bad pid in daemon.json")?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+        .with_context(|| format!("could not signal the daemon (pid {})", rec.pid))?;
+    let deadline = Instant::now() + STOP_DEADLINE;
+    let mitm = rec.mitmdump_pid.and_then(|p| i32::try_from(p).ok());
+    while supervisor::is_running(dirs)? || mitm.is_some_and(supervisor::alive) {
+        if Instant::now() > deadline {
+            return Err(fail(format!(
+                "the daemon (pid {}) did not stop within {} s",
+                rec.pid,
+                STOP_DEADLINE.as_secs()
+            ))
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    output::println(&format!("ppp daemon stopped; ports {} are free", ports_text(&rec.ports)))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `daemon status --json`.
+#[derive(Debug, Serialize)]
+struct Status {
+    running: bool,
+    pid: Option<u32>,
+    mitmdump_pid: Option<u32>,
+    mitmdump_alive: bool,
+    ports: Vec<u16>,
+    sandboxes: Vec<SandboxPort>,
+    started_at: Option<String>,
+    restarts: u32,
+    last_restart: Option<String>,
+    last_log_line: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct SandboxPort {
+    name: String,
+    port: u16,
+    /// Whether the running mitmdump has a WireGuard server on the port.
+    listening: bool,
+}
+
+fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
+    let running = supervisor::is_running(dirs)?;
+    let rec = if running { supervisor::load_record(dirs)? } else { None };
+    let mitmdump_pid = rec.as_ref().and_then(|r| r.mitmdump_pid);
+    let mitmdump_alive = mitmdump_pid.and_then(|p| i32::try_from(p).ok()).is_some_and(supervisor::alive);
+    let ports = rec.as_ref().map(|r| r.ports.clone()).unwrap_or_default();
+    let sandboxes = PortRegistry::load(dirs)?
+        .ports
+        .into_iter()
+        .map(|(port, name)| SandboxPort { name, port, listening: mitmdump_alive && ports.contains(&port) })
+        .collect();
+    let last_log_line = crate::state::read_optional(&dirs.proxy_log())?
+        .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned));
+    let s = Status {
+        running,
+        pid: rec.as_ref().map(|r| r.pid),
+        mitmdump_pid,
+        mitmdump_alive,
+        ports,
+        sandboxes,
+        started_at: rec.as_ref().map(|r| r.started_at.clone()),
+        restarts: rec.as_ref().map_or(0, |r| r.restarts),
+        last_restart: rec.as_ref().and_then(|r| r.last_restart.clone()),
+        last_log_line,
+    };
+    if json {
+        output::json(&s)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut text = if s.running {
+        format!(
+            "daemon:    running (pid {})\nmitmdump:  {}\nports:     {}\nrestarts:  {}\n",
+            s.pid.unwrap_or(0),
+            match (s.mitmdump_pid, s.mitmdump_alive) {
+                (Some(p), true) => format!("running (pid {p})"),
+                (Some(p), false) => format!("not running (last pid {p})"),
+                (None, _) => "restarting".to_owned(),
+            },
+            ports_text(&s.ports),
+            s.restarts
+        )
+    } else {
+        "daemon:    not running\n".to_owned()
+    };
+    for sb in &s.sandboxes {
+        let _ = writeln!(
+            text,
+            "sandbox:   {} on port {}{}",
+            sb.name,
+            sb.port,
+            if sb.listening { "" } else { " (no server)" }
+        );
+    }
+    if let Some(l) = &s.last_log_line {
+        let _ = writeln!(text, "last log:  {l}");
+    }
+    output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
 }

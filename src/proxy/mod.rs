@@ -5,6 +5,7 @@
 
 pub mod protocol;
 pub mod socket;
+pub mod supervisor;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

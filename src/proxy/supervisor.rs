@@ -1,0 +1,365 @@
+//! The ppp daemon: keeps one mitmdump running with one WireGuard server per
+//! claimed port, serves the Unix socket for as long as it runs, captures the
+//! client configs mitmdump prints, and restarts it with bounded backoff when
+//! it dies.
+//!
+//! Liveness is an exclusive `flock` on `$PPP_DATA/daemon.lock`, held for the
+//! daemon's whole life: unlike a pid file it cannot go stale, because the
+//! kernel drops it when the process dies, however it dies.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::exec;
+use crate::proxy::{clientconf, mitmdump, socket, trust};
+use crate::sandbox::{self, PortRegistry};
+use crate::secret::Store;
+use crate::state;
+
+/// Longest wait between restarts of a mitmdump that keeps dying.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A mitmdump that ran this long before dying was healthy: start the
+/// backoff over.
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// How long mitmdump may take to print every client config. With 80 ports
+/// it needs 2.5–4 s; a loaded machine gets ample slack.
+const CONFIG_DEADLINE: Duration = Duration::from_secs(60);
+/// How long mitmdump gets to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// `$PPP_DATA/daemon.json`: what `ppp daemon status` reports. Rewritten
+/// atomically on every change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The supervisor's pid.
+    pub pid: u32,
+    /// The current mitmdump's pid, if one runs.
+    pub mitmdump_pid: Option<u32>,
+    /// The WireGuard ports mitmdump listens on.
+    pub ports: Vec<u16>,
+    /// When the supervisor started (RFC 3339).
+    pub started_at: String,
+    /// How many times mitmdump was restarted after dying.
+    pub restarts: u32,
+    /// When and why the last restart happened.
+    pub last_restart: Option<String>,
+}
+
+/// Load `daemon.json`; `None` when absent.
+pub fn load_record(dirs: &Dirs) -> Result<Option<Record>> {
+    let path = dirs.daemon_record();
+    match state::read_optional(&path)? {
+        None => Ok(None),
+        Some(text) => Ok(Some(state::parse_json(&path, &text)?)),
+    }
+}
+
+/// Whether a daemon holds the lock right now.
+pub fn is_running(dirs: &Dirs) -> Result<bool> {
+    let path = dirs.daemon_lock();
+    let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("could not open `{}`", path.display())),
+    };
+    match fs4::FileExt::try_lock_shared(&file) {
+        Ok(()) => {
+            let _ = fs4::FileExt::unlock(&file);
+            Ok(false)
+        }
+        Err(fs4::TryLockError::WouldBlock) => Ok(true),
+        Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("could not check `{}`", path.display())),
+    }
+}
+
+/// Take the daemon lock, or `None` when another daemon holds it.
+fn take_lock(dirs: &Dirs) -> Result<Option<File>> {
+    let path = dirs.daemon_lock();
+    state::create_private_dir(&dirs.data)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("could not open `{}`", path.display()))?;
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(Some(file)),
+        Err(fs4::TryLockError::WouldBlock) => Ok(None),
+        Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("could not lock `{}`", path.display())),
+    }
+}
+
+/// What the daemon needs to start mitmdump.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The mitmdump executable (already checked to be the pinned version).
+    pub mitmdump: PathBuf,
+    /// The addon's bytes; written to a content-addressed file.
+    pub addon: Vec<u8>,
+}
+
+/// Run the daemon in the foreground until SIGTERM or SIGINT. Returns
+/// `Ok(false)` without doing anything when another daemon already runs.
+pub fn run(dirs: &Dirs, opts: &Options) -> Result<bool> {
+    let Some(lock) = take_lock(dirs)? else {
+        return Ok(false);
+    };
+    // A supervisor killed with SIGKILL leaves its mitmdump behind, holding
+    // the WireGuard ports; stop it before starting a new one.
+    stop_orphan(dirs)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?;
+    let result = runtime.block_on(supervise(dirs, opts));
+    // The lock is released only after mitmdump is gone and the files are
+    // tidied, so `daemon stop` can wait on it.
+    let _ = std::fs::remove_file(dirs.proxy_pid());
+    drop(lock);
+    result.map(|()| true)
+}
+
+async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
+    let listener = socket::bind(dirs)?;
+    let store = Store::open(dirs)?;
+    let shared = Arc::new(socket::State::new(dirs.clone(), store)?);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let server = {
+        let shared = Arc::clone(&shared);
+        let mut rx = stop_tx.subscribe();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            };
+            socket::serve(listener, shared, shutdown).await
+        })
+    };
+
+    let addon = mitmdump::write_addon(dirs, &opts.addon)?;
+    let upstream_ca = trust::export(dirs, &trust::Source::from_env())?;
+    let mut record = Record { pid: std::process::id(), started_at: now(), ..Record::default() };
+    let mut term = signal(SignalKind::terminate()).context("could not watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("could not watch SIGINT")?;
+    let mut hup = signal(SignalKind::hangup()).context("could not watch SIGHUP")?;
+    let mut backoff = Duration::from_secs(1);
+
+    let outcome: Result<()> = 'outer: loop {
+        let registry = PortRegistry::load(dirs)?;
+        let ports = mitmdump::listen_ports(registry.ports.keys().copied());
+        let levels = configured_levels(dirs);
+        crate::set_log_level(levels.general);
+        let mut spec =
+            mitmdump::Spec::new(dirs, opts.mitmdump.clone(), ports.clone(), addon.clone(), upstream_ca.clone());
+        spec.sets.push(("termlog_verbosity".to_owned(), crate::config::mitmproxy_level(levels.proxy).to_owned()));
+        // The addon finds the socket, the port registry and flows.jsonl here.
+        spec.sets.push(("ppp_state_dir".to_owned(), dirs.data.display().to_string()));
+        // At 2 and above mitmdump prints request headers, injected keys
+        // included, into proxy.log.
+        spec.sets.push(("flow_detail".to_owned(), "1".to_owned()));
+        mitmdump::prepare(&spec)?;
+        let log_path = dirs.proxy_log();
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log_path)
+            .with_context(|| format!("could not open `{}`", log_path.display()))?;
+        let offset = log.metadata().map_or(0, |m| m.len());
+        let mut child = exec::spawn_logged(&mitmdump::command(&spec), &log)?;
+        let started = Instant::now();
+        record.mitmdump_pid = child.id();
+        record.ports.clone_from(&ports);
+        state::write_atomic(&dirs.proxy_pid(), format!("{}\n", child.id().unwrap_or(0)).as_bytes())?;
+        state::write_json(&dirs.daemon_record(), &record)?;
+        tracing::info!("mitmdump {} listening on {ports:?}", child.id().unwrap_or(0));
+        let mut capture = Box::pin(capture_configs(dirs.clone(), log_path.clone(), offset, ports.clone()));
+        let mut captured = false;
+
+        let status = loop {
+            tokio::select! {
+                done = &mut capture, if !captured => {
+                    captured = true;
+                    if let Err(e) = done {
+                        tracing::warn!("{e:#}");
+                    }
+                }
+                status = child.wait() => break Some(status),
+                _ = term.recv() => break 'outer stop_child(&mut child).await,
+                _ = int.recv() => break 'outer stop_child(&mut child).await,
+                _ = hup.recv() => {
+                    match shared.reload() {
+                        Ok(g) => tracing::info!("reloaded on SIGHUP (generation {g})"),
+                        Err(e) => tracing::warn!("reload on SIGHUP failed: {e:#}"),
+                    }
+                    let now = configured_levels(dirs);
+                    crate::set_log_level(now.general);
+                    if now.proxy != levels.proxy {
+                        // mitmdump reads its verbosity at start; a planned
+                        // restart applies the new one and is not a crash.
+                        tracing::info!("restarting mitmdump to apply proxy log level {:?}", now.proxy);
+                        stop_child(&mut child).await?;
+                        break None;
+                    }
+                }
+                _ = stop_rx.changed() => {}
+            }
+        };
+        let Some(status) = status else { continue };
+        let why = match status {
+            Ok(s) => format!("mitmdump exited ({s})"),
+            Err(e) => format!("could not wait for mitmdump: {e}"),
+        };
+        if started.elapsed() > HEALTHY_RUN {
+            backoff = Duration::from_secs(1);
+        }
+        record.restarts += 1;
+        record.last_restart = Some(format!("{} {why}", now()));
+        record.mitmdump_pid = None;
+        state::write_json(&dirs.daemon_record(), &record)?;
+        tracing::warn!("{why}; restarting in {} s", backoff.as_secs());
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = term.recv() => break Ok(()),
+            _ = int.recv() => break Ok(()),
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    };
+    record.mitmdump_pid = None;
+    let _ = state::write_json(&dirs.daemon_record(), &record);
+    let _ = stop_tx.send(true);
+    server.await.context("the socket server task failed")??;
+    outcome
+}
+
+/// SIGTERM mitmdump, then SIGKILL after the grace period.
+async fn stop_child(child: &mut tokio::process::Child) -> Result<()> {
+    if let Some(pid) = child.id() {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid.cast_signed()), nix::sys::signal::Signal::SIGTERM);
+    }
+    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+        tracing::warn!("mitmdump did not stop within {} s; killing it", STOP_GRACE.as_secs());
+        child.kill().await.context("could not kill mitmdump")?;
+    }
+    Ok(())
+}
+
+/// Read mitmdump's output from `offset` until a client config for every
+/// port has been printed, then save them and write each claimed sandbox's
+/// `wg0.conf`.
+async fn capture_configs(dirs: Dirs, log: PathBuf, offset: u64, ports: Vec<u16>) -> Result<()> {
+    let deadline = Instant::now() + CONFIG_DEADLINE;
+    loop {
+        let text = read_from(&log, offset)?;
+        let confs = clientconf::parse(&text);
+        if ports.iter().all(|p| confs.contains_key(p)) {
+            let mut all = clientconf::load(&dirs).unwrap_or_default();
+            all.extend(confs);
+            clientconf::save(&dirs, &all)?;
+            write_wg0s(&dirs, &all)?;
+            tracing::info!("captured client configs for {ports:?}");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(fail(format!(
+                "mitmdump printed no client config for some of {ports:?} within {} s",
+                CONFIG_DEADLINE.as_secs()
+            ))
+            .hint(format!("see `{}`", log.display()))
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn read_from(path: &Path, offset: u64) -> Result<String> {
+    let mut f = File::open(path).with_context(|| format!("could not read `{}`", path.display()))?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// Render `wg0.conf` for every sandbox that holds a port with a captured
+/// config. The endpoint is the gvproxy host alias, as a Podman Machine
+/// guest sees the host.
+fn write_wg0s(dirs: &Dirs, confs: &std::collections::BTreeMap<u16, clientconf::ClientConf>) -> Result<()> {
+    let registry = PortRegistry::load(dirs)?;
+    for (port, name) in &registry.ports {
+        if let Some(conf) = confs.get(port) {
+            let text = clientconf::render_wg0(conf, sandbox::inner_ip(*port), clientconf::PODMAN_HOST_ALIAS, *port);
+            state::write_atomic(&dirs.sandbox_wg_conf(name), text.as_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Stop a mitmdump a dead supervisor left running, identified by
+/// `proxy.pid` and confirmed by its command line, so a recycled pid is
+/// never signalled.
+fn stop_orphan(dirs: &Dirs) -> Result<()> {
+    let Some(text) = state::read_optional(&dirs.proxy_pid())? else {
+        return Ok(());
+    };
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return Ok(());
+    };
+    if pid <= 0 || !is_mitmdump(pid) {
+        return Ok(());
+    }
+    tracing::warn!("stopping mitmdump {pid}, left behind by a daemon that died");
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_GRACE;
+    while alive(pid.as_raw()) {
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Whether `pid` names a live process.
+pub fn alive(pid: i32) -> bool {
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+fn is_mitmdump(pid: i32) -> bool {
+    let inv =
+        exec::Invocation::new("ps").args(["-p", &pid.to_string(), "-o", "command="]).timeout(Duration::from_secs(5));
+    exec::run(&inv).is_ok_and(|o| o.stdout.contains("mitmdump"))
+}
+
+/// The levels in config.yaml; a malformed file keeps the defaults and says
+/// why, rather than stopping the proxy.
+fn configured_levels(dirs: &Dirs) -> crate::config::Levels {
+    crate::config::load(dirs).map_or_else(
+        |e| {
+            tracing::warn!("{e:#}; using the default log levels");
+            crate::config::Levels::default()
+        },
+        |c| c.log,
+    )
+}
+
+fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap_or_else(|_| time::OffsetDateTime::now_utc())
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
