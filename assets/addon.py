@@ -208,6 +208,7 @@ class PppAddon:
         self.daemon: Daemon | None = None
         self.state_dir = ""
         self.generation: int | None = None
+        self._gen_stamp: str | None = None
         self._last_poll = 0.0
         self._decisions: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
         self._secrets: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
@@ -254,8 +255,25 @@ class PppAddon:
         if isinstance(g, int) and g != self.generation:
             self._invalidate(g)
 
+    def _read_stamp(self) -> str | None:
+        try:
+            with open(os.path.join(self.state_dir, "generation"), encoding="ascii") as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
     def _poll(self) -> None:
-        """Drop every cache when the daemon's generation moved (at most once a second)."""
+        """Drop every cache when the daemon's generation moved.
+
+        The daemon rewrites `$PPP_DATA/generation` on every reload before it
+        acknowledges it, so reading that small file first makes a policy
+        change apply to the next request; the socket is asked at most once
+        a second besides.
+        """
+        stamp = self._read_stamp()
+        if stamp != self._gen_stamp:
+            self._gen_stamp = stamp
+            self._invalidate(None)
         now = time.monotonic()
         if now - self._last_poll < GENERATION_POLL and self.generation is not None:
             return

@@ -134,6 +134,10 @@ impl Dirs {
     pub fn daemon_log(&self) -> PathBuf {
         self.data.join("daemon.log")
     }
+    /// `$PPP_DATA/generation`: the daemon's policy generation, for the addon.
+    pub fn generation_file(&self) -> PathBuf {
+        self.data.join("generation")
+    }
     /// `$PPP_DATA/secret.sock`: the daemon's Unix socket.
     pub fn secret_socket(&self) -> PathBuf {
         self.data.join("secret.sock")

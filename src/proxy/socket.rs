@@ -148,6 +148,8 @@ pub struct State {
     rebuilding: Mutex<()>,
     /// Last generation handed out; starts at 1.
     generation: AtomicU64,
+    /// Distinguishes this daemon's generations from an earlier daemon's.
+    epoch: String,
 }
 
 impl State {
@@ -156,13 +158,30 @@ impl State {
     /// it cannot read.
     pub fn new(dirs: Dirs, store: Store) -> Result<State> {
         let engine = load_engine(&dirs)?;
-        Ok(State {
+        let epoch = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+        );
+        let state = State {
             dirs,
             store: Arc::new(store),
             snapshot: RwLock::new(Arc::new(Snapshot { generation: 1, engine: Arc::new(engine) })),
             rebuilding: Mutex::new(()),
             generation: AtomicU64::new(1),
-        })
+            epoch,
+        };
+        state.publish(1)?;
+        Ok(state)
+    }
+
+    /// Write `$PPP_DATA/generation`: this daemon's epoch and the generation.
+    /// The addon reads it (a few microseconds) before every cached answer,
+    /// so a change applies to the very next request rather than after its
+    /// next poll of the socket; the epoch keeps a restarted daemon's
+    /// generation 1 from matching an old one.
+    fn publish(&self, generation: u64) -> Result<()> {
+        crate::state::write_atomic(&self.dirs.generation_file(), format!("{}.{generation}\n", self.epoch).as_bytes())
     }
 
     /// The current reload generation.
@@ -190,6 +209,9 @@ impl State {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let next = Arc::new(Snapshot { generation, engine });
         *self.snapshot.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+        // Published after the swap: a reader that sees the new stamp gets
+        // the new engine when it asks.
+        self.publish(generation)?;
         Ok(generation)
     }
 }

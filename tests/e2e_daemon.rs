@@ -1,0 +1,238 @@
+//! The whole host data path for real: `ppp daemon start -d` (supervisor,
+//! pinned mitmdump, ppp's embedded addon, the daemon socket) in the test's
+//! host namespace, and two WireGuard guests with different policies.
+//! Ports are claimed through the state module, as the lifecycle commands
+//! will do.
+
+#[path = "support/netns.rs"]
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use netns::{Guest, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
+use serde_json::Value;
+
+const RED: u16 = 51820;
+const BLUE: u16 = 51821;
+const KEY: &str = "sk-ant-e2e-REAL-0123456789abcdef";
+
+/// Fields drop in order: guests, then the daemon, then the rest.
+struct Rig {
+    guests: Vec<Guest>,
+    daemon: Daemon,
+    upstream: Upstream,
+    topo: Topology,
+}
+
+/// ppp's state dirs and the running daemon, stopped on drop.
+struct Daemon {
+    root: PathBuf,
+}
+
+impl Daemon {
+    fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    /// `ppp ARGS` with this daemon's state dirs.
+    fn ppp(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ppp"));
+        c.env_clear()
+            .env("HOME", &self.root)
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("PPP_CONFIG", self.root.join("config"))
+            .env("PPP_DATA", self.data())
+            .env("PPP_CACHE", self.root.join("cache"))
+            .env("PPP_SECRET_BACKEND", "file")
+            .env("PPP_MITMDUMP", netns::mitmdump_path())
+            .args(args);
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ppp(args).output().unwrap();
+        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn flows(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.data().join("flows.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.ppp(&["daemon", "stop"]).output();
+    }
+}
+
+fn rig() -> Rig {
+    let topo = Topology::new(2);
+    let upstream = Upstream::start(&topo);
+    let root = topo.path().join("ppp");
+    std::fs::create_dir_all(&root).unwrap();
+    let daemon = Daemon { root };
+    let dirs =
+        ppp::dirs::Dirs { config: daemon.root.join("config"), data: daemon.data(), cache: daemon.root.join("cache") };
+    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("red")).unwrap(), RED);
+    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("blue")).unwrap(), BLUE);
+
+    daemon.ok(&["policy", "init", "deny-all"]);
+    // 198.18.0.0/15 is not a public range, so the DNS-rebinding defence
+    // refuses names that resolve there unless an address rule allows it.
+    daemon.ok(&["policy", "allow", "network", "--sandbox", "red", "echo.test,api.anthropic.com,198.18.0.10"]);
+    daemon.ok(&["policy", "allow", "network", "--sandbox", "blue", "api.anthropic.com"]);
+    daemon.ok(&["secret", "set", "-g", "anthropic", "-t", KEY]);
+
+    // mitmdump verifies upstream servers against the test CA only.
+    let mut start = daemon.ppp(&["daemon", "start", "-d"]);
+    let argv: Vec<String> = std::iter::once(start.get_program().to_string_lossy().into_owned())
+        .chain(start.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect();
+    let envs: Vec<(String, String)> = start
+        .get_envs()
+        .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
+        .collect();
+    start = Command::new("ip");
+    start
+        .env_clear()
+        .envs(envs)
+        .env("PPP_UPSTREAM_CA", &upstream.ca_cert)
+        .args(["netns", "exec", &topo.host_ns()])
+        .args(&argv);
+    let out = start.output().unwrap();
+    assert!(out.status.success(), "daemon start: {}", describe(&out));
+
+    let confs: Value =
+        serde_json::from_str(&std::fs::read_to_string(daemon.data().join("wg/client-confs.json")).unwrap()).unwrap();
+    let conf = |port: u16| {
+        let c = &confs[port.to_string()];
+        netns::ClientConf {
+            private_key: c["private_key"].as_str().unwrap().to_owned(),
+            server_public_key: c["public_key"].as_str().unwrap().to_owned(),
+            port,
+            address: c["address"].as_str().unwrap().to_owned(),
+        }
+    };
+    let guests = vec![Guest::up(&topo, 1, &conf(RED), RED), Guest::up(&topo, 2, &conf(BLUE), BLUE)];
+    for g in &guests {
+        assert!(g.handshake_within(netns::DEADLINE), "guest {} got no handshake", g.index);
+    }
+    Rig { guests, daemon, upstream, topo }
+}
+
+fn curl(g: &Guest, args: &[&str]) -> (String, String) {
+    let mut argv = vec!["-o", "-", "-w", "\n%{http_code}"];
+    argv.extend_from_slice(args);
+    let out = g.curl(&argv);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
+    (body.to_owned(), code.to_owned())
+}
+
+fn resolve(name: &str, port: u16) -> String {
+    format!("{name}:{port}:{UPSTREAM_IP}")
+}
+
+fn contains_anywhere(root: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+                hits.push(p);
+            }
+        }
+    }
+    hits
+}
+
+#[test]
+fn policy_secrets_and_live_changes_through_the_real_daemon() {
+    netns::require_env();
+    let rig = rig();
+    let (red, blue) = (&rig.guests[0], &rig.guests[1]);
+    let d = &rig.daemon;
+
+    // Per-sandbox policy over HTTP and HTTPS.
+    let (body, code) = curl(red, &["--resolve", &resolve("echo.test", 80), "http://echo.test/hello"]);
+    assert_eq!(code, "200", "red may reach echo.test: {body}");
+    let ca = rig.topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem");
+    let (body, code) = curl(
+        red,
+        &["--cacert", ca.to_str().unwrap(), "--resolve", &resolve("echo.test", 443), "https://echo.test/tls"],
+    );
+    assert_eq!(code, "200", "red over HTTPS: {body}");
+    let (body, code) = curl(blue, &["--resolve", &resolve("echo.test", 80), "http://echo.test/hello"]);
+    assert_eq!(code, "403", "blue is denied: {body}");
+    assert!(body.contains("ppp policy allow network --sandbox blue echo.test"), "{body}");
+    let (_, code) =
+        curl(blue, &["--cacert", ca.to_str().unwrap(), "--resolve", &resolve("echo.test", 443), "https://echo.test/"]);
+    assert_ne!(code, "200", "blue is denied over TLS too");
+    assert!(
+        !rig.upstream.requests().iter().any(|r| r["path"] == "/" && r["tls"] == true),
+        "a denied TLS connection never reaches upstream"
+    );
+
+    // The key is injected by the proxy; the guest only ever sent a placeholder.
+    let (body, code) = curl(
+        red,
+        &[
+            "-H",
+            "x-api-key: ppp-proxy-managed",
+            "--resolve",
+            &resolve("api.anthropic.com", 80),
+            "http://api.anthropic.com/v1/messages",
+        ],
+    );
+    assert_eq!(code, "200", "{body}");
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    let headers = echo["headers"].to_string().to_lowercase();
+    assert!(headers.contains(&KEY.to_lowercase()), "upstream saw the real key: {headers}");
+    assert!(!headers.contains("ppp-proxy-managed"), "the placeholder was replaced: {headers}");
+
+    // Every flow is logged with its sandbox and decision, and no secret
+    // value is in any file ppp or mitmdump wrote.
+    wait_until("flows to be logged", netns::DEADLINE, || d.flows().len() >= 4);
+    let flows = d.flows();
+    assert!(
+        flows.iter().any(|f| f["sandbox"] == "blue" && f["decision"] == "deny" && f["host"] == "echo.test"),
+        "{flows:?}"
+    );
+    assert!(flows.iter().any(|f| f["sandbox"] == "red" && f["decision"] == "allow"), "{flows:?}");
+    let leaks: Vec<PathBuf> =
+        contains_anywhere(&d.data(), KEY).into_iter().chain(contains_anywhere(&d.root.join("config"), KEY)).collect();
+    assert!(leaks.is_empty(), "the key is in plaintext in {leaks:?}");
+    let log = d.ok(&["policy", "log", "blue", "--json", "--limit", "5"]);
+    assert!(log.contains("\"decision\":\"deny\""), "{log}");
+
+    // A policy change applies to the next request, without a restart.
+    let before: Value = serde_json::from_str(&d.ok(&["daemon", "status", "--json"])).unwrap();
+    d.ok(&["policy", "deny", "network", "--sandbox", "red", "echo.test"]);
+    let (body, code) = curl(red, &["--resolve", &resolve("echo.test", 80), "http://echo.test/again"]);
+    assert_eq!(code, "403", "deny wins after the change: {body}");
+    let after: Value = serde_json::from_str(&d.ok(&["daemon", "status", "--json"])).unwrap();
+    assert_eq!(before["mitmdump_pid"], after["mitmdump_pid"], "no restart");
+    assert_eq!(after["sandboxes"][0]["listening"], true);
+
+    // Crash recovery: traffic resumes once the supervisor restarts mitmdump.
+    let pid = i32::try_from(after["mitmdump_pid"].as_i64().unwrap()).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_until("mitmdump to come back", Duration::from_secs(60), || {
+        let s: Value = serde_json::from_str(&d.ok(&["daemon", "status", "--json"])).unwrap();
+        s["restarts"] == 1 && s["mitmdump_alive"] == true
+    });
+    wait_until("red's traffic to resume", Duration::from_secs(60), || {
+        red.nudge();
+        curl(red, &["--resolve", &resolve("api.anthropic.com", 80), "http://api.anthropic.com/ping"]).1 == "200"
+    });
+}
