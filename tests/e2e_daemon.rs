@@ -128,9 +128,9 @@ fn rig() -> Rig {
 }
 
 fn curl(g: &Guest, args: &[&str]) -> (String, String) {
-    let mut argv = vec!["-o", "-", "-w", "\n%{http_code}"];
-    argv.extend_from_slice(args);
-    let out = g.curl(&argv);
+    let mut full = vec!["-o", "-", "-w", "\n%{http_code}"];
+    full.extend_from_slice(args);
+    let out = g.curl(&full);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
     (body.to_owned(), code.to_owned())
