@@ -79,7 +79,7 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
                 .hint(format!("see `{}` and `{}`", log_path.display(), dirs.proxy_log().display()))
                 .into());
         }
-        if let Some(rec) = ready(dirs)? {
+        if let Some(rec) = ready(dirs, child.id())? {
             output::println(&format!(
                 "ppp daemon started (pid {}, mitmdump pid {}, WireGuard ports {})",
                 rec.pid,
@@ -93,19 +93,20 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
                 .hint(format!("see `{}`", dirs.proxy_log().display()))
                 .into());
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(25));
     }
 }
 
-/// The record of a daemon that runs mitmdump and whose configs are captured.
-fn ready(dirs: &Dirs) -> Result<Option<supervisor::Record>> {
+/// The record of the daemon `pid` once its mitmdump runs, every client
+/// config is captured and the socket answers. A record left by an earlier
+/// daemon never counts.
+fn ready(dirs: &Dirs, pid: u32) -> Result<Option<supervisor::Record>> {
     let Some(rec) = supervisor::load_record(dirs)? else { return Ok(None) };
-    if rec.mitmdump_pid.is_none() || !supervisor::is_running(dirs)? {
+    if rec.pid != pid || !rec.ready || rec.mitmdump_pid.is_none() {
         return Ok(None);
     }
-    let confs = crate::proxy::clientconf::load(dirs).unwrap_or_default();
     let socket_up = std::os::unix::net::UnixStream::connect(dirs.secret_socket()).is_ok();
-    Ok((socket_up && rec.ports.iter().all(|p| confs.contains_key(p))).then_some(rec))
+    Ok(socket_up.then_some(rec))
 }
 
 fn ports_text(ports: &[u16]) -> String {

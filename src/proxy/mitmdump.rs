@@ -163,6 +163,33 @@ pub fn parse_version(output: &str) -> Option<&str> {
 
 /// The mitmproxy version `mitmdump` reports. The whole output is read:
 /// cutting it short makes mitmdump print a `BrokenPipe` traceback.
+/// The mitmproxy version recorded in the venv `mitmdump` belongs to: the
+/// `mitmproxy-<version>.dist-info` directory pip writes. `None` when
+/// `mitmdump` is not in a venv or the metadata is not there.
+pub fn venv_version(mitmdump: &Path) -> Option<String> {
+    let venv = mitmdump.parent()?.parent()?;
+    if !venv.join("pyvenv.cfg").is_file() {
+        return None;
+    }
+    let lib = std::fs::read_dir(venv.join("lib")).ok()?;
+    let mut found = None;
+    for py in lib.flatten() {
+        let Ok(entries) = std::fs::read_dir(py.path().join("site-packages")) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(v) = name.strip_prefix("mitmproxy-").and_then(|r| r.strip_suffix(".dist-info")) {
+                // Two versions side by side is a damaged venv: let the
+                // slow path decide.
+                if found.replace(v.to_owned()).is_some() {
+                    return None;
+                }
+            }
+        }
+    }
+    found
+}
+
 pub fn installed_version(mitmdump: &Path) -> Result<String> {
     let out = exec::run(&version_command(mitmdump))?;
     parse_version(&out.stdout).map(ToOwned::to_owned).ok_or_else(|| {
@@ -174,6 +201,12 @@ pub fn installed_version(mitmdump: &Path) -> Result<String> {
 
 /// Fail unless `mitmdump` is mitmproxy `want`.
 pub fn check_version(mitmdump: &Path, want: &str) -> Result<()> {
+    // Asking mitmdump costs a Python start-up (about half a second), paid on
+    // every `daemon start`; a venv's package metadata answers the same
+    // question from the file system.
+    if venv_version(mitmdump).as_deref() == Some(want) {
+        return Ok(());
+    }
     let have = installed_version(mitmdump)?;
     if have == want {
         Ok(())
@@ -339,6 +372,9 @@ pub fn ensure_with(dirs: &Dirs, lookup: &Lookup, mut progress: impl FnMut(&str))
     // Two ppp processes must not build the same venv at once.
     let _lock = state::Lock::acquire(&dirs.venv_lock())?;
     if mitmdump.is_file() {
+        if venv_version(&mitmdump).as_deref() == Some(want) {
+            return Ok(mitmdump);
+        }
         match installed_version(&mitmdump) {
             Ok(v) if v == want => return Ok(mitmdump),
             Ok(v) => progress(&format!("replacing mitmproxy {v} in `{}` with {want}", venv.display())),

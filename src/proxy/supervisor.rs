@@ -49,6 +49,10 @@ pub struct Record {
     pub ports: Vec<u16>,
     /// When the supervisor started (RFC 3339).
     pub started_at: String,
+    /// Whether the current mitmdump's client configs have all been captured:
+    /// the daemon is ready for tunnels.
+    #[serde(default)]
+    pub ready: bool,
     /// How many times mitmdump was restarted after dying.
     pub restarts: u32,
     /// When and why the last restart happened.
@@ -180,6 +184,7 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
         let mut child = exec::spawn_logged(&mitmdump::command(&spec), &log)?;
         let started = Instant::now();
         record.mitmdump_pid = child.id();
+        record.ready = false;
         record.ports.clone_from(&ports);
         state::write_atomic(&dirs.proxy_pid(), format!("{}\n", child.id().unwrap_or(0)).as_bytes())?;
         state::write_json(&dirs.daemon_record(), &record)?;
@@ -191,8 +196,12 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
             tokio::select! {
                 done = &mut capture, if !captured => {
                     captured = true;
-                    if let Err(e) = done {
-                        tracing::warn!("{e:#}");
+                    match done {
+                        Ok(()) => {
+                            record.ready = true;
+                            state::write_json(&dirs.daemon_record(), &record)?;
+                        }
+                        Err(e) => tracing::warn!("{e:#}"),
                     }
                 }
                 status = child.wait() => break Some(status),
@@ -227,6 +236,7 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
         record.restarts += 1;
         record.last_restart = Some(format!("{} {why}", now()));
         record.mitmdump_pid = None;
+        record.ready = false;
         state::write_json(&dirs.daemon_record(), &record)?;
         tracing::warn!("{why}; restarting in {} s", backoff.as_secs());
         tokio::select! {
@@ -237,6 +247,7 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
         backoff = (backoff * 2).min(MAX_BACKOFF);
     };
     record.mitmdump_pid = None;
+    record.ready = false;
     let _ = state::write_json(&dirs.daemon_record(), &record);
     let _ = stop_tx.send(true);
     server.await.context("the socket server task failed")??;
@@ -280,7 +291,7 @@ async fn capture_configs(dirs: Dirs, log: PathBuf, offset: u64, ports: Vec<u16>)
             .hint(format!("see `{}`", log.display()))
             .into());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
