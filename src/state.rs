@@ -25,21 +25,39 @@ impl Lock {
     /// Block until the lock at `path` is held. Creates the file (0600) and its
     /// directory (0700) if needed.
     pub fn acquire(path: &Path) -> Result<Self> {
-        if let Some(dir) = path.parent() {
-            create_private_dir(dir)?;
-        }
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .open(path)
-            .with_context(|| format!("could not open lock file `{}`", path.display()))?;
+        let file = open_lock_file(path)?;
         // fs4 rather than std's inherent `File::lock`: it keeps flock(2)
         // semantics explicit, and fully qualified to avoid the std method.
         fs4::FileExt::lock(&file).with_context(|| format!("could not lock `{}`", path.display()))?;
         Ok(Self { file, path: path.to_owned() })
+    }
+
+    /// Take the lock at `path` if nobody holds it; `None` when someone does.
+    pub fn try_acquire(path: &Path) -> Result<Option<Self>> {
+        let file = open_lock_file(path)?;
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => Ok(Some(Self { file, path: path.to_owned() })),
+            Err(fs4::TryLockError::WouldBlock) => Ok(None),
+            Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("could not lock `{}`", path.display())),
+        }
+    }
+
+    /// Whether some process holds the lock at `path` now. Never blocks and
+    /// never creates the file.
+    pub fn is_held(path: &Path) -> Result<bool> {
+        let file = match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e).with_context(|| format!("could not open `{}`", path.display())),
+        };
+        match fs4::FileExt::try_lock_shared(&file) {
+            Ok(()) => {
+                let _ = fs4::FileExt::unlock(&file);
+                Ok(false)
+            }
+            Err(fs4::TryLockError::WouldBlock) => Ok(true),
+            Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("could not check `{}`", path.display())),
+        }
     }
 
     /// The lock file's path.
@@ -52,6 +70,21 @@ impl Drop for Lock {
     fn drop(&mut self) {
         let _ = fs4::FileExt::unlock(&self.file);
     }
+}
+
+/// Open (creating 0600, in a 0700 directory) the file a lock lives on.
+fn open_lock_file(path: &Path) -> Result<File> {
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir)?;
+    }
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("could not open lock file `{}`", path.display()))
 }
 
 /// Create `dir` and missing parents with mode 0700. An existing directory is

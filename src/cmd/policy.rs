@@ -17,6 +17,7 @@ use crate::error::fail;
 use crate::policy::{
     self, Engine, GlobalFile, Preset, Resource, Rule, SandboxFile, Scope, Source, Target, Verdict, flowlog,
 };
+use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
 
 /// Run `ppp policy …`.
@@ -198,17 +199,8 @@ struct CheckJson<'a> {
     port: u16,
     sandbox: Option<&'a str>,
     decision: Verdict,
-    matched_rule: Option<MatchedJson>,
+    matched_rule: Option<MatchedRule>,
     default_used: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct MatchedJson {
-    id: String,
-    decision: Verdict,
-    resource: String,
-    scope: Scope,
-    source: Source,
 }
 
 fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<ExitCode> {
@@ -232,13 +224,7 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             port: t.port,
             sandbox: sandbox_name,
             decision: d.verdict,
-            matched_rule: d.matched_rule.as_ref().map(|m| MatchedJson {
-                id: m.rule.id.to_string(),
-                decision: m.rule.decision,
-                resource: m.rule.resource.to_string(),
-                scope: m.scope,
-                source: m.rule.source,
-            }),
+            matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
             default_used: d.default_used,
         };
         output::println(&serde_json::to_string(&out)?)?;

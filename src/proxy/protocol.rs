@@ -108,6 +108,18 @@ pub struct MatchedRule {
     pub source: Source,
 }
 
+impl From<&crate::policy::Matched<'_>> for MatchedRule {
+    fn from(m: &crate::policy::Matched<'_>) -> Self {
+        Self {
+            id: m.rule.id.to_string(),
+            decision: m.rule.decision,
+            resource: m.rule.resource.to_string(),
+            scope: m.scope,
+            source: m.rule.source,
+        }
+    }
+}
+
 /// A `decide` reply's payload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {

@@ -452,13 +452,7 @@ fn decide(
     let d = snap.engine.decide(sandbox, host, ip, port);
     Response::Decision(protocol::Decision {
         verdict: d.verdict,
-        matched_rule: d.matched_rule.map(|m| MatchedRule {
-            id: m.rule.id.to_string(),
-            decision: m.rule.decision,
-            resource: m.rule.resource.to_string(),
-            scope: m.scope,
-            source: m.rule.source,
-        }),
+        matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
         default_used: d.default_used,
         generation: snap.generation,
     })

@@ -70,39 +70,7 @@ pub fn load_record(dirs: &Dirs) -> Result<Option<Record>> {
 
 /// Whether a daemon holds the lock right now.
 pub fn is_running(dirs: &Dirs) -> Result<bool> {
-    let path = dirs.daemon_lock();
-    let file = match OpenOptions::new().read(true).write(true).open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e).with_context(|| format!("could not open `{}`", path.display())),
-    };
-    match fs4::FileExt::try_lock_shared(&file) {
-        Ok(()) => {
-            let _ = fs4::FileExt::unlock(&file);
-            Ok(false)
-        }
-        Err(fs4::TryLockError::WouldBlock) => Ok(true),
-        Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("could not check `{}`", path.display())),
-    }
-}
-
-/// Take the daemon lock, or `None` when another daemon holds it.
-fn take_lock(dirs: &Dirs) -> Result<Option<File>> {
-    let path = dirs.daemon_lock();
-    state::create_private_dir(&dirs.data)?;
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("could not open `{}`", path.display()))?;
-    match fs4::FileExt::try_lock(&file) {
-        Ok(()) => Ok(Some(file)),
-        Err(fs4::TryLockError::WouldBlock) => Ok(None),
-        Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("could not lock `{}`", path.display())),
-    }
+    state::Lock::is_held(&dirs.daemon_lock())
 }
 
 /// What the daemon needs to start mitmdump.
@@ -117,7 +85,7 @@ pub struct Options {
 /// Run the daemon in the foreground until SIGTERM or SIGINT. Returns
 /// `Ok(false)` without doing anything when another daemon already runs.
 pub fn run(dirs: &Dirs, opts: &Options) -> Result<bool> {
-    let Some(lock) = take_lock(dirs)? else {
+    let Some(lock) = state::Lock::try_acquire(&dirs.daemon_lock())? else {
         return Ok(false);
     };
     // A supervisor killed with SIGKILL leaves its mitmdump behind, holding
