@@ -111,12 +111,11 @@ fn stderr_suffix(stderr: &str) -> String {
 pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     let command = inv.to_string();
     let mut child =
-        inv.command().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|source| {
-            match source.kind() {
+        spawn_retrying(|| inv.command().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn())
+            .map_err(|source| match source.kind() {
                 std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
                 _ => ExecError::Spawn { command: command.clone(), source },
-            }
-        })?;
+            })?;
     // Drain both pipes on threads so a chatty child cannot block on a full
     // pipe while we wait on it.
     let mut out_pipe = child.stdout.take().expect("piped");
@@ -183,6 +182,23 @@ pub fn spawn_detached(inv: &Invocation, log: &std::fs::File) -> Result<std::proc
         std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
         _ => ExecError::Spawn { command, source },
     })
+}
+
+/// Spawn, retrying briefly on `ETXTBSY`. A script that was just written
+/// can still be open for writing in a child that another thread forked and
+/// has not yet exec'd; exec of the script then fails with "text file busy"
+/// for a moment, though nothing is wrong with it.
+fn spawn_retrying<T>(mut spawn: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut tries = 0;
+    loop {
+        match spawn() {
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32) && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Find `name` on `PATH`, like a shell would.

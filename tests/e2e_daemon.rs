@@ -236,3 +236,53 @@ fn policy_secrets_and_live_changes_through_the_real_daemon() {
         curl(red, &["--resolve", &resolve("api.anthropic.com", 80), "http://api.anthropic.com/ping"]).1 == "200"
     });
 }
+
+#[test]
+fn defences_through_the_real_daemon() {
+    netns::require_env();
+    let mut rig = rig();
+    let d = &rig.daemon;
+
+    // DNS rebinding: an allowed name pointed at the metadata address is
+    // refused. The host namespace has no route there, so even a failed
+    // defence could not reach a real metadata service.
+    let (body, code) =
+        curl(&rig.guests[1], &["--resolve", "api.anthropic.com:80:169.254.169.254", "http://api.anthropic.com/latest"]);
+    assert_eq!(code, "403", "rebinding to 169.254.169.254 is refused: {body}");
+    assert!(body.contains("169.254.169.254"), "{body}");
+
+    // Uploads over 1 MiB get 413, and nothing reaches the upstream.
+    let big = rig.topo.path().join("big.bin");
+    std::fs::write(&big, vec![b'x'; 2 * 1024 * 1024]).unwrap();
+    let before = rig.upstream.requests().len();
+    let (body, code) = curl(
+        &rig.guests[0],
+        &[
+            "--data-binary",
+            &format!("@{}", big.display()),
+            "--resolve",
+            &resolve("echo.test", 80),
+            "http://echo.test/up",
+        ],
+    );
+    assert_eq!(code, "413", "{body}");
+    assert_eq!(rig.upstream.requests().len(), before, "the upload never reached upstream");
+
+    // A DNS query for a denied name is refused, and the refusal logged.
+    let out = rig.guests[1].run(&["dig", "+time=3", "+tries=1", "@10.0.0.53", "denied.example", "A"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("status: REFUSED"), "{}", describe(&out));
+    wait_until("the DNS denial in flows.jsonl", netns::DEADLINE, || {
+        d.flows().iter().any(|f| f["host"] == "denied.example" && f["decision"] == "deny")
+    });
+
+    // A guest that takes the other sandbox's inner address is still itself:
+    // blue using red's 10.0.0.1 is still denied what red may reach.
+    let red_ip = rig.guests[0].inner_ip;
+    rig.guests[1].set_inner_ip(red_ip);
+    let (body, code) = curl(&rig.guests[1], &["--resolve", &resolve("echo.test", 80), "http://echo.test/spoof"]);
+    assert_eq!(code, "403", "{body}");
+    assert!(body.contains("--sandbox blue"), "identified as blue by its port: {body}");
+    let (_, code) = curl(&rig.guests[0], &["--resolve", &resolve("echo.test", 80), "http://echo.test/real"]);
+    assert_eq!(code, "200", "red is unaffected");
+}
