@@ -67,24 +67,6 @@ DAEMON_TIMEOUT = 2.0
 # Headers a client may use to carry its own credentials; removed before ppp
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
-# Built-in services and their hosts (src/secret/services.rs). Only used to
-# pick which service to ask the daemon for; the daemon decides whether its
-# key may go to the host.
-SERVICE_HOSTS: dict[str, str] = {
-    "api.anthropic.com": "anthropic",
-    "api.openai.com": "openai",
-    "api.github.com": "github",
-    "uploads.github.com": "github",
-    "github.com": "github",
-    "generativelanguage.googleapis.com": "google",
-    "api.groq.com": "groq",
-    "api.mistral.ai": "mistral",
-    "api.studio.nebius.com": "nebius",
-    "api.studio.nebius.ai": "nebius",
-    "api.tokenfactory.nebius.com": "nebius",
-    "openrouter.ai": "openrouter",
-    "api.x.ai": "xai",
-}
 METADATA_IP = ipaddress.ip_address("169.254.169.254")
 
 
@@ -376,14 +358,16 @@ class PppAddon:
             generation=v.generation,
         )
 
-    def secret(self, service: str, sandbox: str, host: str) -> dict[str, Any]:
-        """A `secret` reply, cached for at most SECRET_TTL and one generation."""
-        key = (service, sandbox, host)
+    def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
+        """An `inject` (the key for this host) or `secret` (custom
+        substitutions) reply, cached for at most SECRET_TTL and one generation.
+        Which service's key goes to which host is the daemon's to decide."""
+        key = (op, sandbox, host)
         hit = self._secrets.get(key)
         now = time.monotonic()
         if hit is not None and hit[0] > now:
             return hit[1]
-        r = self._ask({"op": "secret", "service": service, "sandbox": sandbox, "host": host})
+        r = self._ask({"op": op, "sandbox": sandbox, "host": host})
         if r.get("ok") or r.get("reason") == "no-secret":
             self._secrets[key] = (now + SECRET_TTL, r)
         return r
@@ -668,17 +652,15 @@ class PppAddon:
             return
         try:
             self._poll()
-            service = SERVICE_HOSTS.get(host)
-            if service is not None:
-                r = self.secret(service, sandbox, host)
-                if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
-                    for h in AUTH_HEADERS:
-                        flow.request.headers.pop(h, None)
-                    flow.request.headers[r["header"]] = r["value"]
-                    log.info("ppp: [%s] injected the %s key for %s", sandbox, service, host)
-                elif r.get("reason") != "no-secret":
-                    raise DaemonError(f"secret {service}: {r.get('reason')}")
-            subs = self.secret("", sandbox, host)
+            r = self.secret("inject", sandbox, host)
+            if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
+                for h in AUTH_HEADERS:
+                    flow.request.headers.pop(h, None)
+                flow.request.headers[r["header"]] = r["value"]
+                log.info("ppp: [%s] injected a key for %s", sandbox, host)
+            elif r.get("reason") != "no-secret":
+                raise DaemonError(f"inject: {r.get('reason')}")
+            subs = self.secret("secret", sandbox, host)
             if not subs.get("ok"):
                 raise DaemonError(f"substitutions: {subs.get('reason')}")
             pairs = [

@@ -79,6 +79,10 @@ fn fixture(d: &Dirs) {
     store.set_service(&Scope::Global, "anthropic", &[], &Value::new("sk-ant-GLOBAL-1111".into())).unwrap();
     store.set_service(&fox, "anthropic", &[], &Value::new("sk-ant-FOX-2222".into())).unwrap();
     store.set_service(&fox, "openai", &[], &Value::new("sk-oai-FOX-3333".into())).unwrap();
+    // A service ppp does not know, with its own host: the addon has no
+    // table for it, so only the daemon can route its key.
+    let usai = ["usai.allowed.test".to_owned()];
+    store.set_service(&Scope::Global, "usai", &usai, &Value::new("usai-GLOBAL-5555".into())).unwrap();
     let jira = ["jira.example.com".to_owned()];
     store.set_custom(&Scope::Global, "PPP_JIRA_TOKEN", &jira, None, &Value::new("jira-secret-4444".into())).unwrap();
 }

@@ -324,6 +324,13 @@ fn secrets_sandbox_first_then_global() {
         "a key only goes to its service's hosts"
     );
 
+    // `inject` finds the key by host alone, sandbox scope first.
+    let inject = |sandbox: &str, host: &str| d.ask(&json!({"op":"inject","sandbox":sandbox,"host":host}));
+    assert_eq!(inject("red-fox", "api.anthropic.com")["value"], "sk-ant-fox-0002");
+    assert_eq!(inject("blue", "api.anthropic.com")["value"], "sk-ant-global-0001");
+    assert_eq!(inject("red-fox", "api.github.com")["value"], "Bearer ghp-global-0003");
+    assert_eq!(inject("red-fox", "evil.example"), json!({"ok":false,"reason":"no-secret"}));
+
     let subs = json!({"ok":true,"substitutions":[
         {"placeholder":"PPP_JIRA_TOKEN","value":"jira-fox-0005"},
         {"placeholder":"PPP_WIKI","value":"wiki-global-0006"}]});

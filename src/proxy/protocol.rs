@@ -36,6 +36,13 @@ pub enum Request {
         sandbox: Option<String>,
         host: String,
     },
+    /// The header to inject into a request to `host`, from whichever
+    /// service key covers that host (sandbox scope first).
+    Inject {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        host: String,
+    },
     /// Evaluate a flow against the policy.
     Decide {
         #[serde(default)]

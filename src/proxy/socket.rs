@@ -428,15 +428,13 @@ async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, 
             }
         }
         Request::Secret { service, sandbox, host } => {
-            let st = state.clone();
-            let service = service.filter(|s| !s.is_empty());
-            match tokio::task::spawn_blocking(move || secret(&st.store, service.as_deref(), sandbox.as_deref(), &host))
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => Response::error(Reason::Internal, format!("secret task failed: {e}")),
-            }
+            let wanted = match service.filter(|s| !s.is_empty()) {
+                Some(s) => Wanted::Service(s),
+                None => Wanted::Substitutions,
+            };
+            secret_blocking(state, wanted, sandbox, host).await
         }
+        Request::Inject { sandbox, host } => secret_blocking(state, Wanted::AnyService, sandbox, host).await,
     };
     (id, reply)
 }
@@ -459,7 +457,26 @@ fn decide(
 }
 
 /// Look a secret up. Blocking: the keychain and the age file are.
-fn secret(store: &Store, service: Option<&str>, sandbox: Option<&str>, host: &str) -> Response {
+/// What a secret request asks for.
+enum Wanted {
+    /// The header for this service's key.
+    Service(String),
+    /// The header for whichever service's key covers the host.
+    AnyService,
+    /// The custom placeholder substitutions for the host.
+    Substitutions,
+}
+
+/// [`secret`] off the async threads: the keychain and the age file block.
+async fn secret_blocking(state: &Arc<State>, wanted: Wanted, sandbox: Option<String>, host: String) -> Response {
+    let st = state.clone();
+    match tokio::task::spawn_blocking(move || secret(&st.store, &wanted, sandbox.as_deref(), &host)).await {
+        Ok(r) => r,
+        Err(e) => Response::error(Reason::Internal, format!("secret task failed: {e}")),
+    }
+}
+
+fn secret(store: &Store, wanted: &Wanted, sandbox: Option<&str>, host: &str) -> Response {
     // Names are checked here so a malformed one is the client's error, not
     // a store failure.
     if let Some(s) = sandbox
@@ -467,7 +484,7 @@ fn secret(store: &Store, service: Option<&str>, sandbox: Option<&str>, host: &st
     {
         return Response::error(Reason::BadRequest, format!("{e:#}"));
     }
-    if let Some(s) = service
+    if let Wanted::Service(s) = wanted
         && let Err(e) = secret::validate::service(s)
     {
         return Response::error(Reason::BadRequest, format!("{e:#}"));
@@ -482,23 +499,27 @@ fn secret(store: &Store, service: Option<&str>, sandbox: Option<&str>, host: &st
             Response::error(Reason::Internal, format!("{e:#}"))
         }
     };
-    match service {
-        Some(service) => match store.header_for(sandbox, service, host) {
-            Ok(Some(i)) => {
-                tracing::debug!("daemon socket: injecting `{service}` ({} scope) for `{host}`", i.scope);
-                Response::Header { header: i.header, value: i.value }
-            }
-            Ok(None) => Response::Error { reason: Reason::NoSecret, detail: None },
-            Err(e) => failed(&e),
-        },
-        None => match store.substitutions(sandbox, host) {
-            Ok(subs) => Response::Substitutions(
-                subs.into_iter()
-                    .map(|s| protocol::Substitution { placeholder: s.placeholder, value: s.value })
-                    .collect(),
-            ),
-            Err(e) => failed(&e),
-        },
+    let header = match wanted {
+        Wanted::Service(service) => store.header_for(sandbox, service, host),
+        Wanted::AnyService => store.header_for_host(sandbox, host),
+        Wanted::Substitutions => {
+            return match store.substitutions(sandbox, host) {
+                Ok(subs) => Response::Substitutions(
+                    subs.into_iter()
+                        .map(|s| protocol::Substitution { placeholder: s.placeholder, value: s.value })
+                        .collect(),
+                ),
+                Err(e) => failed(&e),
+            };
+        }
+    };
+    match header {
+        Ok(Some(i)) => {
+            tracing::debug!("daemon socket: injecting a key ({} scope) for `{host}`", i.scope);
+            Response::Header { header: i.header, value: i.value }
+        }
+        Ok(None) => Response::Error { reason: Reason::NoSecret, detail: None },
+        Err(e) => failed(&e),
     }
 }
 

@@ -498,17 +498,33 @@ impl Store {
     /// key if that does. What the daemon answers the addon with.
     pub fn header_for(&self, sandbox: Option<&str>, service: &str, host: &str) -> Result<Option<Injection>> {
         validate::service(service)?;
+        self.first_header(sandbox, host, |e| e.name == service)
+    }
+
+    /// The header for whichever service key covers `host`: the sandbox's
+    /// keys first, then the global ones. This is what the proxy asks, so a
+    /// service stored with its own `--host` is injected without the addon
+    /// knowing any host → service table.
+    pub fn header_for_host(&self, sandbox: Option<&str>, host: &str) -> Result<Option<Injection>> {
+        self.first_header(sandbox, host, |_| true)
+    }
+
+    fn first_header(
+        &self,
+        sandbox: Option<&str>,
+        host: &str,
+        wanted: impl Fn(&Entry) -> bool,
+    ) -> Result<Option<Injection>> {
         let index = self.index()?;
         for scope in scopes(sandbox)? {
-            let Some(e) = index.find(&scope, service, Kind::Service) else {
-                continue;
-            };
-            let Some(rule) = e.header_rule(host) else {
-                continue;
-            };
-            if let Some(v) = self.read(e)? {
-                let (header, value) = rule.render(&v);
-                return Ok(Some(Injection { scope, header, value }));
+            for e in index.entries.iter().filter(|e| e.scope == scope && e.kind == Kind::Service && wanted(e)) {
+                let Some(rule) = e.header_rule(host) else {
+                    continue;
+                };
+                if let Some(v) = self.read(e)? {
+                    let (header, value) = rule.render(&v);
+                    return Ok(Some(Injection { scope, header, value }));
+                }
             }
         }
         Ok(None)

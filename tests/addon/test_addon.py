@@ -35,7 +35,7 @@ from mitmproxy.tls import ClientHelloData
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = os.environ.get("PPP_STATE_DIR", "")
-SECRETS = ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444"]
+SECRETS = ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444", "usai-GLOBAL-5555"]
 
 
 def load_addon_module() -> types.ModuleType:
@@ -223,6 +223,12 @@ class Live(Base):
         # blue has no openai key: nothing injected, the request goes as is.
         f = self.run_http(http_flow(51821, "api.openai.com", headers={"authorization": "Bearer dummy"}))
         self.assertEqual(f.request.headers["authorization"], "Bearer dummy")
+
+    def test_key_for_a_service_with_its_own_host(self) -> None:
+        # `ppp secret set usai --host usai.allowed.test`: the daemon picks the
+        # key by host; the addon knows no host -> service table.
+        f = self.run_http(http_flow(51821, "usai.allowed.test", headers={"authorization": "Bearer dummy"}))
+        self.assertEqual(f.request.headers["authorization"], "Bearer usai-GLOBAL-5555")
 
     def test_placeholders_substituted_for_their_host_only(self) -> None:
         f = self.run_http(http_flow(51820, "jira.example.com", headers={"authorization": "Basic me:PPP_JIRA_TOKEN"}))
