@@ -13,7 +13,12 @@ sandbox. This addon:
 * injects API keys and custom placeholders the daemon hands out, only into
   requests the policy allowed;
 * appends one JSON line per flow to `$PPP_DATA/flows.jsonl`, never with a
-  secret value in it.
+  secret value in it;
+* keeps mitmdump's WireGuard servers in line with the claimed ports: when
+  the daemon's generation moves it asks for the `modes` list and applies it,
+  so a sandbox gains or loses its server without a restart;
+* records when each server last carried a connection in
+  `$PPP_DATA/tunnels.json`, for `ppp daemon status`.
 
 See docs/addon.md for how each kind of denial is enforced.
 """
@@ -21,6 +26,7 @@ See docs/addon.md for how each kind of denial is enforced.
 # No `from __future__ import annotations`: mitmproxy loads scripts without
 # registering them in sys.modules, and dataclasses then cannot resolve string
 # annotations.
+import asyncio
 import ipaddress
 import itertools
 import json
@@ -62,6 +68,11 @@ log = _SafeLog()
 GENERATION_POLL = 1.0
 # How long a secret may be cached (seconds); dropped earlier on a new generation.
 SECRET_TTL = 60.0
+# How often the background task checks for new WireGuard servers and saves
+# tunnel activity (seconds).
+WATCH_INTERVAL = 0.2
+# Tunnel activity is saved at most this often (seconds).
+TUNNELS_WRITE_EVERY = 1.0
 # Timeout of one daemon round trip (seconds).
 DAEMON_TIMEOUT = 2.0
 # Headers a client may use to carry its own credentials; removed before ppp
@@ -199,6 +210,13 @@ class PppAddon:
         # Client connections denied at TLS/TCP/UDP level, by client id:
         # server_connect refuses any upstream connection for them.
         self._denied: dict[str, Verdict] = {}
+        # The generation stamp whose `modes` list was last applied.
+        self._modes_stamp: str | None = None
+        # WireGuard listen port -> wall-clock time of its latest connection.
+        self._seen: dict[int, float] = {}
+        self._seen_saved: dict[int, float] = {}
+        self._seen_saved_at = 0.0
+        self._watcher: asyncio.Task[None] | None = None
 
     # ---- options -------------------------------------------------------
 
@@ -216,9 +234,73 @@ class PppAddon:
             self._invalidate(None)
             self._registry_stamp = None
 
+    def running(self) -> None:
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
     def done(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self.daemon is not None:
             self.daemon.close()
+
+    # ---- WireGuard servers and tunnel activity -------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                self.sync_modes()
+            except Exception as e:  # noqa: BLE001
+                # Retried on the next tick: the stamp is only recorded once
+                # a list was applied.
+                log.warning("ppp: could not update the WireGuard servers: %s", e)
+            try:
+                self.save_tunnels()
+            except Exception as e:  # noqa: BLE001
+                log.warning("ppp: could not save tunnel activity: %s", e)
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    def sync_modes(self) -> None:
+        """Apply the daemon's `modes` list once per generation.
+
+        mitmproxy starts a server for each new spec and stops each dropped
+        one; servers whose spec is unchanged keep running, with their
+        tunnels. The daemon builds the specs exactly as it built mitmdump's
+        command line, so an unchanged port always compares equal.
+        """
+        stamp = self._read_stamp()
+        if stamp is None or stamp == self._modes_stamp:
+            return
+        r = self._ask({"op": "modes"})
+        modes = r.get("modes")
+        if not r.get("ok") or not isinstance(modes, list) or not modes:
+            raise DaemonError(f"modes: {r.get('reason')} {r.get('detail') or ''}".strip())
+        modes = [str(m) for m in modes]
+        if modes != list(ctx.options.mode):
+            log.info("ppp: WireGuard servers now %s", ", ".join(m.rsplit("@", 1)[-1] for m in modes))
+            ctx.options.update(mode=modes)
+        self._modes_stamp = stamp
+
+    def client_connected(self, client: connection.Client) -> None:
+        port = self._port(client)
+        if port is not None:
+            self._seen[port] = time.time()
+
+    def save_tunnels(self, force: bool = False) -> None:
+        """Write `tunnels.json` when activity changed, at most once a second."""
+        now = time.monotonic()
+        if not self.state_dir or self._seen == self._seen_saved:
+            return
+        if not force and now - self._seen_saved_at < TUNNELS_WRITE_EVERY:
+            return
+        path = os.path.join(self.state_dir, "tunnels.json")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        body = json.dumps({"last_seen": {str(p): round(t, 3) for p, t in sorted(self._seen.items())}})
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(body + "\n")
+        os.replace(tmp, path)
+        self._seen_saved = dict(self._seen)
+        self._seen_saved_at = now
 
     # ---- daemon, caches ------------------------------------------------
 

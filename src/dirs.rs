@@ -138,6 +138,11 @@ impl Dirs {
     pub fn generation_file(&self) -> PathBuf {
         self.data.join("generation")
     }
+    /// `$PPP_DATA/tunnels.json`: when each WireGuard server last carried a
+    /// connection, written by the addon.
+    pub fn tunnels_file(&self) -> PathBuf {
+        self.data.join("tunnels.json")
+    }
     /// `$PPP_DATA/secret.sock`: the daemon's Unix socket.
     pub fn secret_socket(&self) -> PathBuf {
         self.data.join("secret.sock")

@@ -283,6 +283,36 @@ fn reload_swaps_the_policy_and_bumps_the_generation() {
     assert_eq!(d.ask(&json!({"op":"generation"}))["generation"], 3);
 }
 
+/// `modes` lists one WireGuard server per claimed port, exactly as the
+/// daemon's command line spells it, or the base port when none is claimed;
+/// a malformed registry is an error reply naming the file, not a guess.
+#[test]
+fn modes_follow_the_port_registry() {
+    let w = World::new();
+    let d = w.start();
+    let keys = |port: u16| format!("wireguard:{}@{port}", w.dirs.wg_keys(port).display());
+    assert_eq!(d.ask(&json!({"op":"modes"})), json!({"ok":true,"modes":[keys(51820)]}));
+    ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("a")).unwrap();
+    ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("b")).unwrap();
+    ppp::sandbox::with_registry(&w.dirs, |r| Ok(r.free("a"))).unwrap();
+    assert_eq!(d.ask(&json!({"op":"modes"})), json!({"ok":true,"modes":[keys(51821)]}));
+    let spec =
+        ppp::proxy::mitmdump::Spec::new(&w.dirs, "mitmdump".into(), [51820, 51821], "addon.py".into(), "ca.pem".into());
+    let argv: Vec<String> =
+        ppp::proxy::mitmdump::command(&spec).args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("c")).unwrap();
+    // "c" reuses the port "a" freed.
+    let modes = d.ask(&json!({"op":"modes"}));
+    assert_eq!(modes["modes"].as_array().unwrap().len(), 2, "{modes}");
+    for m in modes["modes"].as_array().unwrap() {
+        assert!(argv.contains(&m.as_str().unwrap().to_owned()), "{m} is spelled as on the command line: {argv:?}");
+    }
+    World::write(&w.dirs.port_registry(), "{\"ports\": [");
+    let r = d.ask(&json!({"op":"modes"}));
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("port-registry.json"), "{r}");
+}
+
 #[test]
 fn a_malformed_policy_stops_the_daemon_from_starting() {
     let w = World::new();

@@ -57,6 +57,27 @@ impl Daemon {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The client config the daemon captured for `port`.
+    fn conf(&self, port: u16) -> netns::ClientConf {
+        let confs: Value =
+            serde_json::from_str(&std::fs::read_to_string(self.data().join("wg/client-confs.json")).unwrap()).unwrap();
+        let c = &confs[port.to_string()];
+        netns::ClientConf {
+            private_key: c["private_key"].as_str().unwrap().to_owned(),
+            server_public_key: c["public_key"].as_str().unwrap().to_owned(),
+            port,
+            address: c["address"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    fn dirs(&self) -> ppp::dirs::Dirs {
+        ppp::dirs::Dirs { config: self.root.join("config"), data: self.data(), cache: self.root.join("cache") }
+    }
+
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["daemon", "status", "--json"])).unwrap()
+    }
+
     fn flows(&self) -> Vec<Value> {
         std::fs::read_to_string(self.data().join("flows.jsonl"))
             .unwrap_or_default()
@@ -73,13 +94,18 @@ impl Drop for Daemon {
 }
 
 fn rig() -> Rig {
-    let topo = Topology::new(2);
+    rig_with(2)
+}
+
+/// The daemon with red and blue up, in a topology with room for
+/// `n_guests` guests.
+fn rig_with(n_guests: u8) -> Rig {
+    let topo = Topology::new(n_guests);
     let upstream = Upstream::start(&topo);
     let root = topo.path().join("ppp");
     std::fs::create_dir_all(&root).unwrap();
     let daemon = Daemon { root };
-    let dirs =
-        ppp::dirs::Dirs { config: daemon.root.join("config"), data: daemon.data(), cache: daemon.root.join("cache") };
+    let dirs = daemon.dirs();
     assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("red")).unwrap(), RED);
     assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("blue")).unwrap(), BLUE);
 
@@ -109,18 +135,7 @@ fn rig() -> Rig {
     let out = start.output().unwrap();
     assert!(out.status.success(), "daemon start: {}", describe(&out));
 
-    let confs: Value =
-        serde_json::from_str(&std::fs::read_to_string(daemon.data().join("wg/client-confs.json")).unwrap()).unwrap();
-    let conf = |port: u16| {
-        let c = &confs[port.to_string()];
-        netns::ClientConf {
-            private_key: c["private_key"].as_str().unwrap().to_owned(),
-            server_public_key: c["public_key"].as_str().unwrap().to_owned(),
-            port,
-            address: c["address"].as_str().unwrap().to_owned(),
-        }
-    };
-    let guests = vec![Guest::up(&topo, 1, &conf(RED), RED), Guest::up(&topo, 2, &conf(BLUE), BLUE)];
+    let guests = vec![Guest::up(&topo, 1, &daemon.conf(RED), RED), Guest::up(&topo, 2, &daemon.conf(BLUE), BLUE)];
     for g in &guests {
         assert!(g.handshake_within(netns::DEADLINE), "guest {} got no handshake", g.index);
     }
@@ -285,4 +300,86 @@ fn defences_through_the_real_daemon() {
     assert!(body.contains("--sandbox blue"), "identified as blue by its port: {body}");
     let (_, code) = curl(&rig.guests[0], &["--resolve", &resolve("echo.test", 80), "http://echo.test/real"]);
     assert_eq!(code, "200", "red is unaffected");
+}
+
+/// A sandbox that claims a port while the daemon runs gets its WireGuard
+/// server without a restart, and loses it again when it frees the port;
+/// the other sandboxes' tunnels carry on with the same handshake. `daemon
+/// status` follows, tunnel activity included.
+#[test]
+fn servers_come_and_go_with_claimed_ports_through_the_real_daemon() {
+    const GREEN: u16 = 51822;
+    netns::require_env();
+    let rig = rig_with(3);
+    let d = &rig.daemon;
+    // Blue's allowed name lives at a non-public test address, which the
+    // rebinding defence refuses unless an address rule allows it.
+    d.ok(&["policy", "allow", "network", "--sandbox", "blue", "198.18.0.10"]);
+    let echo =
+        |g: &Guest, path: &str| curl(g, &["--resolve", &resolve("echo.test", 80), &format!("http://echo.test{path}")]);
+    let api = |g: &Guest| curl(g, &["--resolve", &resolve("api.anthropic.com", 80), "http://api.anthropic.com/v1"]);
+    assert_eq!(echo(&rig.guests[0], "/red-before").1, "200");
+    assert_eq!(api(&rig.guests[1]).1, "200");
+    let shakes: Vec<u64> = rig.guests.iter().map(Guest::latest_handshake).collect();
+    let before = d.status();
+    assert_eq!(before["ports"], serde_json::json!([RED, BLUE]));
+    wait_until("tunnel activity to be recorded", netns::DEADLINE, || {
+        let s = d.status();
+        s["sandboxes"][0]["tunnel"] == "active" && s["sandboxes"][1]["tunnel"] == "active"
+    });
+
+    // Hot add: claim a port, as `ppp create` will, and tell the daemon.
+    let dirs = d.dirs();
+    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("green")).unwrap(), GREEN);
+    d.ok(&["policy", "allow", "network", "--sandbox", "green", "echo.test,198.18.0.10"]);
+    wait_until("green's wg0.conf and a ready daemon", Duration::from_secs(30), || {
+        let s = d.status();
+        dirs.sandbox_wg_conf("green").exists() && s["ports"] == serde_json::json!([RED, BLUE, GREEN])
+    });
+    let wg0 = std::fs::read_to_string(dirs.sandbox_wg_conf("green")).unwrap();
+    assert!(wg0.contains(&format!("Endpoint = 192.168.127.254:{GREEN}")), "{wg0}");
+    assert!(wg0.contains("Address = 10.0.0.3/32"), "{wg0}");
+    let green = Guest::up(&rig.topo, 3, &d.conf(GREEN), GREEN);
+    assert!(green.handshake_within(netns::DEADLINE), "green got no handshake");
+    let (body, code) = echo(&green, "/green");
+    assert_eq!(code, "200", "green may reach echo.test: {body}");
+    wait_until("green's flow, named by its new port", netns::DEADLINE, || {
+        d.flows().iter().any(|f| f["sandbox"] == "green" && f["host"] == "echo.test" && f["decision"] == "allow")
+    });
+
+    // The others were not disturbed: same mitmdump, same handshakes.
+    assert_eq!(echo(&rig.guests[0], "/red-after-add").1, "200");
+    assert_eq!(api(&rig.guests[1]).1, "200");
+    let after = d.status();
+    assert_eq!(after["mitmdump_pid"], before["mitmdump_pid"], "mitmdump was not restarted");
+    assert_eq!(after["restarts"], 0);
+    assert_eq!(after["sandboxes"][2]["name"], "green");
+    assert_eq!(after["sandboxes"][2]["listening"], true);
+    wait_until("green's tunnel to show as active", netns::DEADLINE, || {
+        d.status()["sandboxes"][2]["tunnel"] == "active"
+    });
+    let text = d.ok(&["daemon", "status"]);
+    assert!(text.contains("green on port 51822 (tunnel active)"), "{text}");
+
+    // Hot remove: free the port and tell the daemon.
+    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| Ok(r.free("green"))).unwrap(), Some(GREEN));
+    assert_eq!(ppp::proxy::notify_reload(&dirs), ppp::proxy::Reload::Done);
+    let stopped = format!("WireGuard server at *:{GREEN} stopped");
+    wait_until("green's server to stop", Duration::from_secs(30), || {
+        std::fs::read_to_string(dirs.proxy_log()).unwrap_or_default().contains(&stopped)
+    });
+    let (_, code) = echo(&green, "/green-after-remove");
+    assert_ne!(code, "200", "the removed server no longer carries green's traffic");
+    assert_eq!(echo(&rig.guests[0], "/red-after-remove").1, "200");
+    assert_eq!(api(&rig.guests[1]).1, "200");
+    let last = d.status();
+    assert_eq!(last["ports"], serde_json::json!([RED, BLUE]));
+    assert_eq!(last["mitmdump_pid"], before["mitmdump_pid"], "mitmdump was not restarted");
+    assert_eq!(
+        rig.guests.iter().map(Guest::latest_handshake).collect::<Vec<_>>(),
+        shakes,
+        "red and blue kept their sessions: no new handshake"
+    );
+    let seen: Vec<Value> = rig.upstream.requests().iter().map(|r| r["path"].clone()).collect();
+    assert!(!seen.contains(&Value::from("/green-after-remove")), "{seen:?}");
 }

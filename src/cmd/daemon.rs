@@ -214,6 +214,61 @@ struct SandboxPort {
     port: u16,
     /// Whether the running mitmdump has a WireGuard server on the port.
     listening: bool,
+    /// Whether the tunnel carried a connection lately.
+    tunnel: Tunnel,
+    /// When the tunnel last carried a connection (RFC 3339), if ever in
+    /// this mitmdump's records.
+    last_seen: Option<String>,
+}
+
+/// A sandbox's tunnel as the host sees it. mitmproxy does not report
+/// WireGuard handshakes, so the host side judges by traffic: a tunnel that
+/// carried a connection within [`ACTIVE_WINDOW`] is active. WireGuard itself
+/// drops a session that long unused, so "idle" also means the next packet
+/// starts with a fresh handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Tunnel {
+    /// A connection within the window.
+    Active,
+    /// Connections before, none within the window.
+    Idle,
+    /// No connection on record, or no server to carry one.
+    None,
+}
+
+/// WireGuard's `REJECT_AFTER_TIME`: a session unused this long is gone.
+const ACTIVE_WINDOW: f64 = 180.0;
+
+/// The tunnel state from the last connection time and the current time
+/// (both seconds since the epoch).
+fn tunnel_state(listening: bool, last_seen: Option<f64>, now: f64) -> Tunnel {
+    match last_seen {
+        Some(t) if listening && now - t <= ACTIVE_WINDOW => Tunnel::Active,
+        Some(_) if listening => Tunnel::Idle,
+        _ => Tunnel::None,
+    }
+}
+
+/// `tunnels.json` as the addon writes it: port -> last connection time.
+/// Unreadable means unknown, never an error: status must always answer.
+fn last_seen(dirs: &Dirs) -> std::collections::BTreeMap<u16, f64> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        last_seen: std::collections::BTreeMap<u16, f64>,
+    }
+    crate::state::read_optional(&dirs.tunnels_file())
+        .ok()
+        .flatten()
+        .and_then(|t| serde_json::from_str::<File>(&t).ok())
+        .map(|f| f.last_seen)
+        .unwrap_or_default()
+}
+
+fn rfc3339(epoch_secs: f64) -> Option<String> {
+    #[allow(clippy::cast_possible_truncation, reason = "whole seconds of a timestamp")]
+    let secs = epoch_secs.floor() as i64;
+    time::OffsetDateTime::from_unix_timestamp(secs).ok()?.format(&time::format_description::well_known::Rfc3339).ok()
 }
 
 fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
@@ -222,13 +277,24 @@ fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
     let mitmdump_pid = rec.as_ref().and_then(|r| r.mitmdump_pid);
     let mitmdump_alive = mitmdump_pid.and_then(|p| i32::try_from(p).ok()).is_some_and(supervisor::alive);
     let ports = rec.as_ref().map(|r| r.ports.clone()).unwrap_or_default();
+    let seen = last_seen(dirs);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let sandboxes = PortRegistry::load(dirs)?
         .ports
         .into_iter()
-        .map(|(port, name)| SandboxPort { name, port, listening: mitmdump_alive && ports.contains(&port) })
+        .map(|(port, name)| {
+            let listening = mitmdump_alive && ports.contains(&port);
+            let last = seen.get(&port).copied();
+            SandboxPort {
+                name,
+                port,
+                listening,
+                tunnel: tunnel_state(listening, last, now),
+                last_seen: last.and_then(rfc3339),
+            }
+        })
         .collect();
-    let last_log_line = crate::state::read_optional(&dirs.proxy_log())?
-        .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned));
+    let last_log_line = last_line(&dirs.proxy_log())?;
     let s = Status {
         running,
         pid: rec.as_ref().map(|r| r.pid),
@@ -261,17 +327,61 @@ fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
         "daemon:    not running\n".to_owned()
     };
     for sb in &s.sandboxes {
-        let _ = writeln!(
-            text,
-            "sandbox:   {} on port {}{}",
-            sb.name,
-            sb.port,
-            if sb.listening { "" } else { " (no server)" }
-        );
+        let state = match (sb.listening, sb.tunnel) {
+            (false, _) => "no server".to_owned(),
+            (true, Tunnel::Active) => "tunnel active".to_owned(),
+            (true, Tunnel::Idle) => format!("tunnel idle since {}", sb.last_seen.as_deref().unwrap_or("?")),
+            (true, Tunnel::None) => "no tunnel yet".to_owned(),
+        };
+        let _ = writeln!(text, "sandbox:   {} on port {} ({state})", sb.name, sb.port);
     }
     if let Some(l) = &s.last_log_line {
         let _ = writeln!(text, "last log:  {l}");
     }
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The last non-empty line of `path`, read from its last 64 KiB: the proxy
+/// log grows without bound and status must stay instant.
+fn last_line(path: &std::path::Path) -> Result<Option<String>> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("could not read `{}`", path.display())),
+    };
+    let len = f.metadata()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    let text = String::from_utf8_lossy(&bytes);
+    Ok(text.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnel_state_by_last_connection() {
+        let now = 1_000_000.0;
+        assert_eq!(tunnel_state(true, Some(now - 5.0), now), Tunnel::Active);
+        assert_eq!(tunnel_state(true, Some(now - ACTIVE_WINDOW), now), Tunnel::Active);
+        assert_eq!(tunnel_state(true, Some(now - ACTIVE_WINDOW - 1.0), now), Tunnel::Idle);
+        assert_eq!(tunnel_state(true, None, now), Tunnel::None);
+        // No server: whatever happened before, there is no tunnel now.
+        assert_eq!(tunnel_state(false, Some(now - 1.0), now), Tunnel::None);
+    }
+
+    #[test]
+    fn last_line_reads_only_the_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("proxy.log");
+        assert_eq!(last_line(&p).unwrap(), None);
+        let mut body = "x".repeat(200 * 1024);
+        body.push_str("\nfirst\nlast line\n\n");
+        std::fs::write(&p, body).unwrap();
+        assert_eq!(last_line(&p).unwrap().as_deref(), Some("last line"));
+    }
 }

@@ -26,7 +26,7 @@ pub const PODMAN_HOST_ALIAS: &str = "192.168.127.254";
 
 /// A block longer than this is a stray fence swallowing log lines, not a
 /// config (a real one has 9 lines).
-const MAX_BLOCK_LINES: usize = 32;
+pub const MAX_BLOCK_LINES: usize = 32;
 
 /// One client config as mitmdump printed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

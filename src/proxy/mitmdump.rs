@@ -91,6 +91,24 @@ pub fn listen_ports(claimed: impl IntoIterator<Item = u16>) -> Vec<u16> {
     ports
 }
 
+/// The `--mode` value of each port: `wireguard:<wg_dir>/keys-<port>.conf@<port>`.
+///
+/// The daemon's start command and the addon's run-time `mode` update both
+/// come from here: mitmproxy keeps a running server only when its spec is
+/// unchanged, so the two must agree to the byte, or an update would restart
+/// every server and drop every tunnel.
+pub fn modes(wg_dir: &Path, ports: &[u16]) -> Vec<String> {
+    ports
+        .iter()
+        .map(|port| format!("wireguard:{}@{port}", wg_dir.join(format!("keys-{port}.conf")).to_string_lossy()))
+        .collect()
+}
+
+/// The ports mitmdump should listen on now, from the port registry.
+pub fn wanted_ports(dirs: &Dirs) -> Result<Vec<u16>> {
+    Ok(listen_ports(crate::sandbox::PortRegistry::load(dirs)?.ports.keys().copied()))
+}
+
 /// Create the directories `spec` names for mitmdump to write into, private
 /// (0700): the confdir holds mitmproxy's CA key, the key directory the
 /// WireGuard keys. The key files themselves are left to mitmdump.
@@ -105,10 +123,7 @@ pub fn prepare(spec: &Spec) -> Result<()> {
 /// keys, while an empty or invalid one makes it refuse to start.
 pub fn command(spec: &Spec) -> Invocation {
     let mut inv = Invocation::new(&spec.mitmdump);
-    for &port in &spec.ports {
-        let mut mode = OsString::from("wireguard:");
-        mode.push(spec.keys(port));
-        mode.push(format!("@{port}"));
+    for mode in modes(&spec.wg_dir, &spec.ports) {
         inv = inv.arg("--mode").arg(mode);
     }
     inv = inv.arg("-s").arg(&spec.addon);

@@ -60,6 +60,9 @@ pub enum Request {
     Generation,
     /// Re-read the policy files and bump the generation.
     Reload,
+    /// The `--mode` list mitmdump should run now, one WireGuard server per
+    /// claimed port; the addon applies it when the generation moves.
+    Modes,
 }
 
 /// The layer a decision was asked at.
@@ -148,6 +151,8 @@ pub enum Response {
     Decision(Decision),
     /// `generation` and `reload`.
     Generation(u64),
+    /// `modes`.
+    Modes(Vec<String>),
     /// `{"ok":true}` and nothing else: what a bare acknowledgement (an older
     /// or stand-in daemon) sends.
     Ack,
@@ -182,6 +187,7 @@ impl Response {
                 w.generation = Some(d.generation);
             }
             Response::Generation(g) => w.generation = Some(*g),
+            Response::Modes(m) => w.modes = Some(m.clone()),
             Response::Ack => {}
             Response::Error { reason, detail } => {
                 w.reason = Some(*reason);
@@ -213,6 +219,8 @@ impl Response {
             })
         } else if let Some(g) = w.generation {
             Response::Generation(g)
+        } else if let Some(m) = w.modes {
+            Response::Modes(m)
         } else {
             Response::Ack
         };
@@ -257,6 +265,8 @@ struct Wire {
     default_used: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    modes: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<serde_json::Value>,
 }

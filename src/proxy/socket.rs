@@ -150,6 +150,9 @@ pub struct State {
     generation: AtomicU64,
     /// Distinguishes this daemon's generations from an earlier daemon's.
     epoch: String,
+    /// Carries each new generation to the supervisor, which then brings
+    /// mitmdump's WireGuard servers in line with the port registry.
+    reloaded: tokio::sync::watch::Sender<u64>,
 }
 
 impl State {
@@ -170,6 +173,7 @@ impl State {
             rebuilding: Mutex::new(()),
             generation: AtomicU64::new(1),
             epoch,
+            reloaded: tokio::sync::watch::Sender::new(1),
         };
         state.publish(1)?;
         Ok(state)
@@ -212,7 +216,18 @@ impl State {
         // Published after the swap: a reader that sees the new stamp gets
         // the new engine when it asks.
         self.publish(generation)?;
+        self.reloaded.send_replace(generation);
         Ok(generation)
+    }
+
+    /// A receiver that sees every reload's generation.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloaded.subscribe()
+    }
+
+    /// The `--mode` list for the ports the registry claims now.
+    pub fn modes(&self) -> Result<Vec<String>> {
+        Ok(super::mitmdump::modes(&self.dirs.wg(), &super::mitmdump::wanted_ports(&self.dirs)?))
     }
 }
 
@@ -410,6 +425,14 @@ async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, 
     };
     let reply = match request {
         Request::Generation => Response::Generation(state.generation()),
+        Request::Modes => {
+            let st = state.clone();
+            match tokio::task::spawn_blocking(move || st.modes()).await {
+                Ok(Ok(m)) => Response::Modes(m),
+                Ok(Err(e)) => Response::error(Reason::Internal, format!("{e:#}")),
+                Err(e) => Response::error(Reason::Internal, format!("modes task failed: {e}")),
+            }
+        }
         Request::Decide { sandbox, host, ip, port, protocol: _ } => {
             decide(state, sandbox.as_deref(), host.as_deref(), ip, port)
         }

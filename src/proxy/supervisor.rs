@@ -7,10 +7,11 @@
 //! daemon's whole life: unlike a pid file it cannot go stale, because the
 //! kernel drops it when the process dies, however it dies.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::dirs::Dirs;
-use crate::error::fail;
 use crate::exec;
 use crate::proxy::{clientconf, mitmdump, socket, trust};
 use crate::sandbox::{self, PortRegistry};
@@ -34,6 +34,12 @@ const HEALTHY_RUN: Duration = Duration::from_secs(60);
 /// How long mitmdump may take to print every client config. With 80 ports
 /// it needs 2.5–4 s; a loaded machine gets ample slack.
 const CONFIG_DEADLINE: Duration = Duration::from_secs(60);
+/// How often proxy.log is read while client configs are awaited, and
+/// otherwise. Reading nothing new costs one `read` call.
+const TAIL_BUSY: Duration = Duration::from_millis(25);
+const TAIL_IDLE: Duration = Duration::from_millis(250);
+/// The most proxy.log read at once; a busy log is caught up in steps.
+const TAIL_CHUNK: u64 = 1 << 20;
 /// How long mitmdump gets to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -127,9 +133,9 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
     let mut hup = signal(SignalKind::hangup()).context("could not watch SIGHUP")?;
     let mut backoff = Duration::from_secs(1);
 
+    let mut reloads = shared.subscribe();
     let outcome: Result<()> = 'outer: loop {
-        let registry = PortRegistry::load(dirs)?;
-        let ports = mitmdump::listen_ports(registry.ports.keys().copied());
+        let mut ports = mitmdump::wanted_ports(dirs)?;
         let levels = configured_levels(dirs);
         crate::set_log_level(levels.general);
         let mut spec =
@@ -157,24 +163,61 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
         state::write_atomic(&dirs.proxy_pid(), format!("{}\n", child.id().unwrap_or(0)).as_bytes())?;
         state::write_json(&dirs.daemon_record(), &record)?;
         tracing::info!("mitmdump {} listening on {ports:?}", child.id().unwrap_or(0));
-        let mut capture = Box::pin(capture_configs(dirs.clone(), log_path.clone(), offset, ports.clone()));
-        let mut captured = false;
+        let mut tail = Tail::new(log_path.clone(), offset);
+        let mut confs = clientconf::load(dirs).unwrap_or_default();
+        // When the current set of ports was asked for; its configs are due
+        // within CONFIG_DEADLINE of this.
+        let mut asked = Instant::now();
+        let mut warned = false;
+        reloads.mark_unchanged();
 
         let status = loop {
+            let pause = if record.ready { TAIL_IDLE } else { TAIL_BUSY };
             tokio::select! {
-                done = &mut capture, if !captured => {
-                    captured = true;
-                    match done {
-                        Ok(()) => {
-                            record.ready = true;
-                            state::write_json(&dirs.daemon_record(), &record)?;
-                        }
-                        Err(e) => tracing::warn!("{e:#}"),
+                () = tokio::time::sleep(pause) => {
+                    let fresh = tail.poll()?;
+                    if !fresh.is_empty() {
+                        confs.extend(fresh);
+                        clientconf::save(dirs, &confs)?;
+                        write_wg0s(dirs, &confs, &tail.seen)?;
+                    }
+                    if !record.ready && ports.iter().all(|p| tail.seen.contains(p)) {
+                        record.ready = true;
+                        state::write_json(&dirs.daemon_record(), &record)?;
+                        tracing::info!("captured client configs for {ports:?}");
+                    } else if !record.ready && !warned && asked.elapsed() > CONFIG_DEADLINE {
+                        warned = true;
+                        let missing: Vec<u16> = ports.iter().copied().filter(|p| !tail.seen.contains(p)).collect();
+                        tracing::warn!(
+                            "mitmdump printed no client config for {missing:?} within {} s; see `{}`",
+                            CONFIG_DEADLINE.as_secs(),
+                            log_path.display()
+                        );
                     }
                 }
                 status = child.wait() => break Some(status),
                 _ = term.recv() => break 'outer stop_child(&mut child).await,
                 _ = int.recv() => break 'outer stop_child(&mut child).await,
+                _ = reloads.changed() => {
+                    // A reload may follow a port claimed or freed. The addon
+                    // moves mitmdump's servers to the same list (the `modes`
+                    // request); here the record and the capture follow.
+                    match mitmdump::wanted_ports(dirs) {
+                        Ok(now) if now != ports => {
+                            tracing::info!("WireGuard servers: {ports:?} -> {now:?}");
+                            tail.seen.retain(|p| now.contains(p));
+                            ports = now;
+                            record.ports.clone_from(&ports);
+                            record.ready = false;
+                            asked = Instant::now();
+                            warned = false;
+                            state::write_json(&dirs.daemon_record(), &record)?;
+                            write_wg0s(dirs, &confs, &tail.seen)?;
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!("could not read the port registry: {e:#}"),
+                    }
+                }
                 _ = hup.recv() => {
                     match shared.reload() {
                         Ok(g) => tracing::info!("reloaded on SIGHUP (generation {g})"),
@@ -235,49 +278,61 @@ async fn stop_child(child: &mut tokio::process::Child) -> Result<()> {
     Ok(())
 }
 
-/// Read mitmdump's output from `offset` until a client config for every
-/// port has been printed, then save them and write each claimed sandbox's
-/// `wg0.conf`.
-async fn capture_configs(dirs: Dirs, log: PathBuf, offset: u64, ports: Vec<u16>) -> Result<()> {
-    let deadline = Instant::now() + CONFIG_DEADLINE;
-    loop {
-        let text = read_from(&log, offset)?;
-        let confs = clientconf::parse(&text);
-        if ports.iter().all(|p| confs.contains_key(p)) {
-            let mut all = clientconf::load(&dirs).unwrap_or_default();
-            all.extend(confs);
-            clientconf::save(&dirs, &all)?;
-            write_wg0s(&dirs, &all)?;
-            tracing::info!("captured client configs for {ports:?}");
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(fail(format!(
-                "mitmdump printed no client config for some of {ports:?} within {} s",
-                CONFIG_DEADLINE.as_secs()
-            ))
-            .hint(format!("see `{}`", log.display()))
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+/// Follows mitmdump's output in `proxy.log` for the client config blocks
+/// it prints: all of them at start, and one more whenever a server is added
+/// at run time.
+struct Tail {
+    path: PathBuf,
+    /// Where the next read starts.
+    pos: u64,
+    /// Ports whose config this mitmdump printed (and has not dropped since).
+    seen: std::collections::BTreeSet<u16>,
+}
+
+impl Tail {
+    fn new(path: PathBuf, pos: u64) -> Self {
+        Self { path, pos, seen: std::collections::BTreeSet::new() }
+    }
+
+    /// The configs printed since the last call. Only whole lines are read,
+    /// and the last few are read again next time, so a block cut in two by
+    /// the read is still seen whole.
+    fn poll(&mut self) -> Result<BTreeMap<u16, clientconf::ClientConf>> {
+        let mut f = File::open(&self.path).with_context(|| format!("could not read `{}`", self.path.display()))?;
+        f.seek(SeekFrom::Start(self.pos))?;
+        let mut bytes = Vec::new();
+        (&mut f).take(TAIL_CHUNK).read_to_end(&mut bytes)?;
+        let full = bytes.len() as u64 == TAIL_CHUNK;
+        let Some(end) = bytes.iter().rposition(|b| *b == b'\n').map(|i| i + 1) else {
+            // One line longer than a chunk is not a config; skip past it.
+            if full {
+                self.pos += TAIL_CHUNK;
+            }
+            return Ok(BTreeMap::new());
+        };
+        let text = String::from_utf8_lossy(&bytes[..end]);
+        let found = clientconf::parse(&text);
+        // The next read starts a block's length before the end, so a block
+        // still being printed is read again whole.
+        let keep_from = text.match_indices('\n').rev().nth(clientconf::MAX_BLOCK_LINES + 2).map_or(0, |(i, _)| i + 1);
+        let advance = if keep_from == 0 && full { end } else { keep_from };
+        self.pos += advance as u64;
+        let fresh = found.into_iter().filter(|(port, _)| self.seen.insert(*port)).collect();
+        Ok(fresh)
     }
 }
 
-fn read_from(path: &Path, offset: u64) -> Result<String> {
-    let mut f = File::open(path).with_context(|| format!("could not read `{}`", path.display()))?;
-    f.seek(SeekFrom::Start(offset))?;
-    let mut text = String::new();
-    f.read_to_string(&mut text)?;
-    Ok(text)
-}
-
-/// Render `wg0.conf` for every sandbox that holds a port with a captured
-/// config. The endpoint is the gvproxy host alias, as a Podman Machine
-/// guest sees the host.
-fn write_wg0s(dirs: &Dirs, confs: &std::collections::BTreeMap<u16, clientconf::ClientConf>) -> Result<()> {
+/// Render `wg0.conf` for every sandbox that holds a port whose config this
+/// mitmdump printed. The endpoint is the gvproxy host alias, as a Podman
+/// Machine guest sees the host.
+fn write_wg0s(
+    dirs: &Dirs,
+    confs: &BTreeMap<u16, clientconf::ClientConf>,
+    live: &std::collections::BTreeSet<u16>,
+) -> Result<()> {
     let registry = PortRegistry::load(dirs)?;
     for (port, name) in &registry.ports {
-        if let Some(conf) = confs.get(port) {
+        if let (true, Some(conf)) = (live.contains(port), confs.get(port)) {
             let text = clientconf::render_wg0(conf, sandbox::inner_ip(*port), clientconf::PODMAN_HOST_ALIAS, *port);
             state::write_atomic(&dirs.sandbox_wg_conf(name), text.as_bytes())?;
         }

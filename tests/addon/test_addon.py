@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import time
 import types
 import unittest
 from pathlib import Path
@@ -396,6 +397,36 @@ class Live(Base):
             self.assertEqual(self.run_http(http_flow(51822, "www.allowed.test")).response.status_code, 200)
         finally:
             reg.write_text(before)
+
+
+    def test_modes_follow_the_daemon_once_per_generation(self) -> None:
+        wg = Path(STATE) / "wg"
+        want = [f"wireguard:{wg}/keys-{p}.conf@{p}" for p in (51820, 51821)]
+        self.addon.sync_modes()
+        self.assertEqual(list(self.tctx.options.mode), want)
+        # Until the generation moves, the daemon is not asked again and the
+        # option is left alone.
+        self.tctx.options.update(mode=["regular"])
+        self.addon.sync_modes()
+        self.assertEqual(list(self.tctx.options.mode), ["regular"])
+        self.assertTrue(ask({"op": "reload"})["ok"])
+        self.addon.sync_modes()
+        self.assertEqual(list(self.tctx.options.mode), want)
+
+    def test_tunnel_activity_is_saved_per_port(self) -> None:
+        path = Path(STATE) / "tunnels.json"
+        path.unlink(missing_ok=True)
+        self.addon.client_connected(client(51821))
+        self.addon.client_connected(tflow.tclient_conn())  # not WireGuard: not a tunnel
+        self.addon.save_tunnels(force=True)
+        seen = json.loads(path.read_text())["last_seen"]
+        self.assertEqual(list(seen), ["51821"])
+        self.assertAlmostEqual(seen["51821"], time.time(), delta=5)
+        self.assertEqual(path.stat().st_mode & 0o777, 0o600)
+        # Nothing new: the file is not rewritten.
+        path.unlink()
+        self.addon.save_tunnels(force=True)
+        self.assertFalse(path.exists())
 
 
 class NoDaemon(Base):
