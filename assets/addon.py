@@ -79,6 +79,12 @@ DAEMON_TIMEOUT = 2.0
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
 METADATA_IP = ipaddress.ip_address("169.254.169.254")
+# The one host this addon answers itself: provisioning fetches the CA from
+# http://mitm.it/cert/pem through the tunnel, and verification fetches it
+# over HTTPS to prove the CA is trusted. Nothing for it ever goes upstream
+# (connection_strategy=lazy and a response set here), so it needs no egress
+# policy, and it works with no DNS and no internet.
+LOCAL_HOST = "mitm.it"
 
 
 class DaemonError(Exception):
@@ -97,6 +103,9 @@ class Verdict:
 
 def deny(reason: str) -> Verdict:
     return Verdict(allow=False, reason=reason)
+
+
+LOCAL = Verdict(allow=True, rule_id="builtin:mitm.it", reason="served by ppp")
 
 
 class Daemon:
@@ -539,6 +548,8 @@ class PppAddon:
                 v = deny(f"unknown WireGuard port {self._port(client)}")
             elif port is None:
                 v = deny("no destination address")
+            elif host == LOCAL_HOST:
+                v = LOCAL
             else:
                 v = self.check(sandbox, host, ip, port, "tls")
         except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
@@ -694,6 +705,11 @@ class PppAddon:
                 v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
             elif prior is not None:
                 v = prior
+            elif host == LOCAL_HOST:
+                self._mark(flow, sandbox, host, LOCAL, True)
+                flow.metadata["ppp"].update(ip=ip, port=port)
+                self._serve_local(flow)
+                return
             else:
                 v = self.check(sandbox, host, ip, port, "http")
             if not v.allow:
@@ -708,6 +724,20 @@ class PppAddon:
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: HTTP policy check failed, denying")
             self._deny_http(flow, sandbox, host, deny(f"internal error: {type(e).__name__}"))
+
+    @staticmethod
+    def _serve_local(flow: http.HTTPFlow) -> None:
+        """Answer mitm.it: the CA certificate at /cert/pem, 404 otherwise."""
+        path = flow.request.path.split("?", 1)[0]
+        if flow.request.method in ("GET", "HEAD") and path == "/cert/pem":
+            confdir = os.path.expanduser(ctx.options.confdir)
+            with open(os.path.join(confdir, "mitmproxy-ca-cert.pem"), "rb") as f:
+                pem = f.read()
+            flow.response = http.Response.make(200, pem, {"content-type": "application/x-x509-ca-cert"})
+        else:
+            flow.response = http.Response.make(
+                404, b"ppp serves only /cert/pem on mitm.it\n", {"content-type": "text/plain; charset=utf-8"}
+            )
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         self._http_decide(flow)

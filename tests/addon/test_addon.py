@@ -429,6 +429,30 @@ class Live(Base):
         self.assertFalse(path.exists())
 
 
+    def test_mitm_it_is_served_locally_and_never_upstream(self) -> None:
+        confdir = Path(STATE) / "mitmproxy-test-confdir"
+        confdir.mkdir(exist_ok=True)
+        pem = b"-----BEGIN CERTIFICATE-----\nTEST\n-----END CERTIFICATE-----\n"
+        (confdir / "mitmproxy-ca-cert.pem").write_bytes(pem)
+        self.tctx.options.update(confdir=str(confdir))
+        f = http_flow(51821, "mitm.it", ip="10.0.0.53", dport=80)
+        f.request.path = "/cert/pem"
+        self.run_http(f)
+        self.assertEqual((f.response.status_code, f.response.content), (200, pem))
+        other = http_flow(51821, "mitm.it", ip="10.0.0.53", dport=80)
+        other.request.path = "/secret-stuff"
+        self.assertEqual(self.run_http(other).response.status_code, 404)
+        logged = [x for x in self.flows() if x["host"] == "mitm.it"]
+        self.assertTrue(logged and all(x["matched_rule"] == "builtin:mitm.it" for x in logged), logged)
+        # Over TLS the ClientHello is let through; the request is then answered.
+        c = self.tls(51821, "mitm.it", "10.0.0.53")
+        self.assertNotIn(c.id, self.addon._denied)
+        # Only for a known sandbox: an unknown port is still denied.
+        stranger = http_flow(51899, "mitm.it", ip="10.0.0.53", dport=80)
+        stranger.request.path = "/cert/pem"
+        self.assertEqual(self.run_http(stranger).response.status_code, 403)
+
+
 class NoDaemon(Base):
     """Run with a state dir whose daemon is not listening: everything is denied."""
 
