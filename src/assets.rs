@@ -1,7 +1,7 @@
 //! Files compiled into the binary from `assets/`: the mitmproxy addon that
-//! enforces policy and injects secrets inside mitmdump. Embedded (also in
-//! debug builds) so the installed `ppp` is one file; the proxy supervisor
-//! writes the addon out content-addressed before starting mitmdump.
+//! enforces policy and injects secrets inside mitmdump, the script that
+//! provisions a sandbox VM, and the agents' Containerfiles. Embedded (also
+//! in debug builds) so the installed `ppp` is one file.
 
 /// The `assets/` directory, embedded.
 #[derive(rust_embed::Embed)]
@@ -10,6 +10,19 @@ struct Assets;
 
 /// The addon's file name inside `assets/`.
 pub const ADDON: &str = "addon.py";
+
+/// The provisioning script's file name inside `assets/`.
+pub const PROVISION: &str = "provision.sh";
+
+/// An embedded file by its name inside `assets/`.
+pub fn get(name: &str) -> Option<Vec<u8>> {
+    Assets::get(name).map(|f| f.data.into_owned())
+}
+
+/// The provisioning script, as the guest runs it.
+pub fn provision() -> Vec<u8> {
+    get(PROVISION).unwrap_or_default()
+}
 
 /// The mitmproxy addon's source, as `mitmdump -s` loads it.
 pub fn addon() -> Vec<u8> {
