@@ -99,6 +99,9 @@ class Verdict:
     # Why, in words, for the 403 body and the log.
     reason: str = ""
     generation: int | None = None
+    # What the user would allow to let this flow through, when it is not the
+    # host: the internal address of a DNS-rebinding refusal.
+    allow_target: str | None = None
 
 
 def deny(reason: str) -> Verdict:
@@ -447,6 +450,9 @@ class PppAddon:
             allow=False,
             reason=f"{host} resolves to internal address {addr}, which no rule allows (DNS rebinding defence)",
             generation=v.generation,
+            # Allowing the name would change nothing: the address is what
+            # needs a rule of its own.
+            allow_target=str(addr),
         )
 
     def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
@@ -480,6 +486,10 @@ class PppAddon:
             "bytes_out": fields.get("bytes_out", 0),
             "bytes_in": fields.get("bytes_in", 0),
         }
+        if fields.get("reason"):
+            # Only where a denial has no 403 body to say why (refused DNS
+            # queries and answers); never a secret: the addon's own words.
+            record["reason"] = fields["reason"]
         if not self.state_dir:
             return
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
@@ -514,7 +524,10 @@ class PppAddon:
             why = "blocked by ppp policy: default deny"
         else:
             why = f"blocked by ppp: {v.reason}"
-        body = f"{why}\nhost: {host}\nto allow: {self.hint(sandbox, host)}\n"
+        body = f"{why}\nhost: {host}\n"
+        if v.allow_target is not None:
+            body += f"address: {v.allow_target}\n"
+        body += f"to allow: {self.hint(sandbox, v.allow_target or host)}\n"
         flow.response = http.Response.make(403, body.encode(), {"content-type": "text/plain; charset=utf-8"})
         self._mark(flow, sandbox, host, v, False)
         log.info("ppp: [%s] denied HTTP %s: %s", sandbox, host, why)
@@ -674,6 +687,57 @@ class PppAddon:
             except Exception:  # noqa: BLE001
                 log.exception("ppp: could not log a refused DNS query")
 
+    def dns_response(self, flow: dns.DNSFlow) -> None:
+        """The DNS-rebinding defence, applied to answers.
+
+        `dns_request` only sees the name. When the answer for an allowed name
+        holds an internal address, the whole answer is refused unless a rule
+        for that address allows it: the same `check` the HTTP, TLS and TCP
+        paths make once the guest connects. Refusing here as well matters for
+        what never reaches the tunnel: a name rebound to 127.0.0.1 makes the
+        guest talk to its own loopback, where no connection check can see it.
+        The port asked is 53, like `dns_request`'s: which port the guest will
+        use is unknown here, so an address rule limited to another port does
+        not open the name (the connection checks still judge that port).
+        """
+        sandbox = None
+        name = None
+        v: Verdict | None = None
+        try:
+            resp = flow.response
+            # Nothing to check: no answer, or our own refusal coming back.
+            if resp is None or not resp.answers:
+                return
+            q = flow.request.question
+            name = canonical_host(q.name) if q is not None else None
+            sandbox = self.sandbox_of(flow.client_conn)
+            if sandbox is None:
+                v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            else:
+                for rr in resp.answers:
+                    if rr.type == dns.types.A:
+                        addr = parse_ip(str(rr.ipv4_address))
+                    elif rr.type == dns.types.AAAA:
+                        addr = parse_ip(str(rr.ipv6_address))
+                    else:
+                        continue  # CNAME and the like carry no address
+                    if addr is None:
+                        v = deny("an address record that does not parse")
+                        break
+                    v = self.check(sandbox, name, str(addr), 53, "dns")
+                    if not v.allow:
+                        break
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: dns_response failed, refusing")
+            v = deny(f"internal error: {type(e).__name__}")
+        if v is not None and not v.allow:
+            flow.response = flow.request.fail(response_codes.REFUSED)
+            log.info("ppp: [%s] refused the DNS answer for %s: %s", sandbox, name, v.reason)
+            try:
+                self._log_dns(flow, sandbox, name, v)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log a refused DNS answer")
+
     def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> None:
         ip, _ = self._addr(flow.server_conn)
         self.log_flow(
@@ -686,6 +750,7 @@ class PppAddon:
             decision="deny",
             matched_rule=v.rule_id,
             bytes_out=len(flow.request.packed),
+            reason=v.reason,
         )
 
     # ---- HTTP ----------------------------------------------------------
