@@ -517,6 +517,23 @@ class Live(Base):
         self.assertEqual(self.run_http(stranger).response.status_code, 403)
 
 
+    def test_flow_log_reopened_when_the_file_is_replaced(self) -> None:
+        path = Path(STATE) / "flows.jsonl"
+        saved, A.FLOW_LOG_RECHECK = A.FLOW_LOG_RECHECK, 0.0
+        try:
+            self.run_http(http_flow(51820, "a.allowed.test"))
+            self.assertTrue(path.exists())
+            backup = path.with_suffix(".bak")
+            path.rename(backup)  # as a log rotation or `ppp reset` would
+            self.run_http(http_flow(51820, "b.allowed.test"))
+            lines = path.read_text().splitlines()
+            self.assertEqual([json.loads(x)["host"] for x in lines], ["b.allowed.test"])
+            path.unlink()
+            backup.rename(path)
+        finally:
+            A.FLOW_LOG_RECHECK = saved
+
+
 class NoDaemon(Base):
     """Run with a state dir whose daemon is not listening: everything is denied."""
 
