@@ -138,6 +138,19 @@ fn stderr_suffix(stderr: &str) -> String {
 /// Run `inv` to completion, capturing stdout and stderr. Non-zero exit is an
 /// error.
 pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
+    let (code, out) = output(inv)?;
+    if code == 0 {
+        Ok(out)
+    } else {
+        let status = if code > 128 { "a signal".to_owned() } else { format!("status {code}") };
+        Err(ExecError::Failed { command: inv.to_string(), status, stderr: out.stderr })
+    }
+}
+
+/// Run `inv` to completion and return its exit code (128 + the signal
+/// number when a signal ended it) with what it printed; a non-zero exit is
+/// not an error here.
+pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
     let command = inv.to_string();
     let mut child = spawn_retrying(|| {
         inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
@@ -178,12 +191,11 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     };
     let stdout = String::from_utf8_lossy(&out_t.join().unwrap_or_default()).into_owned();
     let stderr = String::from_utf8_lossy(&err_t.join().unwrap_or_default()).into_owned();
-    if status.success() {
-        Ok(Output { stdout, stderr })
-    } else {
-        let status = status.code().map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
-        Err(ExecError::Failed { command, status, stderr })
-    }
+    let code = {
+        use std::os::unix::process::ExitStatusExt;
+        status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    };
+    Ok((code, Output { stdout, stderr }))
 }
 
 /// Run `inv` with stdout and stderr appended to `log`, and return its exit

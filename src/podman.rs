@@ -80,12 +80,14 @@ pub struct Podman {
 impl Podman {
     /// Find podman and ask it for its version and provider.
     pub fn detect() -> Result<Podman> {
-        let program = program().ok_or_else(|| {
-            fail("podman was not found").hint(
-                "install Podman (https://podman.io/docs/installation), or set PPP_PODMAN to its path; \
-                 `ppp setup` checks everything ppp needs",
-            )
-        })?;
+        const INSTALL: &str = "install Podman (https://podman.io/docs/installation), or set PPP_PODMAN to its path; \
+                               `ppp setup` checks everything ppp needs";
+        let program = program().ok_or_else(|| fail("podman was not found").hint(INSTALL))?;
+        if !program.is_file() {
+            return Err(fail(format!("podman was not found at `{}` (PPP_PODMAN)", program.display()))
+                .hint(INSTALL)
+                .into());
+        }
         let out = exec::run(&version_json(program.clone()))
             .or_else(|_| exec::run(&version(program.clone())))
             .with_context(|| format!("could not ask `{}` for its version", program.display()))?;
@@ -128,6 +130,9 @@ impl Podman {
             .args(["--cpus", &spec.cpus.to_string()])
             .args(["--memory", &spec.memory_mib.to_string()])
             .args(["--disk-size", &spec.disk_gib.to_string()]);
+        for v in &spec.volumes {
+            inv = inv.arg("--volume").arg(format!("{v}:{v}"));
+        }
         if let Some(image) = &spec.image {
             inv = inv.arg("--image").arg(image);
         }
@@ -202,6 +207,9 @@ pub struct InitSpec {
     pub disk_gib: u64,
     /// A machine image (a template's disk) instead of podman's default.
     pub image: Option<PathBuf>,
+    /// Host directories mounted at the same path in the VM, so the agent
+    /// container can mount them at the same path again.
+    pub volumes: Vec<String>,
 }
 
 /// The provider podman picks by default on this platform.
@@ -395,14 +403,21 @@ mod tests {
 
     #[test]
     fn flags_follow_the_version() {
-        let spec = InitSpec { name: "ppp-a".into(), cpus: 2, memory_mib: 4096, disk_gib: 50, image: None };
+        let spec = InitSpec {
+            name: "ppp-a".into(),
+            cpus: 2,
+            memory_mib: 4096,
+            disk_gib: 50,
+            image: None,
+            volumes: vec!["/home/me/src".into()],
+        };
         assert_eq!(
             podman("6.0.1", "qemu").init(&spec).to_string(),
-            "podman machine init ppp-a --import-native-ca --cpus 2 --memory 4096 --disk-size 50"
+            "podman machine init ppp-a --import-native-ca --cpus 2 --memory 4096 --disk-size 50 --volume /home/me/src:/home/me/src"
         );
         assert_eq!(
             podman("5.8.0", "qemu").init(&spec).to_string(),
-            "podman machine init ppp-a --cpus 2 --memory 4096 --disk-size 50"
+            "podman machine init ppp-a --cpus 2 --memory 4096 --disk-size 50 --volume /home/me/src:/home/me/src"
         );
         let new = podman("5.5.0", "qemu").copy_in(Path::new("/tmp/x.sh"), "ppp-a", "/tmp/ppp/x.sh");
         assert_eq!(new.to_string(), "podman machine cp /tmp/x.sh ppp-a:/tmp/ppp/x.sh");
