@@ -48,8 +48,7 @@ fn unknown_agent_and_missing_path_fail_before_anything() {
 #[test]
 fn missing_podman_is_named_with_a_fix() {
     let w = World::new();
-    let (code, _, err) =
-        output(w.ppp(["create", "opencode", "."]).env("PPP_PODMAN", w.path().join("no-such-podman")));
+    let (code, _, err) = output(w.ppp(["create", "opencode", "."]).env("PPP_PODMAN", w.path().join("no-such-podman")));
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("podman") && err.contains("hint:"), "{err}");
     // Not on PATH either (PATH holds only the test's empty bin dir).

@@ -312,7 +312,7 @@ fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool) -> 
 /// Under `state.lock`: free the port, then remove the sandbox's files. A
 /// prepared policy stays when `keep_policy`.
 fn forget(dirs: &Dirs, name: &str, keep_policy: bool) -> Result<()> {
-    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut registry = PortRegistry::load(dirs)?;
     if registry.free(name).is_some() {
         registry.save_locked(dirs)?;
@@ -329,6 +329,14 @@ fn forget(dirs: &Dirs, name: &str, keep_policy: bool) -> Result<()> {
         }
         Ok(())
     } else {
+        // The sandbox's own secrets go with it; global ones stay.
+        match crate::secret::Store::open(dirs)
+            .and_then(|store| store.remove_scope(&crate::secret::Scope::Sandbox(name.to_owned()), &lock))
+        {
+            Ok(0) => {}
+            Ok(n) => eprintln!("ppp: removed {n} secret(s) scoped to `{name}`"),
+            Err(e) => eprintln!("warning: could not remove the secrets scoped to `{name}`: {e:#}"),
+        }
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(e).with_context(|| format!("could not remove `{}`", dir.display()))
@@ -580,6 +588,9 @@ pub fn agent_invocation(
         line.extend(["-v".into(), format!("{ws}:{ws}")]);
     }
     line.extend(["-v".into(), format!("{GUEST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro")]);
+    for p in &rec.published {
+        line.extend(["-p".into(), crate::cmd::ports::podman_publish(p)]);
+    }
     if let Some(first) = rec.workspace.first() {
         line.extend(["-w".into(), first.clone()]);
     }
