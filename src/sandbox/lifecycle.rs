@@ -89,6 +89,23 @@ impl Request {
         if let Some(name) = &spec.name {
             super::validate_name(name)?;
         }
+        // Said plainly rather than ignored: a sandbox without the kit or
+        // template the user asked for is not what they asked for.
+        if spec.clone {
+            return Err(fail("`--clone` is not available yet")
+                .hint("the workspace is mounted into the sandbox at the same path instead")
+                .code(2)
+                .into());
+        }
+        if !spec.kits.is_empty() {
+            return Err(fail("`--kit` is not available yet").hint("create the sandbox without it").code(2).into());
+        }
+        if spec.template.is_some() {
+            return Err(fail("`--template` is not available yet")
+                .hint(format!("the agent image can be chosen with `{}`", agent.image_var()))
+                .code(2)
+                .into());
+        }
         let memory_mib = match &spec.memory {
             Some(m) => podman::parse_mib(m).ok_or_else(|| {
                 fail(format!("invalid memory size `{m}`")).hint("use binary units such as `8g` or `512MiB`").code(2)
