@@ -220,8 +220,12 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     let name = claim.record.name.clone();
     ui.step(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
     let mut made_machine = false;
+    // Ctrl-C reaches podman (same process group) and ends the step it is
+    // in; ppp itself stays alive to roll back, and stops between steps.
+    let interrupt = Interrupt::catch();
     let result = (|| -> Result<Record> {
         ensure_daemon(dirs, ui)?;
+        interrupt.check()?;
         wait_for_wg0(dirs, &name, claim.record.port)?;
         let machine = &claim.record.machine_name;
         ui.step(&format!("initialising machine `{machine}`"));
@@ -233,13 +237,19 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
             image: None,
             volumes: req.workspace.iter().map(|p| p.display().to_string()).collect(),
         };
+        interrupt.check()?;
         run_logged(dirs, &name, &podman.init(&spec), "podman machine init")?;
         made_machine = true;
+        interrupt.check()?;
         start_machine(dirs, podman, &name, machine, ui)?;
+        interrupt.check()?;
         provision(dirs, podman, &claim.record, &req.image, ui)?;
+        interrupt.check()?;
         verify(dirs, podman, &claim.record, ui)?;
+        interrupt.check()?;
         set_status(dirs, &name, Status::Running)
     })();
+    let result = result.map_err(|e| if interrupt.caught() { e.context(fail("interrupted")) } else { e });
     match result {
         Ok(rec) => Ok(rec),
         Err(e) => {
@@ -251,6 +261,36 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
                 }
                 None => e.context(format!("sandbox `{name}` was not created")),
             })
+        }
+    }
+}
+
+/// SIGINT caught for the life of this value instead of ending ppp.
+struct Interrupt {
+    flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    id: Option<signal_hook::SigId>,
+}
+
+impl Interrupt {
+    fn catch() -> Self {
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let id = signal_hook::flag::register(signal_hook::consts::SIGINT, flag.clone()).ok();
+        Self { flag, id }
+    }
+
+    fn caught(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.caught() { Err(fail("interrupted").into()) } else { Ok(()) }
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            signal_hook::low_level::unregister(id);
         }
     }
 }
