@@ -1,5 +1,6 @@
 //! Files compiled into the binary from `assets/`: the mitmproxy addon that
-//! enforces policy and injects secrets inside mitmdump. Embedded (also in
+//! enforces policy and injects secrets inside mitmdump, and the guest's
+//! provisioning script (docs/provisioning.md). Embedded (also in
 //! debug builds) so the installed `ppp` is one file; the proxy supervisor
 //! writes the addon out content-addressed before starting mitmdump.
 
@@ -18,6 +19,15 @@ pub fn addon() -> Vec<u8> {
     Assets::get(ADDON).map(|f| f.data.into_owned()).unwrap_or_default()
 }
 
+/// The provisioning script's file name inside `assets/`.
+pub const PROVISION: &str = "provision.sh";
+
+/// The guest provisioning script, as `bash provision.sh up|verify` runs it
+/// inside the sandbox VM (see docs/provisioning.md for its contract).
+pub fn provision() -> Vec<u8> {
+    Assets::get(PROVISION).map(|f| f.data.into_owned()).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -26,5 +36,13 @@ mod tests {
         assert!(!a.is_empty());
         let text = std::str::from_utf8(&a).unwrap();
         assert!(text.contains("addons = [PppAddon()]"));
+    }
+
+    #[test]
+    fn provision_is_embedded() {
+        let p = super::provision();
+        let text = std::str::from_utf8(&p).unwrap();
+        assert!(text.starts_with("#!/usr/bin/env bash\n"));
+        assert!(text.contains("cmd_verify"));
     }
 }
