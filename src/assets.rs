@@ -19,7 +19,8 @@ pub fn get(name: &str) -> Option<Vec<u8>> {
     Assets::get(name).map(|f| f.data.into_owned())
 }
 
-/// The provisioning script, as the guest runs it.
+/// The guest provisioning script, as `bash provision.sh up|verify` runs it
+/// inside the sandbox VM (see docs/provisioning.md for its contract).
 pub fn provision() -> Vec<u8> {
     get(PROVISION).unwrap_or_default()
 }
@@ -31,6 +32,7 @@ pub fn addon() -> Vec<u8> {
     Assets::get(ADDON).map(|f| f.data.into_owned()).unwrap_or_default()
 }
 
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -39,5 +41,13 @@ mod tests {
         assert!(!a.is_empty());
         let text = std::str::from_utf8(&a).unwrap();
         assert!(text.contains("addons = [PppAddon()]"));
+    }
+
+    #[test]
+    fn provision_is_embedded() {
+        let p = super::provision();
+        let text = std::str::from_utf8(&p).unwrap();
+        assert!(text.starts_with("#!/usr/bin/env bash\n"));
+        assert!(text.contains("cmd_verify"));
     }
 }
