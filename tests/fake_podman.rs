@@ -171,6 +171,14 @@ fn reach(ip: &str) -> String {
     format!("bash -c 'exec 3<>/dev/tcp/{ip}/9' 2>&1 | grep -q 'Connection refused'")
 }
 
+/// Whether any process's command line contains `needle`.
+fn processes_mentioning(needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(needle)
+    })
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -182,14 +190,14 @@ fn lifecycle_init_start_list_inspect_stop_rm_leaves_nothing() {
     assert_eq!(f.json(&["version", "--format", "json"])["Client"]["Version"], "6.0.1");
     assert_eq!(f.json(&["machine", "list", "--format", "json"]), serde_json::json!([]));
 
-    f.ok(&["machine", "init", "m1", "--cpus", "3", "--memory", "4096", "--disk-size", "20", "--import-native-ca"]);
+    f.ok(&["machine", "init", "m1", "--cpus", "1", "--memory", "1024", "--disk-size", "20", "--import-native-ca"]);
     let list = f.json(&["machine", "list", "--format", "json"]);
     let row = &list[0];
     assert_eq!(row["Name"], "m1");
     assert_eq!(row["Running"], false);
     assert_eq!(row["LastUp"], "Never");
-    assert_eq!(row["CPUs"], 3);
-    assert_eq!(row["Memory"], "4294967296", "bytes, as a string, like podman");
+    assert_eq!(row["CPUs"], 1);
+    assert_eq!(row["Memory"], "1073741824", "bytes, as a string, like podman");
     assert_eq!(row["DiskSize"], (20u64 << 30).to_string());
     assert_eq!(row["VMType"], "qemu");
     for key in ["Default", "Created", "Starting", "Port", "RemoteUsername", "IdentityPath", "UserModeNetworking"] {
@@ -197,7 +205,7 @@ fn lifecycle_init_start_list_inspect_stop_rm_leaves_nothing() {
     }
     let inspect = f.json(&["machine", "inspect", "m1"]);
     assert_eq!(inspect[0]["State"], "stopped");
-    assert_eq!(inspect[0]["Resources"]["Memory"], 4096);
+    assert_eq!(inspect[0]["Resources"]["Memory"], 1024);
     assert_eq!(inspect[0]["SSHConfig"]["RemoteUsername"], "core");
     let disk = inspect[0]["ImagePath"]["Path"].as_str().unwrap().to_owned();
     assert!(Path::new(&disk).is_file(), "qemu-img made the disk at {disk}");
@@ -218,9 +226,19 @@ fn lifecycle_init_start_list_inspect_stop_rm_leaves_nothing() {
     // The host alias answers from the test host namespace.
     f.ssh("m1", &reach("192.168.127.254"));
 
+    // A real wireguard-go in the machine (wg0's socket in its private /run),
+    // under a name only this test uses, so we can look for it afterwards.
+    let wg = format!("wg{}", &prefix[2..]);
+    f.ssh(
+        "m1",
+        &format!("sudo wireguard-go {wg} 2>/dev/null && test -S /run/wireguard/{wg}.sock && wg show {wg} >/dev/null"),
+    );
+    assert!(!Path::new(&format!("/run/wireguard/{wg}.sock")).exists(), "the socket is the machine's own");
+
     f.ok(&["machine", "stop", "m1"]);
     assert_eq!(f.json(&["machine", "inspect", "m1"])[0]["State"], "stopped");
     assert!(f.leftovers().is_empty(), "stop leaves no netns, link or process: {:?}", f.leftovers());
+    assert!(!processes_mentioning(&wg), "stop killed the machine's wireguard-go");
     let out = f.podman(&["machine", "ssh", "m1", "true"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("Error: vm \"m1\" is not running"), "{}", stderr(&out));
@@ -247,6 +265,11 @@ fn init_rejects_bad_values_and_existing_names_like_podman() {
         "{}",
         stderr(&out)
     );
+    let out = f.podman(&["machine", "init", "m1", "--memory", "999999999"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("greater than total system memory"), "{}", stderr(&out));
+    let out = f.podman(&["machine", "init", "m1", "--cpus", "100000"]);
+    assert!(stderr(&out).contains("greater than number of host CPUs"), "{}", stderr(&out));
     f.ok(&["machine", "init", "m1"]);
     let out = f.podman(&["machine", "init", "m1"]);
     assert_eq!(out.status.code(), Some(125));
@@ -254,6 +277,12 @@ fn init_rejects_bad_values_and_existing_names_like_podman() {
     let out = f.podman(&["machine", "frobnicate"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("fake podman does not implement"), "{}", stderr(&out));
+    // `--image` with a qcow2 file: it becomes the machine's disk.
+    let image = f.topo.path().join("custom.qcow2");
+    netns::run_ok(&["qemu-img", "create", "-q", "-f", "qcow2", image.to_str().unwrap(), "1M"]);
+    f.ok(&["machine", "init", "custom", "--image", image.to_str().unwrap()]);
+    let disk = f.json(&["machine", "inspect", "custom"])[0]["ImagePath"]["Path"].as_str().unwrap().to_owned();
+    assert_eq!(std::fs::read(disk).unwrap(), std::fs::read(&image).unwrap());
     // Without -f, rm asks; "n" keeps the machine.
     let out = f.podman_stdin(&["machine", "rm", "m1"], "n\n");
     assert!(out.status.success(), "{}", describe(&out));
@@ -368,6 +397,10 @@ fn containers_run_unprivileged_and_egress_through_forward() {
         f.podman(&["machine", "ssh", "m1", "--", "podman", "run", "--rm", IMAGE, "sh", "-c", "'opencode hi; exit 4'"]);
     assert_eq!(out.status.code(), Some(4), "{}", describe(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "stub opencode hi\n");
+
+    // `-i` (here in a cluster, `-it`) passes stdin through ssh into the container.
+    let out = f.podman_stdin(&["machine", "ssh", "m1", "--", "podman", "run", "--rm", "-it", IMAGE, "cat"], "piped\n");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "piped\n", "{}", describe(&out));
 
     // No CAP_NET_ADMIN: neither links nor the ruleset can be touched.
     for cmd in ["ip link add dummy0 type dummy", "nft list ruleset"] {
