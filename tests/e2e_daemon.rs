@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use netns::{Guest, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
+use netns::{Guest, NetnsEtc, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
 use serde_json::Value;
 
 const RED: u16 = 51820;
@@ -34,31 +34,6 @@ struct Rig {
     upstream: Upstream,
     _etc: NetnsEtc,
     topo: Topology,
-}
-
-/// `/etc/netns/<host-ns>/`: what `ip netns exec <host-ns>` mounts over
-/// `/etc/resolv.conf` and `/etc/hosts`, so the daemon's mitmdump resolves
-/// with the upstream's test DNS server only. The namespace name is unique
-/// per run; the directory is removed on drop.
-struct NetnsEtc {
-    dir: PathBuf,
-}
-
-impl NetnsEtc {
-    fn new(topo: &Topology) -> Self {
-        let dir = Path::new("/etc/netns").join(topo.host_ns());
-        std::fs::create_dir_all(&dir).unwrap();
-        let etc = NetnsEtc { dir };
-        std::fs::write(etc.dir.join("resolv.conf"), format!("nameserver {UPSTREAM_IP}\n")).unwrap();
-        std::fs::write(etc.dir.join("hosts"), "127.0.0.1 localhost\n").unwrap();
-        etc
-    }
-}
-
-impl Drop for NetnsEtc {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// ppp's state dirs and the running daemon, stopped on drop.

@@ -73,13 +73,21 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
         .with_context(|| format!("could not open `{}`", log_path.display()))?;
     let mut child = exec::spawn_detached(&Invocation::new(exe).args(["daemon", "start"]), &log)?;
     let deadline = Instant::now() + READY_DEADLINE;
+    // The daemon to wait for: ours, unless another start won the race for
+    // the lock (ours then exits 0 at once) and that one is the daemon.
+    let mut pid = Some(child.id());
     loop {
-        if let Some(status) = child.try_wait()? {
-            return Err(fail(format!("the daemon exited during start-up ({status})"))
-                .hint(format!("see `{}` and `{}`", log_path.display(), dirs.proxy_log().display()))
-                .into());
+        if pid.is_some()
+            && let Some(status) = child.try_wait()?
+        {
+            if !(status.success() && supervisor::is_running(dirs)?) {
+                return Err(fail(format!("the daemon exited during start-up ({status})"))
+                    .hint(format!("see `{}` and `{}`", log_path.display(), dirs.proxy_log().display()))
+                    .into());
+            }
+            pid = None;
         }
-        if let Some(rec) = ready(dirs, child.id())? {
+        if let Some(rec) = ready(dirs, pid)? {
             output::println(&format!(
                 "ppp daemon started (pid {}, mitmdump pid {}, WireGuard ports {})",
                 rec.pid,
@@ -97,12 +105,16 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
     }
 }
 
-/// The record of the daemon `pid` once its mitmdump runs, every client
-/// config is captured and the socket answers. A record left by an earlier
-/// daemon never counts.
-fn ready(dirs: &Dirs, pid: u32) -> Result<Option<supervisor::Record>> {
+/// The record of the daemon `pid` (any running daemon for `None`) once
+/// its mitmdump runs, every client config is captured and the socket
+/// answers. A record left by an earlier daemon never counts.
+fn ready(dirs: &Dirs, pid: Option<u32>) -> Result<Option<supervisor::Record>> {
     let Some(rec) = supervisor::load_record(dirs)? else { return Ok(None) };
-    if rec.pid != pid || !rec.ready || rec.mitmdump_pid.is_none() {
+    let ours = match pid {
+        Some(p) => rec.pid == p,
+        None => supervisor::is_running(dirs)?,
+    };
+    if !ours || !rec.ready || rec.mitmdump_pid.is_none() {
         return Ok(None);
     }
     let socket_up = std::os::unix::net::UnixStream::connect(dirs.secret_socket()).is_ok();

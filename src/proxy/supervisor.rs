@@ -202,6 +202,11 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
                     // A reload may follow a port claimed or freed. The addon
                     // moves mitmdump's servers to the same list (the `modes`
                     // request); here the record and the capture follow.
+                    // A sandbox may also have claimed a port that is
+                    // already served (the base port): its wg0.conf is due.
+                    if let Err(e) = write_wg0s(dirs, &confs, &tail.seen) {
+                        tracing::warn!("could not write wg0.conf files: {e:#}");
+                    }
                     match mitmdump::wanted_ports(dirs) {
                         Ok(now) if now != ports => {
                             tracing::info!("WireGuard servers: {ports:?} -> {now:?}");

@@ -254,13 +254,10 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         Ok(rec) => Ok(rec),
         Err(e) => {
             ui.step(&format!("creating `{name}` failed; removing what was made"));
-            let kept = rollback(dirs, podman, &claim, made_machine);
-            Err(match kept {
-                Some(log) => {
-                    e.context(format!("sandbox `{name}` was not created; its log is kept at `{}`", log.display()))
-                }
-                None => e.context(format!("sandbox `{name}` was not created")),
-            })
+            rollback(dirs, podman, &claim, made_machine);
+            // Said even with -q: the name was printed nowhere else.
+            eprintln!("ppp: sandbox `{name}` was not created");
+            Err(e)
         }
     }
 }
@@ -298,9 +295,6 @@ impl Drop for Interrupt {
 /// What `claim` made, so a rollback can undo exactly that.
 struct Claim {
     record: Record,
-    /// The sandbox directory existed before (a policy prepared with
-    /// `policy allow --sandbox`), so a rollback keeps it.
-    dir_existed: bool,
 }
 
 /// Under `state.lock`: pick the name, take a port, write the record.
@@ -322,7 +316,6 @@ fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
             .ok_or_else(|| fail("could not find a free sandbox name").hint("pass one with `--name`"))?,
     };
     let port = registry.allocate(&name)?;
-    let dir_existed = dirs.sandbox(&name).exists();
     let record = Record {
         name: name.clone(),
         agent: req.agent.name.to_owned(),
@@ -344,39 +337,42 @@ fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
     // would leave a sandbox whose port another could take.
     registry.save_locked(dirs)?;
     super::save_locked(dirs, &record)?;
-    Ok(Claim { record, dir_existed })
+    Ok(Claim { record })
 }
 
-/// Undo a failed create; returns where its machine log was kept.
-fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool) -> Option<PathBuf> {
+/// Undo a failed create. The machine log stays where the error's hint
+/// points; without `sandbox.json` the directory is not a sandbox.
+fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool) {
     let name = &claim.record.name;
     if made_machine && let Err(e) = exec::run(&podman.rm(&claim.record.machine_name)) {
         eprintln!("warning: could not remove machine `{}`: {e}", claim.record.machine_name);
     }
-    let log = dirs.sandbox_machine_log(name);
-    let kept = log.exists().then(|| {
-        let to = dirs.data.join("logs").join(format!("{name}-failed-machine.log"));
-        let _ = state::create_private_dir(&dirs.data.join("logs"));
-        std::fs::rename(&log, &to).ok().map(|()| to)
-    });
-    if let Err(e) = forget(dirs, name, claim.dir_existed) {
+    if let Err(e) = forget(dirs, name, Keep::Log) {
         eprintln!("warning: could not remove the state of `{name}`: {e:#}");
     }
     let _ = proxy::notify_reload(dirs);
-    kept.flatten()
 }
 
-/// Under `state.lock`: free the port, then remove the sandbox's files. A
-/// prepared policy stays when `keep_policy`.
-fn forget(dirs: &Dirs, name: &str, keep_policy: bool) -> Result<()> {
+/// What [`forget`] leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Nothing: the sandbox is removed (`rm`).
+    Nothing,
+    /// The machine log and anything ppp did not write (a policy prepared
+    /// with `policy allow --sandbox`): a create that failed.
+    Log,
+}
+
+/// Under `state.lock`: free the port, then remove the sandbox's files.
+fn forget(dirs: &Dirs, name: &str, keep: Keep) -> Result<()> {
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut registry = PortRegistry::load(dirs)?;
     if registry.free(name).is_some() {
         registry.save_locked(dirs)?;
     }
     let dir = dirs.sandbox(name);
-    if keep_policy {
-        for f in ["sandbox.json", "wg0.conf", "provision.sh", "machine.log"] {
+    if keep == Keep::Log {
+        for f in ["sandbox.json", "wg0.conf", "provision.sh"] {
             match std::fs::remove_file(dir.join(f)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     return Err(e).with_context(|| format!("could not remove `{}`", dir.join(f).display()));
@@ -734,7 +730,7 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
             .hint(format!("`ppp rm -f {name}` removes the sandbox's state anyway"))
             .into());
     }
-    forget(dirs, name, false)?;
+    forget(dirs, name, Keep::Nothing)?;
     let _ = proxy::notify_reload(dirs);
     Ok(())
 }

@@ -810,3 +810,28 @@ impl Drop for Upstream {
 pub fn alive(pid: u32) -> bool {
     pid_alive(pid)
 }
+
+/// `/etc/netns/<host-ns>/`: what `ip netns exec <host-ns>` mounts over
+/// `/etc/resolv.conf` and `/etc/hosts`, so the daemon's mitmdump resolves
+/// with the upstream's test DNS server only. The namespace name is unique
+/// per run; the directory is removed on drop.
+pub struct NetnsEtc {
+    dir: PathBuf,
+}
+
+impl NetnsEtc {
+    pub fn new(topo: &Topology) -> Self {
+        let dir = Path::new("/etc/netns").join(topo.host_ns());
+        std::fs::create_dir_all(&dir).unwrap();
+        let etc = NetnsEtc { dir };
+        std::fs::write(etc.dir.join("resolv.conf"), format!("nameserver {UPSTREAM_IP}\n")).unwrap();
+        std::fs::write(etc.dir.join("hosts"), "127.0.0.1 localhost\n").unwrap();
+        etc
+    }
+}
+
+impl Drop for NetnsEtc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

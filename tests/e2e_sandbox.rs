@@ -1,0 +1,412 @@
+//! Sandboxes end to end: the real `ppp` binary creates, runs, stops and
+//! removes sandboxes on the fake podman (`tests/fake-podman/podman`), whose
+//! machines are network + mount namespaces. Everything else is real: the
+//! daemon and mitmdump, the embedded provision.sh with wireguard-go, the
+//! nftables kill switch, the CA fetched through the tunnel, and the agent
+//! container's traffic through the guest's forward path.
+//!
+//! ppp runs inside the test's host namespace (no route out), so the
+//! machines' veths, the daemon's WireGuard ports and every request stay in
+//! namespaces the test made.
+
+#[path = "support/netns.rs"]
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use netns::{NetnsEtc, Topology, UPSTREAM_IP, Upstream, describe, leftovers};
+use serde_json::Value;
+
+const KEY: &str = "sk-ant-sandbox-REAL-0123456789abcdef";
+const IMAGE: &str = "localhost/agent:latest";
+
+/// A stub agent: shows its arguments and key variable, calls the API
+/// through the proxy from inside the container (the upstream's certificate
+/// is for echo.test only, so the API call is plain HTTP and the HTTPS one
+/// goes to echo.test), and exits 7.
+const STUB_AGENT: &str = r#"#!/bin/sh
+echo "stub-agent args: $*"
+echo "stub-agent key: $ANTHROPIC_API_KEY"
+echo "stub-agent cwd: $(pwd)"
+code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" http://api.anthropic.com/from-agent)
+echo "stub-agent api: $code"
+code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' https://echo.test/agent-tls)
+echo "stub-agent tls: $code"
+exit 7
+"#;
+
+fn fake_podman() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/podman")
+}
+
+/// ppp's state, the fake's state and the upstream, in one topology.
+/// Dropping removes every sandbox and stops the daemon.
+struct Env {
+    provider: &'static str,
+    extra: Vec<(String, String)>,
+    upstream: Upstream,
+    _etc: NetnsEtc,
+    topo: Topology,
+}
+
+impl Env {
+    fn new(provider: &'static str) -> Env {
+        let topo = Topology::new(0);
+        let upstream = Upstream::start(&topo);
+        upstream.set_name("echo.test", UPSTREAM_IP);
+        upstream.set_name("api.anthropic.com", UPSTREAM_IP);
+        let etc = NetnsEtc::new(&topo);
+        let bin = topo.path().join("images/localhost_agent_latest/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("opencode"), STUB_AGENT).unwrap();
+        std::fs::set_permissions(bin.join("opencode"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::create_dir_all(topo.path().join("ws")).unwrap();
+        std::fs::create_dir_all(topo.path().join("home")).unwrap();
+        Env { provider, extra: Vec::new(), upstream, _etc: etc, topo }
+    }
+
+    fn root(&self) -> &Path {
+        self.topo.path()
+    }
+
+    fn ws(&self) -> String {
+        self.root().join("ws").display().to_string()
+    }
+
+    fn dirs(&self) -> ppp::dirs::Dirs {
+        ppp::dirs::Dirs {
+            config: self.root().join("config"),
+            data: self.root().join("data"),
+            cache: self.root().join("cache"),
+        }
+    }
+
+    /// `ppp ARGS` inside the test host namespace.
+    fn ppp(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.topo.host_ns(), env!("CARGO_BIN_EXE_ppp")])
+            .args(args)
+            .env_clear()
+            .env("HOME", self.root().join("home"))
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("PPP_CONFIG", self.root().join("config"))
+            .env("PPP_DATA", self.root().join("data"))
+            .env("PPP_CACHE", self.root().join("cache"))
+            .env("PPP_SECRET_BACKEND", "file")
+            .env("PPP_MITMDUMP", netns::mitmdump_path())
+            .env("PPP_PODMAN", fake_podman())
+            .env("PPP_UPSTREAM_CA", &self.upstream.ca_cert)
+            .env("PPP_OPENCODE_IMAGE", IMAGE)
+            .env("FAKE_PODMAN_ROOT", self.root().join("fake"))
+            .env("FAKE_PODMAN_IMAGES", self.root().join("images"))
+            .env("FAKE_PODMAN_PROVIDER", self.provider)
+            .envs(self.extra.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.ppp(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn ls(&self) -> Vec<Value> {
+        serde_json::from_str::<Vec<Value>>(&self.ok(&["ls", "--json"])).unwrap()
+    }
+
+    /// `podman ARGS` (the fake) as ppp would call it.
+    fn podman(&self, args: &[&str]) -> Value {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.topo.host_ns()])
+            .arg(fake_podman())
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("FAKE_PODMAN_ROOT", self.root().join("fake"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman {args:?}: {}", describe(&out));
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.root().join("fake/calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                let argv: Vec<String> =
+                    v["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+                argv.join(" ").replace(&self.root().display().to_string(), "<tmp>")
+            })
+            .collect()
+    }
+
+    /// What is left of the fake's machines: namespaces and links.
+    fn leftovers(&self) -> Vec<String> {
+        let prefix = std::fs::read_to_string(self.root().join("fake/prefix")).unwrap_or_default();
+        let prefix = prefix.trim();
+        if prefix.is_empty() {
+            return Vec::new();
+        }
+        let mut found = leftovers(prefix);
+        let links = self.topo.exec(&self.topo.host_ns(), &["ip", "-o", "link", "show"]);
+        for line in String::from_utf8_lossy(&links.stdout).lines() {
+            if let Some(name) = line.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n))
+                && name.starts_with(prefix)
+            {
+                found.push(format!("host-ns link {name}"));
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.run(&["rm", "--all", "-f"]);
+        let _ = self.run(&["daemon", "stop"]);
+    }
+}
+
+/// The calls a command made (from a count taken before it), without the
+/// read-only queries, with the per-run salt and digests masked.
+fn since(env: &Env, before: usize) -> String {
+    let salt = regex::Regex::new(r"--salt [0-9a-f]+").unwrap();
+    let digests = regex::Regex::new(r"--digests [0-9a-f,]*").unwrap();
+    env.calls()[before..]
+        .iter()
+        .filter(|c| !c.starts_with("machine list") && !c.starts_with("version") && !c.starts_with("machine info"))
+        .map(|c| digests.replace(&salt.replace(c, "--salt <salt>"), "--digests <digests>").into_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn setup_policy(env: &Env, sandbox: &str) {
+    env.ok(&["policy", "init", "deny-all"]);
+    // The upstream's test address is not public: the DNS-rebinding defence
+    // wants an address rule for it.
+    env.ok(&["policy", "allow", "network", "--sandbox", sandbox, "echo.test,api.anthropic.com,198.18.0.10"]);
+    env.ok(&["secret", "set", "-g", "anthropic", "-t", KEY]);
+}
+
+#[test]
+fn a_sandbox_from_create_to_rm() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+
+    // create: provisioned, verified, running.
+    let n = env.calls().len();
+    let out =
+        env.ok(&["create", "--name", "red", "--cpus", "2", "-m", "4g", "--disk-size", "20g", "opencode", &env.ws()]);
+    assert!(out.contains("created sandbox `red`"), "{out}");
+    insta::assert_snapshot!("create_calls", since(&env, n));
+    let ls = env.ls();
+    assert_eq!((ls[0]["name"].as_str(), ls[0]["state"].as_str()), (Some("red"), Some("running")), "{ls:?}");
+    assert_eq!(ls[0]["port"], 51820);
+    let log = std::fs::read_to_string(env.dirs().sandbox_machine_log("red")).unwrap();
+    for check in ["ok handshake", "ok no-direct-egress", "ok policy-denies", "ok ca-trusted", "ok no-secret-in-env"] {
+        assert!(log.contains(check), "{check} in machine.log:\n{log}");
+    }
+
+    // exec: argv reaches the guest as given, exit codes come back.
+    let out = env.run(&["exec", "red", "--", "printf", "[%s]\\n", "a b", "it's", "$HOME"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[a b]\n[it's]\n[$HOME]\n", "{}", describe(&out));
+    assert_eq!(env.run(&["exec", "red", "--", "sh", "-c", "exit 3"]).status.code(), Some(3));
+
+    // From the VM: HTTPS to an allowed host verifies (the CA is trusted),
+    // names resolve through the tunnel, the key is injected, and a host the
+    // policy does not allow gets 403 from the proxy.
+    let body = env.ok(&["exec", "red", "--", "curl", "-sS", "-m", "15", "https://echo.test/from-vm"]);
+    let echo: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((echo["path"].as_str(), echo["tls"].as_bool()), (Some("/from-vm"), Some(true)), "{body}");
+    let body = env.ok(&[
+        "exec",
+        "red",
+        "--",
+        "curl",
+        "-sS",
+        "-m",
+        "15",
+        "-H",
+        "x-api-key: ppp-proxy-managed",
+        "http://api.anthropic.com/v1/messages",
+    ]);
+    assert!(body.contains(KEY), "the upstream saw the real key: {body}");
+    let code = env.ok(&[
+        "exec",
+        "red",
+        "--",
+        "curl",
+        "-s",
+        "-m",
+        "15",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--connect-to",
+        "denied.test:80:203.0.113.9:80",
+        "http://denied.test/",
+    ]);
+    assert_eq!(code, "403");
+
+    // run --name reattaches and runs the agent in its container: the
+    // placeholder is in its environment, the proxy puts the real key on
+    // its request, and its exit code is ppp's.
+    let before = env.upstream.requests().len();
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws(), "--", "hello", "world"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(text.contains("stub-agent args: hello world"), "{text}");
+    assert!(text.contains("stub-agent key: ppp-proxy-managed"), "{text}");
+    assert!(text.contains(&format!("stub-agent cwd: {}", env.ws())), "{text}");
+    assert!(text.contains("stub-agent api: 200"), "{text}");
+    assert!(text.contains("stub-agent tls: 200"), "the container trusts the proxy's CA: {text}");
+    assert!(!text.contains(KEY), "the key never reaches the container: {text}");
+    let seen = &env.upstream.requests()[before..];
+    let from_agent = seen.iter().find(|r| r["path"] == "/from-agent").expect("the agent's request reached upstream");
+    assert!(from_agent["headers"].to_string().contains(KEY), "{from_agent}");
+
+    // stop keeps the port; run --name starts, re-provisions and verifies.
+    let n = env.calls().len();
+    env.ok(&["stop", "red"]);
+    insta::assert_snapshot!("stop_calls", since(&env, n));
+    assert_eq!(env.ls()[0]["state"], "stopped");
+    assert_eq!(ppp::sandbox::PortRegistry::load(&env.dirs()).unwrap().port_of("red"), Some(51820));
+    let n = env.calls().len();
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    insta::assert_snapshot!("run_name_calls", since(&env, n));
+    assert_eq!(env.ls()[0]["state"], "running");
+
+    // The kill switch: with wg0 gone and a default route straight to the
+    // host, which now forwards, a direct request still fails. Removing the
+    // nftables table shows the path would otherwise work.
+    env.topo.host_forwarding(true);
+    // The upstream answers the machines' own addresses through the host.
+    netns::run_ok(&["ip", "-n", &env.topo.upstream_ns(), "route", "add", "192.168.127.0/24", "via", "10.251.0.1"]);
+    env.ok(&["exec", "red", "--", "sudo", "sh", "-c", "ip link del wg0; ip route replace default via 192.168.127.1"]);
+    let direct = format!("http://{UPSTREAM_IP}/direct");
+    let out = env.run(&["exec", "red", "--", "curl", "-sS", "-m", "3", &direct]);
+    assert!(!out.status.success(), "direct egress must fail: {}", describe(&out));
+    env.ok(&["exec", "red", "--", "sudo", "nft", "delete", "table", "inet", "ppp"]);
+    let control = format!("http://{UPSTREAM_IP}/control");
+    env.ok(&["exec", "red", "--", "curl", "-sS", "-m", "5", &control]);
+    let paths: Vec<Value> = env.upstream.requests().iter().map(|r| r["path"].clone()).collect();
+    assert!(!paths.contains(&Value::from("/direct")), "{paths:?}");
+    assert!(paths.contains(&Value::from("/control")), "the control request shows the path was real: {paths:?}");
+    env.topo.host_forwarding(false);
+
+    // rm leaves no machine, namespace, link, port or state.
+    let n = env.calls().len();
+    env.ok(&["rm", "-f", "red"]);
+    insta::assert_snapshot!("rm_calls", since(&env, n));
+    assert_eq!(env.podman(&["machine", "list", "--format", "json"]), serde_json::json!([]));
+    assert!(env.leftovers().is_empty(), "{:?}", env.leftovers());
+    assert!(ppp::sandbox::PortRegistry::load(&env.dirs()).unwrap().ports.is_empty());
+    assert!(!env.dirs().sandbox("red").exists());
+    assert!(env.ls().is_empty());
+}
+
+#[test]
+fn failures_leave_nothing_half_made() {
+    let mut env = Env::new("qemu");
+    setup_policy(&env, "red");
+    let nothing_left = |env: &Env| {
+        assert!(env.ls().is_empty(), "{:?}", env.ls());
+        assert!(ppp::sandbox::PortRegistry::load(&env.dirs()).unwrap().ports.is_empty());
+        assert_eq!(env.podman(&["machine", "list", "--format", "json"]), serde_json::json!([]));
+        assert!(env.leftovers().is_empty(), "{:?}", env.leftovers());
+        // The prepared policy survives a failed create.
+        assert!(env.dirs().sandbox_policy("red").exists());
+    };
+
+    env.extra = vec![("FAKE_PODMAN_FAIL".into(), "init".into())];
+    let out = env.run(&["create", "--name", "red", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("error: podman machine init failed"), "{err}");
+    assert!(err.contains("ppp: sandbox `red` was not created"), "{err}");
+    nothing_left(&env);
+
+    env.extra = vec![("FAKE_PODMAN_FAIL".into(), "pull".into())];
+    let out = env.run(&["create", "--name", "red", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("error: provisioning failed: "), "{err}");
+    assert!(err.contains("agent image"), "names the step: {err}");
+    let log = env.dirs().sandbox_machine_log("red");
+    assert!(err.contains(&format!("hint: see `{}`", log.display())), "points at the log: {err}");
+    assert!(std::fs::read_to_string(&log).unwrap().contains("ppp-provision: FAILED"), "the log is kept");
+    nothing_left(&env);
+
+    // A handover check failing stops the handover: here a "secret" whose
+    // value is in every guest shell's environment.
+    env.extra.clear();
+    env.ok(&["secret", "set", "-g", "github", "-t", "/home/core"]);
+    let out = env.run(&["create", "--name", "red", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("failed its handover checks: check `no-secret-in-env` failed"), "{err}");
+    assert!(err.contains("the agent was not started"), "{err}");
+    assert!(!err.contains("/home/core"), "the value is never printed: {err}");
+    nothing_left(&env);
+}
+
+#[test]
+fn one_running_machine_at_a_time_where_podman_says_so() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let out = env.run(&["create", "--name", "blue", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("machine `ppp-red` is running"), "{err}");
+    assert!(err.contains("hint: stop the running one first: `ppp stop red`"), "{err}");
+    assert_eq!(env.ls().len(), 1, "nothing was created for blue");
+    env.ok(&["stop", "red"]);
+    env.ok(&["create", "--name", "blue", "opencode", &env.ws()]);
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("machine `ppp-blue` is running"), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+}
+
+#[test]
+fn sixteen_parallel_creates_get_distinct_names_ports_and_addresses() {
+    let env = Env::new("wsl");
+    env.ok(&["policy", "init", "deny-all"]);
+    let outs: Vec<Output> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16).map(|_| s.spawn(|| env.run(&["create", "-q", "opencode", &env.ws()]))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut names: Vec<String> = Vec::new();
+    for o in &outs {
+        assert!(o.status.success(), "{}", describe(o));
+        names.push(String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    }
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 16, "{names:?}");
+    let ls = env.ls();
+    assert_eq!(ls.len(), 16);
+    let mut ports: Vec<u64> = ls.iter().map(|r| r["port"].as_u64().unwrap()).collect();
+    let mut ips: Vec<String> = ls.iter().map(|r| r["inner_ip"].as_str().unwrap().to_owned()).collect();
+    ports.sort_unstable();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ports, (51820..51836).collect::<Vec<u64>>());
+    assert_eq!(ips.len(), 16);
+    assert!(ls.iter().all(|r| r["state"] == "running"), "{ls:?}");
+    let reg = ppp::sandbox::PortRegistry::load(&env.dirs()).unwrap();
+    assert_eq!(reg.ports.len(), 16);
+    env.ok(&["rm", "--all", "-f"]);
+    assert!(env.leftovers().is_empty(), "{:?}", env.leftovers());
+}
