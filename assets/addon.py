@@ -71,6 +71,8 @@ SECRET_TTL = 60.0
 # How often the background task checks for new WireGuard servers and saves
 # tunnel activity (seconds).
 WATCH_INTERVAL = 0.2
+# How often the open flows.jsonl is checked against its path (seconds).
+FLOW_LOG_RECHECK = 1.0
 # Tunnel activity is saved at most this often (seconds).
 TUNNELS_WRITE_EVERY = 1.0
 # Timeout of one daemon round trip (seconds).
@@ -99,6 +101,9 @@ class Verdict:
     # Why, in words, for the 403 body and the log.
     reason: str = ""
     generation: int | None = None
+    # What the user would allow to let this flow through, when it is not the
+    # host: the internal address of a DNS-rebinding refusal.
+    allow_target: str | None = None
 
 
 def deny(reason: str) -> Verdict:
@@ -210,7 +215,7 @@ class PppAddon:
         self.daemon: Daemon | None = None
         self.state_dir = ""
         self.generation: int | None = None
-        self._gen_stamp: str | None = None
+        self._gen_stamp: tuple[int, int, int] | None = None
         self._last_poll = 0.0
         self._decisions: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
         self._secrets: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
@@ -220,12 +225,14 @@ class PppAddon:
         # server_connect refuses any upstream connection for them.
         self._denied: dict[str, Verdict] = {}
         # The generation stamp whose `modes` list was last applied.
-        self._modes_stamp: str | None = None
+        self._modes_stamp: tuple[int, int, int] | None = None
         # WireGuard listen port -> wall-clock time of its latest connection.
         self._seen: dict[int, float] = {}
         self._seen_saved: dict[int, float] = {}
         self._seen_saved_at = 0.0
         self._watcher: asyncio.Task[None] | None = None
+        # flows.jsonl: open descriptor and when its path was last checked.
+        self._flow_log: tuple[int, float] | None = None
 
     # ---- options -------------------------------------------------------
 
@@ -242,11 +249,13 @@ class PppAddon:
             self.daemon = Daemon(os.path.join(self.state_dir, "secret.sock")) if self.state_dir else None
             self._invalidate(None)
             self._registry_stamp = None
+            self._close_flow_log()
 
     def running(self) -> None:
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     def done(self) -> None:
+        self._close_flow_log()
         if self._watcher is not None:
             self._watcher.cancel()
         if self.daemon is not None:
@@ -328,12 +337,15 @@ class PppAddon:
         if isinstance(g, int) and g != self.generation:
             self._invalidate(g)
 
-    def _read_stamp(self) -> str | None:
+    def _read_stamp(self) -> tuple[int, int, int] | None:
+        # The daemon replaces the file (temp file + rename) on every reload,
+        # so its inode and mtime change each time. A stat is a fifth of the
+        # cost of opening and reading it, and it runs twice per request.
         try:
-            with open(os.path.join(self.state_dir, "generation"), encoding="ascii") as f:
-                return f.read().strip()
+            st = os.stat(os.path.join(self.state_dir, "generation"))
         except OSError:
             return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _poll(self) -> None:
         """Drop every cache when the daemon's generation moved.
@@ -447,6 +459,9 @@ class PppAddon:
             allow=False,
             reason=f"{host} resolves to internal address {addr}, which no rule allows (DNS rebinding defence)",
             generation=v.generation,
+            # Allowing the name would change nothing: the address is what
+            # needs a rule of its own.
+            allow_target=str(addr),
         )
 
     def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
@@ -480,17 +495,46 @@ class PppAddon:
             "bytes_out": fields.get("bytes_out", 0),
             "bytes_in": fields.get("bytes_in", 0),
         }
+        if fields.get("reason"):
+            # Only where a denial has no 403 body to say why (refused DNS
+            # queries and answers); never a secret: the addon's own words.
+            record["reason"] = fields["reason"]
         if not self.state_dir:
             return
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         try:
-            fd = os.open(os.path.join(self.state_dir, "flows.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line)  # one write: concurrent appenders never interleave
-            finally:
-                os.close(fd)
+            os.write(self._flow_fd(), line)  # one write: concurrent appenders never interleave
         except OSError as e:
+            self._close_flow_log()
             log.warning("ppp: could not append to flows.jsonl: %s", e)
+
+    def _flow_fd(self) -> int:
+        """The open flows.jsonl, reopened when the file was replaced or
+        removed (checked at most once a second): opening it for every flow
+        cost 3% of mitmdump's time."""
+        path = os.path.join(self.state_dir, "flows.jsonl")
+        now = time.monotonic()
+        if self._flow_log is not None and now - self._flow_log[1] > FLOW_LOG_RECHECK:
+            try:
+                same = os.stat(path).st_ino == os.fstat(self._flow_log[0]).st_ino
+            except OSError:
+                same = False
+            if same:
+                self._flow_log = (self._flow_log[0], now)
+            else:
+                self._close_flow_log()
+        if self._flow_log is None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._flow_log = (fd, now)
+        return self._flow_log[0]
+
+    def _close_flow_log(self) -> None:
+        if self._flow_log is not None:
+            try:
+                os.close(self._flow_log[0])
+            except OSError:
+                pass
+            self._flow_log = None
 
     # ---- helpers -------------------------------------------------------
 
@@ -514,7 +558,10 @@ class PppAddon:
             why = "blocked by ppp policy: default deny"
         else:
             why = f"blocked by ppp: {v.reason}"
-        body = f"{why}\nhost: {host}\nto allow: {self.hint(sandbox, host)}\n"
+        body = f"{why}\nhost: {host}\n"
+        if v.allow_target is not None:
+            body += f"address: {v.allow_target}\n"
+        body += f"to allow: {self.hint(sandbox, v.allow_target or host)}\n"
         flow.response = http.Response.make(403, body.encode(), {"content-type": "text/plain; charset=utf-8"})
         self._mark(flow, sandbox, host, v, False)
         log.info("ppp: [%s] denied HTTP %s: %s", sandbox, host, why)
@@ -674,6 +721,57 @@ class PppAddon:
             except Exception:  # noqa: BLE001
                 log.exception("ppp: could not log a refused DNS query")
 
+    def dns_response(self, flow: dns.DNSFlow) -> None:
+        """The DNS-rebinding defence, applied to answers.
+
+        `dns_request` only sees the name. When the answer for an allowed name
+        holds an internal address, the whole answer is refused unless a rule
+        for that address allows it: the same `check` the HTTP, TLS and TCP
+        paths make once the guest connects. Refusing here as well matters for
+        what never reaches the tunnel: a name rebound to 127.0.0.1 makes the
+        guest talk to its own loopback, where no connection check can see it.
+        The port asked is 53, like `dns_request`'s: which port the guest will
+        use is unknown here, so an address rule limited to another port does
+        not open the name (the connection checks still judge that port).
+        """
+        sandbox = None
+        name = None
+        v: Verdict | None = None
+        try:
+            resp = flow.response
+            # Nothing to check: no answer, or our own refusal coming back.
+            if resp is None or not resp.answers:
+                return
+            q = flow.request.question
+            name = canonical_host(q.name) if q is not None else None
+            sandbox = self.sandbox_of(flow.client_conn)
+            if sandbox is None:
+                v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            else:
+                for rr in resp.answers:
+                    if rr.type == dns.types.A:
+                        addr = parse_ip(str(rr.ipv4_address))
+                    elif rr.type == dns.types.AAAA:
+                        addr = parse_ip(str(rr.ipv6_address))
+                    else:
+                        continue  # CNAME and the like carry no address
+                    if addr is None:
+                        v = deny("an address record that does not parse")
+                        break
+                    v = self.check(sandbox, name, str(addr), 53, "dns")
+                    if not v.allow:
+                        break
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: dns_response failed, refusing")
+            v = deny(f"internal error: {type(e).__name__}")
+        if v is not None and not v.allow:
+            flow.response = flow.request.fail(response_codes.REFUSED)
+            log.info("ppp: [%s] refused the DNS answer for %s: %s", sandbox, name, v.reason)
+            try:
+                self._log_dns(flow, sandbox, name, v)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log a refused DNS answer")
+
     def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> None:
         ip, _ = self._addr(flow.server_conn)
         self.log_flow(
@@ -686,6 +784,7 @@ class PppAddon:
             decision="deny",
             matched_rule=v.rule_id,
             bytes_out=len(flow.request.packed),
+            reason=v.reason,
         )
 
     # ---- HTTP ----------------------------------------------------------
@@ -769,7 +868,7 @@ class PppAddon:
                 for h in AUTH_HEADERS:
                     flow.request.headers.pop(h, None)
                 flow.request.headers[r["header"]] = r["value"]
-                log.info("ppp: [%s] injected a key for %s", sandbox, host)
+                log.debug("ppp: [%s] injected a key for %s", sandbox, host)
             elif r.get("reason") != "no-secret":
                 raise DaemonError(f"inject: {r.get('reason')}")
             subs = self.secret("secret", sandbox, host)

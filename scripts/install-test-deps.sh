@@ -28,6 +28,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 #   curl, ca-certificates, openssl  test clients and test CA/certificates
 #   procps                          pgrep/ps to wait for pids to disappear
 #   util-linux                      nsenter, mount for per-guest mount namespaces
+#   qemu-utils                      qemu-img: the fake podman's small qcow2 "disks"
 #   hyperfine                       whole-command benchmarks (never in assertions)
 #   age                             stock `age` decrypts secrets.age in the store
 #                                   tests, proving the file is plain age format
@@ -35,7 +36,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 APT_PACKAGES=(
   gnome-keyring dbus dbus-daemon dbus-bin libsecret-tools
   wireguard-tools wireguard-go iproute2 nftables bind9-dnsutils
-  curl ca-certificates openssl procps util-linux
+  curl ca-certificates openssl procps util-linux qemu-utils
   hyperfine shellcheck age
 )
 

@@ -19,12 +19,26 @@ pub struct Invocation {
     pub env: Vec<(OsString, OsString)>,
     /// Give up and kill the child after this long.
     pub timeout: Option<Duration>,
+    /// Where the child's standard input comes from.
+    pub stdin: Stdin,
+}
+
+/// A child's standard input.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Stdin {
+    /// `/dev/null`: the default, so no child ever waits on a terminal.
+    #[default]
+    Null,
+    /// The contents of a file.
+    File(PathBuf),
+    /// This process's own standard input (interactive commands).
+    Inherit,
 }
 
 impl Invocation {
     /// An invocation of `program` with no arguments.
     pub fn new(program: impl Into<PathBuf>) -> Self {
-        Self { program: program.into(), args: Vec::new(), env: Vec::new(), timeout: None }
+        Self { program: program.into(), args: Vec::new(), env: Vec::new(), timeout: None, stdin: Stdin::Null }
     }
 
     /// Append one argument.
@@ -57,6 +71,21 @@ impl Invocation {
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
         self
+    }
+
+    /// Feed the child's standard input from `stdin`.
+    #[must_use]
+    pub fn stdin(mut self, stdin: Stdin) -> Self {
+        self.stdin = stdin;
+        self
+    }
+
+    fn stdin_stdio(&self) -> std::io::Result<Stdio> {
+        Ok(match &self.stdin {
+            Stdin::Null => Stdio::null(),
+            Stdin::Inherit => Stdio::inherit(),
+            Stdin::File(p) => Stdio::from(std::fs::File::open(p)?),
+        })
     }
 
     fn command(&self) -> Command {
@@ -109,13 +138,27 @@ fn stderr_suffix(stderr: &str) -> String {
 /// Run `inv` to completion, capturing stdout and stderr. Non-zero exit is an
 /// error.
 pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
+    let (code, out) = output(inv)?;
+    if code == 0 {
+        Ok(out)
+    } else {
+        let status = if code > 128 { "a signal".to_owned() } else { format!("status {code}") };
+        Err(ExecError::Failed { command: inv.to_string(), status, stderr: out.stderr })
+    }
+}
+
+/// Run `inv` to completion and return its exit code (128 + the signal
+/// number when a signal ended it) with what it printed; a non-zero exit is
+/// not an error here.
+pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
     let command = inv.to_string();
-    let mut child =
-        spawn_retrying(|| inv.command().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn())
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
-                _ => ExecError::Spawn { command: command.clone(), source },
-            })?;
+    let mut child = spawn_retrying(|| {
+        inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
+    })
+    .map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+        _ => ExecError::Spawn { command: command.clone(), source },
+    })?;
     // Drain both pipes on threads so a chatty child cannot block on a full
     // pipe while we wait on it.
     let mut out_pipe = child.stdout.take().expect("piped");
@@ -148,12 +191,80 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     };
     let stdout = String::from_utf8_lossy(&out_t.join().unwrap_or_default()).into_owned();
     let stderr = String::from_utf8_lossy(&err_t.join().unwrap_or_default()).into_owned();
-    if status.success() {
-        Ok(Output { stdout, stderr })
-    } else {
-        let status = status.code().map_or_else(|| "a signal".to_owned(), |c| format!("status {c}"));
-        Err(ExecError::Failed { command, status, stderr })
+    let code = {
+        use std::os::unix::process::ExitStatusExt;
+        status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    };
+    Ok((code, Output { stdout, stderr }))
+}
+
+/// Run `inv` with stdout and stderr appended to `log`, and return its exit
+/// code (128 + the signal number when a signal ended it). A non-zero code
+/// is not an error here: the caller reads the log to say what failed.
+pub fn run_to_log(inv: &Invocation, log: &std::fs::File) -> Result<i32, ExecError> {
+    let command = inv.to_string();
+    let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
+    let (out, err) = (io(log)?, io(log)?);
+    let mut child = spawn_retrying(|| {
+        inv.command().stdin(inv.stdin_stdio()?).stdout(out.try_clone()?).stderr(err.try_clone()?).spawn()
+    })
+    .map_err(|source| spawn_error(inv, &command, source))?;
+    wait_with_timeout(&mut child, inv.timeout, &command)
+}
+
+/// Run `inv` on this terminal (standard input, output and error inherited)
+/// and return its exit code. While it runs, Ctrl-C is left to the child:
+/// the terminal sends SIGINT to the whole foreground process group, and ppp
+/// must outlive the child to pass its exit code on.
+pub fn run_attached(inv: &Invocation) -> Result<i32, ExecError> {
+    let command = inv.to_string();
+    // A handler (not SIG_IGN, which exec would pass on) keeps ppp alive;
+    // exec resets handlers, so the child still dies on Ctrl-C.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let id = signal_hook::flag::register(signal_hook::consts::SIGINT, interrupted).ok();
+    let mut spawned = spawn_retrying(|| inv.command().stdin(inv.stdin_stdio()?).spawn())
+        .map_err(|source| spawn_error(inv, &command, source));
+    let code = match &mut spawned {
+        Ok(child) => wait_with_timeout(child, inv.timeout, &command),
+        Err(_) => Ok(0),
+    };
+    if let Some(id) = id {
+        signal_hook::low_level::unregister(id);
     }
+    spawned?;
+    code
+}
+
+fn spawn_error(inv: &Invocation, command: &str, source: std::io::Error) -> ExecError {
+    match source.kind() {
+        std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+        _ => ExecError::Spawn { command: command.to_owned(), source },
+    }
+}
+
+fn wait_with_timeout(
+    child: &mut std::process::Child,
+    timeout: Option<Duration>,
+    command: &str,
+) -> Result<i32, ExecError> {
+    use std::os::unix::process::ExitStatusExt;
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => {}
+            Err(source) => return Err(ExecError::Spawn { command: command.to_owned(), source }),
+        }
+        if let Some(t) = timeout
+            && start.elapsed() > t
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ExecError::TimedOut { command: command.to_owned(), timeout: t });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
 /// Start `inv` as a long-running child with stdout and stderr appended to

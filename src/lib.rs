@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+pub mod agent;
 pub mod assets;
 pub mod cli;
 pub mod cmd;

@@ -1,22 +1,233 @@
 //! Podman as data: functions that build `podman …` invocations and parse
 //! what podman prints. Nothing here spawns a process; `exec` does that.
 //!
-//! The binary is `$PPP_PODMAN` if set, else `podman` on PATH.
+//! The binary is `$PPP_PODMAN` if set, else `podman` on PATH. Flags are
+//! chosen from the version podman reports, never from a fixed list
+//! (`--import-native-ca` is 6.0+, `machine cp` is 5.5+).
 
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::{Context, Result};
 use serde::Deserialize;
 
 use crate::env;
-use crate::exec::{self, Invocation};
+use crate::error::fail;
+use crate::exec::{self, Invocation, Stdin};
 
 /// `machine list` can be slow while a VM boots; never hang `ppp ls` on it.
 const LIST_TIMEOUT: Duration = Duration::from_secs(20);
+/// `machine init` downloads the machine image the first time.
+const INIT_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+const START_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(2 * 60);
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The smallest `--memory` podman machines boot with, in MiB. Podman's
+/// own default is 2048; Fedora CoreOS needs about 1.5 GiB to boot and pull
+/// an image, so less is refused before podman is asked.
+pub const MIN_MEMORY_MIB: u64 = 1536;
+/// The most memory ppp gives a sandbox by default, in MiB (32 GiB).
+pub const MAX_DEFAULT_MEMORY_MIB: u64 = 32 * 1024;
+/// Podman's default disk size, in GiB.
+pub const DEFAULT_DISK_GIB: u64 = 100;
 
 /// The podman binary, if one can be found.
 pub fn program() -> Option<PathBuf> {
     exec::resolve_program(env::PPP_PODMAN, "podman")
+}
+
+/// A podman version, compared numerically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl Version {
+    /// Parse `6.0.1`, `5.5.0-rc1` or `5.8`.
+    pub fn parse(text: &str) -> Option<Version> {
+        let core = text.trim().trim_start_matches('v').split(['-', '+', ' ']).next()?;
+        let mut parts = core.split('.').map(str::parse::<u32>);
+        let major = parts.next()?.ok()?;
+        let minor = parts.next().unwrap_or(Ok(0)).ok()?;
+        let patch = parts.next().unwrap_or(Ok(0)).ok()?;
+        Some(Version { major, minor, patch })
+    }
+
+    const fn at_least(self, major: u32, minor: u32) -> bool {
+        self.major > major || (self.major == major && self.minor >= minor)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// The podman ppp talks to: its program, version and machine provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Podman {
+    pub program: PathBuf,
+    pub version: Version,
+    /// `qemu`, `applehv`, `libkrun`, `hyperv` or `wsl`.
+    pub provider: String,
+}
+
+impl Podman {
+    /// Find podman and ask it for its version and provider.
+    pub fn detect() -> Result<Podman> {
+        const INSTALL: &str = "install Podman (https://podman.io/docs/installation), or set PPP_PODMAN to its path; \
+                               `ppp setup` checks everything ppp needs";
+        let program = program().ok_or_else(|| fail("podman was not found").hint(INSTALL))?;
+        if !program.is_file() {
+            return Err(fail(format!("podman was not found at `{}` (PPP_PODMAN)", program.display()))
+                .hint(INSTALL)
+                .into());
+        }
+        let out = exec::run(&version_json(program.clone()))
+            .or_else(|_| exec::run(&version(program.clone())))
+            .with_context(|| format!("could not ask `{}` for its version", program.display()))?;
+        let version = parse_version_json(&out.stdout)
+            .or_else(|| parse_version(&out.stdout).and_then(|v| Version::parse(&v)))
+            .ok_or_else(|| fail(format!("could not read podman's version from `{}`", out.stdout.trim())))?;
+        let info = exec::run(&machine_info(program.clone()))
+            .with_context(|| format!("could not ask `{}` for its machine provider", program.display()))?;
+        let provider = parse_provider(&info.stdout).unwrap_or_else(|| default_provider().to_owned());
+        Ok(Podman { program, version, provider })
+    }
+
+    /// Whether podman can run more than one machine at once. Only WSL can;
+    /// the qemu, applehv, libkrun and hyperv providers refuse a second.
+    pub fn allows_many_running(&self) -> bool {
+        self.provider.eq_ignore_ascii_case("wsl")
+    }
+
+    /// `machine init --import-native-ca` exists from podman 6.0.
+    pub fn can_import_native_ca(&self) -> bool {
+        self.version.at_least(6, 0)
+    }
+
+    /// `machine cp` exists from podman 5.5.
+    pub fn has_machine_cp(&self) -> bool {
+        self.version.at_least(5, 5)
+    }
+
+    fn inv(&self) -> Invocation {
+        Invocation::new(&self.program)
+    }
+
+    /// `podman machine init NAME …`.
+    pub fn init(&self, spec: &InitSpec) -> Invocation {
+        let mut inv = self.inv().args(["machine", "init", &spec.name]);
+        if self.can_import_native_ca() {
+            inv = inv.arg("--import-native-ca");
+        }
+        inv = inv
+            .args(["--cpus", &spec.cpus.to_string()])
+            .args(["--memory", &spec.memory_mib.to_string()])
+            .args(["--disk-size", &spec.disk_gib.to_string()]);
+        for v in &spec.volumes {
+            inv = inv.arg("--volume").arg(format!("{v}:{v}"));
+        }
+        if let Some(image) = &spec.image {
+            inv = inv.arg("--image").arg(image);
+        }
+        inv.timeout(INIT_TIMEOUT)
+    }
+
+    /// `podman machine start NAME`.
+    pub fn start(&self, name: &str) -> Invocation {
+        self.inv().args(["machine", "start", name]).timeout(START_TIMEOUT)
+    }
+
+    /// `podman machine stop NAME`.
+    pub fn stop(&self, name: &str) -> Invocation {
+        self.inv().args(["machine", "stop", name]).timeout(STOP_TIMEOUT)
+    }
+
+    /// `podman machine rm -f NAME`: no prompt; also removes a machine that
+    /// no longer answers.
+    pub fn rm(&self, name: &str) -> Invocation {
+        self.inv().args(["machine", "rm", "-f", name]).timeout(STOP_TIMEOUT)
+    }
+
+    /// `podman machine list --format json`.
+    pub fn list(&self) -> Invocation {
+        machine_list(self.program.clone())
+    }
+
+    /// `podman machine inspect NAME`.
+    pub fn inspect(&self, name: &str) -> Invocation {
+        self.inv().args(["machine", "inspect", name]).timeout(QUERY_TIMEOUT)
+    }
+
+    /// `podman machine ssh NAME -- ARGV…`, with every argument quoted for
+    /// the guest's shell: podman joins them with spaces and the guest parses
+    /// the line again, like OpenSSH.
+    pub fn ssh(&self, name: &str, argv: &[impl AsRef<str>]) -> Invocation {
+        let mut inv = self.inv().args(["machine", "ssh", name, "--"]);
+        for a in argv {
+            inv = inv.arg(shell_quote(a.as_ref()));
+        }
+        inv
+    }
+
+    /// Copy a host file into the machine: `machine cp` where podman has it,
+    /// else the file piped into `cat` over ssh.
+    pub fn copy_in(&self, src: &Path, name: &str, dst: &str) -> Invocation {
+        if self.has_machine_cp() {
+            let mut target = std::ffi::OsString::from(format!("{name}:"));
+            target.push(dst);
+            self.inv().args(["machine", "cp"]).arg(src).arg(target).timeout(START_TIMEOUT)
+        } else {
+            self.ssh(name, &["sh", "-c", &format!("cat > {}", shell_quote(dst))])
+                .stdin(Stdin::File(src.to_owned()))
+                .timeout(START_TIMEOUT)
+        }
+    }
+
+    /// Copy a file out of the machine: `machine cp` where podman has it.
+    /// Before 5.5 the caller pipes `cat` over ssh into the file itself.
+    pub fn copy_out(&self, name: &str, src: &str, dst: &Path) -> Option<Invocation> {
+        self.has_machine_cp()
+            .then(|| self.inv().args(["machine", "cp", &format!("{name}:{src}")]).arg(dst).timeout(START_TIMEOUT))
+    }
+}
+
+/// What `machine init` creates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitSpec {
+    pub name: String,
+    pub cpus: u32,
+    pub memory_mib: u64,
+    pub disk_gib: u64,
+    /// A machine image (a template's disk) instead of podman's default.
+    pub image: Option<PathBuf>,
+    /// Host directories mounted at the same path in the VM, so the agent
+    /// container can mount them at the same path again.
+    pub volumes: Vec<String>,
+}
+
+/// The provider podman picks by default on this platform.
+pub const fn default_provider() -> &'static str {
+    if cfg!(target_os = "macos") {
+        "libkrun"
+    } else if cfg!(target_os = "windows") {
+        "wsl"
+    } else {
+        "qemu"
+    }
+}
+
+/// Quote `arg` for a POSIX shell: unchanged when it is plainly safe, else
+/// in single quotes with each `'` spelled `'\''`.
+pub fn shell_quote(arg: &str) -> String {
+    let safe = !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(&b));
+    if safe { arg.to_owned() } else { format!("'{}'", arg.replace('\'', r"'\''")) }
 }
 
 /// `podman machine list --format json`.
@@ -27,6 +238,16 @@ pub fn machine_list(program: PathBuf) -> Invocation {
 /// `podman --version`.
 pub fn version(program: PathBuf) -> Invocation {
     Invocation::new(program).arg("--version").timeout(Duration::from_secs(10))
+}
+
+/// `podman version --format json`.
+pub fn version_json(program: PathBuf) -> Invocation {
+    Invocation::new(program).args(["version", "--format", "json"]).timeout(Duration::from_secs(10))
+}
+
+/// `podman machine info --format json`.
+pub fn machine_info(program: PathBuf) -> Invocation {
+    Invocation::new(program).args(["machine", "info", "--format", "json"]).timeout(QUERY_TIMEOUT)
 }
 
 /// One row of `podman machine list --format json`. Podman emits more
@@ -80,9 +301,76 @@ pub fn parse_version(text: &str) -> Option<String> {
     text.split_whitespace().last().filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit())).map(str::to_owned)
 }
 
+/// The client version in `podman version --format json`.
+pub fn parse_version_json(text: &str) -> Option<Version> {
+    let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+    Version::parse(v.pointer("/Client/Version")?.as_str()?)
+}
+
+/// `Host.VMType` in `podman machine info --format json`.
+pub fn parse_provider(text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+    v.pointer("/Host/VMType")?.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+/// Whether podman's error says it refused to start a second machine.
+pub fn is_one_vm_refusal(stderr: &str) -> bool {
+    let s = stderr.to_ascii_lowercase();
+    s.contains("only one vm can be active") || s.contains("already running or starting")
+}
+
+/// Sizes in binary units (`8g`, `512MiB`, `1.5GiB`, `2048` = MiB) as MiB.
+pub fn parse_mib(text: &str) -> Option<u64> {
+    parse_bytes(text, 1024 * 1024).map(|b| b / (1024 * 1024))
+}
+
+/// Sizes in binary units as GiB, rounded up (`100g`, `50GiB`, `512m`).
+pub fn parse_gib(text: &str) -> Option<u64> {
+    const GIB: u64 = 1024 * 1024 * 1024;
+    parse_bytes(text, GIB).map(|b| b.div_ceil(GIB))
+}
+
+/// A size in bytes; a bare number is in units of `bare`.
+fn parse_bytes(text: &str, bare: u64) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let scale: u64 = match unit.as_str() {
+        "" => bare,
+        "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    if num.is_empty() || num.matches('.').count() > 1 {
+        return None;
+    }
+    let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+    let whole: u64 = whole.parse().ok()?;
+    let mut bytes = whole.checked_mul(scale)?;
+    if !frac.is_empty() {
+        // Exact decimal fraction of the unit, without floating point.
+        let digits = u32::try_from(frac.len()).ok()?;
+        let f: u64 = frac.parse().ok()?;
+        bytes = bytes.checked_add(f.checked_mul(scale)? / 10u64.checked_pow(digits)?)?;
+    }
+    (bytes > 0).then_some(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn podman(version: &str, provider: &str) -> Podman {
+        Podman {
+            program: "/usr/bin/podman".into(),
+            version: Version::parse(version).unwrap(),
+            provider: provider.into(),
+        }
+    }
 
     #[test]
     fn builds_list_invocation() {
@@ -103,8 +391,92 @@ mod tests {
     }
 
     #[test]
-    fn parses_version() {
+    fn parses_versions_and_provider() {
         assert_eq!(parse_version("podman version 5.8.1\n").as_deref(), Some("5.8.1"));
         assert_eq!(parse_version("garbage"), None);
+        assert_eq!(parse_version_json(r#"{"Client":{"Version":"6.0.1"}}"#), Version::parse("6.0.1"));
+        assert_eq!(Version::parse("5.5.0-rc1"), Some(Version { major: 5, minor: 5, patch: 0 }));
+        assert_eq!(Version::parse("x"), None);
+        assert_eq!(parse_provider(r#"{"Host":{"VMType":"applehv"}}"#).as_deref(), Some("applehv"));
+        assert_eq!(parse_provider("{}"), None);
+    }
+
+    #[test]
+    fn flags_follow_the_version() {
+        let spec = InitSpec {
+            name: "ppp-a".into(),
+            cpus: 2,
+            memory_mib: 4096,
+            disk_gib: 50,
+            image: None,
+            volumes: vec!["/home/me/src".into()],
+        };
+        assert_eq!(
+            podman("6.0.1", "qemu").init(&spec).to_string(),
+            "podman machine init ppp-a --import-native-ca --cpus 2 --memory 4096 --disk-size 50 --volume /home/me/src:/home/me/src"
+        );
+        assert_eq!(
+            podman("5.8.0", "qemu").init(&spec).to_string(),
+            "podman machine init ppp-a --cpus 2 --memory 4096 --disk-size 50 --volume /home/me/src:/home/me/src"
+        );
+        let new = podman("5.5.0", "qemu").copy_in(Path::new("/tmp/x.sh"), "ppp-a", "/tmp/ppp/x.sh");
+        assert_eq!(new.to_string(), "podman machine cp /tmp/x.sh ppp-a:/tmp/ppp/x.sh");
+        let old = podman("5.4.2", "qemu").copy_in(Path::new("/tmp/x.sh"), "ppp-a", "/tmp/ppp/x.sh");
+        assert_eq!(old.to_string(), "podman machine ssh ppp-a -- sh -c 'cat > /tmp/ppp/x.sh'");
+        assert_eq!(old.stdin, Stdin::File("/tmp/x.sh".into()));
+        assert!(podman("5.4.2", "qemu").copy_out("ppp-a", "/a", Path::new("/b")).is_none());
+    }
+
+    #[test]
+    fn one_running_machine_except_on_wsl() {
+        assert!(!podman("6.0.1", "qemu").allows_many_running());
+        assert!(!podman("6.0.1", "libkrun").allows_many_running());
+        assert!(podman("6.0.1", "wsl").allows_many_running());
+        assert!(is_one_vm_refusal("Error: only one VM can be active at a time"));
+        assert!(!is_one_vm_refusal("Error: machine not found"));
+    }
+
+    #[test]
+    fn ssh_quotes_every_argument_for_the_guest_shell() {
+        let inv = podman("6.0.1", "qemu").ssh("ppp-a", &["printf", "%s\\n", "a b", "it's", "", "$HOME"]);
+        let args: Vec<String> = inv.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            args,
+            ["machine", "ssh", "ppp-a", "--", "printf", "'%s\\n'", "'a b'", r"'it'\''s'", "''", "'$HOME'"]
+        );
+    }
+
+    #[test]
+    fn quoting_round_trips_through_a_real_shell() {
+        let tricky = ["a b", "it's", "", "$(touch /tmp/ppp-pwned)", "\"q\"", "tab\there", "new\nline", "*", "~"];
+        let line: Vec<String> = tricky.iter().map(|a| shell_quote(a)).collect();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("for a in {}; do printf '[%s]' \"$a\"; done", line.join(" ")))
+            .output()
+            .unwrap();
+        let want = tricky.iter().fold(String::new(), |mut w, a| {
+            w.push('[');
+            w.push_str(a);
+            w.push(']');
+            w
+        });
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    }
+
+    #[test]
+    fn sizes_in_binary_units() {
+        assert_eq!(parse_mib("8g"), Some(8192));
+        assert_eq!(parse_mib("8G"), Some(8192));
+        assert_eq!(parse_mib("512MiB"), Some(512));
+        assert_eq!(parse_mib("1.5GiB"), Some(1536));
+        assert_eq!(parse_mib("2048"), Some(2048));
+        assert_eq!(parse_mib("1t"), Some(1024 * 1024));
+        assert_eq!(parse_gib("100g"), Some(100));
+        assert_eq!(parse_gib("512m"), Some(1));
+        assert_eq!(parse_gib("50"), Some(50));
+        for bad in ["", "g", "8x", "-1g", "1.2.3g", "0", "0g", "99999999999999999999t"] {
+            assert_eq!(parse_mib(bad), None, "{bad}");
+        }
     }
 }

@@ -159,7 +159,7 @@ fn addon_suite_against_the_real_daemon() {
     fixture(&d);
     let _daemon = Daemon::start(&d);
     let ran = python_suite(&d.data, &["Live"]);
-    assert!(ran >= 17, "only {ran} tests ran");
+    assert!(ran >= 19, "only {ran} tests ran");
     let flows = std::fs::read_to_string(d.flows_log()).unwrap();
     for secret in ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444"] {
         assert!(!flows.contains(secret), "flows.jsonl leaks a secret");

@@ -2,13 +2,22 @@
 //! pinned mitmdump, ppp's embedded addon, the daemon socket) in the test's
 //! host namespace, and two WireGuard guests with different policies.
 //! Ports are claimed through the state module, as the lifecycle commands
-//! will do.
+//! will do. A third guest namespace is there for the tests that need a
+//! misconfigured guest.
+//!
+//! The daemon's mitmdump resolves names (for DNS sent to 10.0.0.53 through
+//! the tunnel) with the host's resolver, as in production. Here that is the
+//! upstream namespace's test DNS server: `ip netns exec <host-ns>` bind-mounts
+//! `/etc/netns/<host-ns>/resolv.conf` (and `hosts`) over `/etc`, so no query
+//! ever reaches the machine's own resolver.
 
 #[path = "support/netns.rs"]
 mod netns;
 
+use std::net::Ipv4Addr;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use netns::{Guest, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
@@ -23,7 +32,33 @@ struct Rig {
     guests: Vec<Guest>,
     daemon: Daemon,
     upstream: Upstream,
+    _etc: NetnsEtc,
     topo: Topology,
+}
+
+/// `/etc/netns/<host-ns>/`: what `ip netns exec <host-ns>` mounts over
+/// `/etc/resolv.conf` and `/etc/hosts`, so the daemon's mitmdump resolves
+/// with the upstream's test DNS server only. The namespace name is unique
+/// per run; the directory is removed on drop.
+struct NetnsEtc {
+    dir: PathBuf,
+}
+
+impl NetnsEtc {
+    fn new(topo: &Topology) -> Self {
+        let dir = Path::new("/etc/netns").join(topo.host_ns());
+        std::fs::create_dir_all(&dir).unwrap();
+        let etc = NetnsEtc { dir };
+        std::fs::write(etc.dir.join("resolv.conf"), format!("nameserver {UPSTREAM_IP}\n")).unwrap();
+        std::fs::write(etc.dir.join("hosts"), "127.0.0.1 localhost\n").unwrap();
+        etc
+    }
+}
+
+impl Drop for NetnsEtc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// ppp's state dirs and the running daemon, stopped on drop.
@@ -94,14 +129,9 @@ impl Drop for Daemon {
 }
 
 fn rig() -> Rig {
-    rig_with(2)
-}
-
-/// The daemon with red and blue up, in a topology with room for
-/// `n_guests` guests.
-fn rig_with(n_guests: u8) -> Rig {
-    let topo = Topology::new(n_guests);
+    let topo = Topology::new(3);
     let upstream = Upstream::start(&topo);
+    let etc = NetnsEtc::new(&topo);
     let root = topo.path().join("ppp");
     std::fs::create_dir_all(&root).unwrap();
     let daemon = Daemon { root };
@@ -113,6 +143,8 @@ fn rig_with(n_guests: u8) -> Rig {
     // 198.18.0.0/15 is not a public range, so the DNS-rebinding defence
     // refuses names that resolve there unless an address rule allows it.
     daemon.ok(&["policy", "allow", "network", "--sandbox", "red", "echo.test,api.anthropic.com,198.18.0.10"]);
+    // Names the DNS-answer test points at internal addresses.
+    daemon.ok(&["policy", "allow", "network", "--sandbox", "red", "*.rebind.test"]);
     daemon.ok(&["policy", "allow", "network", "--sandbox", "blue", "api.anthropic.com"]);
     daemon.ok(&["secret", "set", "-g", "anthropic", "-t", KEY]);
 
@@ -135,11 +167,15 @@ fn rig_with(n_guests: u8) -> Rig {
     let out = start.output().unwrap();
     assert!(out.status.success(), "daemon start: {}", describe(&out));
 
-    let guests = vec![Guest::up(&topo, 1, &daemon.conf(RED), RED), Guest::up(&topo, 2, &daemon.conf(BLUE), BLUE)];
-    for g in &guests {
+    let mut rig = Rig { guests: Vec::new(), daemon, upstream, _etc: etc, topo };
+    rig.guests = vec![
+        Guest::up(&rig.topo, 1, &rig.daemon.conf(RED), RED),
+        Guest::up(&rig.topo, 2, &rig.daemon.conf(BLUE), BLUE),
+    ];
+    for g in &rig.guests {
         assert!(g.handshake_within(netns::DEADLINE), "guest {} got no handshake", g.index);
     }
-    Rig { guests, daemon, upstream, topo }
+    rig
 }
 
 fn curl(g: &Guest, args: &[&str]) -> (String, String) {
@@ -171,12 +207,86 @@ fn contains_anywhere(root: &Path, needle: &str) -> Vec<PathBuf> {
     hits
 }
 
+/// Pids of every process in network namespace `ns` (one of the topology's).
+fn pids_in_netns(ns: &str) -> Vec<u32> {
+    let target = std::fs::metadata(Path::new("/run/netns").join(ns)).unwrap();
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if let Ok(m) = std::fs::metadata(e.path().join("ns/net"))
+            && (m.dev(), m.ino()) == (target.dev(), target.ino())
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A long-lived process in guest `g` with the placeholder in its
+/// environment, as an agent's process would have: something whose
+/// environment a leaked key would show up in. Killed on drop.
+struct GuestAgent {
+    child: Child,
+}
+
+impl GuestAgent {
+    fn start(g: &Guest) -> Self {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &g.ns, "env", "ANTHROPIC_API_KEY=ppp-proxy-managed", "sleep", "600"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let agent = GuestAgent { child };
+        // `ip netns exec` joins the namespace, then execs: same pid.
+        wait_until("the agent process to be in the guest", netns::DEADLINE, || {
+            pids_in_netns(&g.ns).contains(&agent.child.id())
+        });
+        agent
+    }
+}
+
+impl Drop for GuestAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Nothing in guest `g` holds `KEY`: not the environment or command line of
+/// any process in its network namespace (the agent stand-in and
+/// wireguard-go among them), not the files the guest was set up from, not
+/// its resolv.conf.
+fn assert_key_never_in_guest(rig: &Rig, g: &Guest, agent: &GuestAgent) {
+    let pids = pids_in_netns(&g.ns);
+    for must in [agent.child.id(), g.wg_pid()] {
+        assert!(pids.contains(&must), "pid {must} is not among the guest's processes {pids:?}");
+    }
+    let has = |b: &[u8], needle: &str| b.windows(needle.len()).any(|w| w == needle.as_bytes());
+    let agent_env = std::fs::read(format!("/proc/{}/environ", agent.child.id())).unwrap();
+    assert!(has(&agent_env, "ANTHROPIC_API_KEY=ppp-proxy-managed"), "the scan reads the guest's environments");
+    for pid in pids {
+        for what in ["environ", "cmdline"] {
+            // A short-lived process may be gone by now; the two above are not.
+            let Ok(b) = std::fs::read(format!("/proc/{pid}/{what}")) else { continue };
+            assert!(!has(&b, KEY), "the key is in /proc/{pid}/{what} inside guest {}", g.ns);
+        }
+    }
+    let guest_dir = rig.topo.path().join(format!("g{}", g.index));
+    assert!(guest_dir.join("wg0.setconf").is_file(), "the guest's setup files are where the scan looks");
+    let leaks = contains_anywhere(&guest_dir, KEY);
+    assert!(leaks.is_empty(), "the key is in the guest's files {leaks:?}");
+    let resolv = g.run(&["cat", "/etc/resolv.conf"]);
+    assert!(resolv.status.success(), "{}", describe(&resolv));
+    assert!(!has(&resolv.stdout, KEY), "the key is in the guest's resolv.conf");
+}
+
 #[test]
 fn policy_secrets_and_live_changes_through_the_real_daemon() {
     netns::require_env();
     let rig = rig();
     let (red, blue) = (&rig.guests[0], &rig.guests[1]);
     let d = &rig.daemon;
+    let agent = GuestAgent::start(red);
 
     // Per-sandbox policy over HTTP and HTTPS.
     let (body, code) = curl(red, &["--resolve", &resolve("echo.test", 80), "http://echo.test/hello"]);
@@ -214,6 +324,7 @@ fn policy_secrets_and_live_changes_through_the_real_daemon() {
     let headers = echo["headers"].to_string().to_lowercase();
     assert!(headers.contains(&KEY.to_lowercase()), "upstream saw the real key: {headers}");
     assert!(!headers.contains("ppp-proxy-managed"), "the placeholder was replaced: {headers}");
+    assert_key_never_in_guest(&rig, red, &agent);
 
     // Every flow is logged with its sandbox and decision, and no secret
     // value is in any file ppp or mitmdump wrote.
@@ -224,6 +335,10 @@ fn policy_secrets_and_live_changes_through_the_real_daemon() {
         "{flows:?}"
     );
     assert!(flows.iter().any(|f| f["sandbox"] == "red" && f["decision"] == "allow"), "{flows:?}");
+    for f in ["flows.jsonl", "proxy.log"] {
+        let len = std::fs::metadata(d.data().join(f)).map_or(0, |m| m.len());
+        assert!(len > 0, "{f} is written under the data dir, so the scan below covers it");
+    }
     let leaks: Vec<PathBuf> =
         contains_anywhere(&d.data(), KEY).into_iter().chain(contains_anywhere(&d.root.join("config"), KEY)).collect();
     assert!(leaks.is_empty(), "the key is in plaintext in {leaks:?}");
@@ -252,6 +367,93 @@ fn policy_secrets_and_live_changes_through_the_real_daemon() {
     });
 }
 
+/// `dig @10.0.0.53 name A` in `g`, through the tunnel: mitmproxy answers
+/// with the host's resolver (the test DNS server, see [`NetnsEtc`]).
+fn dig(g: &Guest, name: &str) -> (String, std::process::Output) {
+    let out = g.run(&["dig", "+time=3", "+tries=1", "@10.0.0.53", name, "A"]);
+    (String::from_utf8_lossy(&out.stdout).into_owned(), out)
+}
+
+/// DNS rebinding on the DNS path. A guest that resolves a name to 127.0.0.1
+/// talks to its own loopback: that connection never enters wg0, so no
+/// connection check in the proxy can see it (and the guest's kernel gives
+/// loopback addresses to `lo` before any route, so there is no honest way
+/// to send it into the tunnel). What the proxy can do is refuse to hand the
+/// address out: names red may reach, rebound to loopback, metadata and
+/// private addresses, are answered REFUSED, and the refusal is logged.
+fn dns_answers_rebound_to_internal_addresses_are_refused(rig: &Rig) {
+    let red = &rig.guests[0];
+    let d = &rig.daemon;
+    // Internal, but an address rule allows it for red: answered.
+    let (text, out) = dig(red, "echo.test");
+    assert!(text.contains("status: NOERROR") && text.contains(&UPSTREAM_IP.to_string()), "{}", describe(&out));
+
+    let cases = [
+        ("lo.rebind.test", Ipv4Addr::LOCALHOST),
+        ("meta.rebind.test", Ipv4Addr::new(169, 254, 169, 254)),
+        ("lan.rebind.test", Ipv4Addr::new(10, 1, 2, 3)),
+    ];
+    for (name, ip) in cases {
+        rig.upstream.set_name(name, ip);
+        let (text, out) = dig(red, name);
+        assert!(text.contains("status: REFUSED"), "{name} -> {ip} must be refused: {}", describe(&out));
+        assert!(!text.contains(&ip.to_string()), "the internal address reached the guest: {text}");
+        // The name itself is allowed: the test server was asked, so the
+        // refusal is the answer check, not the query's policy.
+        assert!(
+            rig.upstream.dns_queries().iter().any(|q| q["name"] == name),
+            "mitmproxy never resolved {name}: {:?}",
+            rig.upstream.dns_queries()
+        );
+        wait_until(&format!("the refused answer for {name} in flows.jsonl"), netns::DEADLINE, || {
+            d.flows().iter().any(|f| {
+                f["host"] == name
+                    && f["sandbox"] == "red"
+                    && f["decision"] == "deny"
+                    && f["reason"].as_str().is_some_and(|r| r.contains("rebinding") && r.contains(&ip.to_string()))
+            })
+        });
+    }
+    // A name under the same rule, pointing at an address red's rules allow, is answered.
+    rig.upstream.set_name("ok.rebind.test", UPSTREAM_IP);
+    let (text, out) = dig(red, "ok.rebind.test");
+    assert!(text.contains("status: NOERROR") && text.contains(&UPSTREAM_IP.to_string()), "{}", describe(&out));
+}
+
+/// A guest with one sandbox's keys pointed at another sandbox's port gets no
+/// tunnel: the server there does not know its key, so there is no
+/// handshake, no request gets through, and nothing is logged for it. The
+/// correctly configured guests keep working meanwhile.
+#[test]
+fn a_guest_on_another_sandboxs_port_gets_no_tunnel() {
+    netns::require_env();
+    let mut rig = rig();
+    let wrong = Guest::up(&rig.topo, 3, &rig.daemon.conf(RED), BLUE);
+    assert!(!wrong.handshake_within(Duration::from_secs(5)), "red's keys on blue's port got a handshake");
+    assert_eq!(wrong.latest_handshake(), 0);
+    let out = wrong.curl(&["-m", "5", "--resolve", &resolve("wrongport.test", 80), "http://wrongport.test/wrong-port"]);
+    assert!(!out.status.success(), "a request without a tunnel went somewhere: {}", describe(&out));
+    assert_eq!(wrong.latest_handshake(), 0, "the request did not bring a handshake either");
+    rig.guests.push(wrong);
+
+    let (body, code) = curl(&rig.guests[0], &["--resolve", &resolve("echo.test", 80), "http://echo.test/red-ok"]);
+    assert_eq!(code, "200", "red still works: {body}");
+    // Blue may reach nothing the upstream serves; its 403 shows its tunnel works.
+    let (body, code) = curl(&rig.guests[1], &["--resolve", &resolve("echo.test", 80), "http://echo.test/blue-ok"]);
+    assert_eq!(code, "403", "blue still reaches the proxy: {body}");
+    assert!(body.contains("--sandbox blue"), "{body}");
+    let d = &rig.daemon;
+    // Both later flows are logged, so the wrong guest's would be by now.
+    wait_until("red's and blue's flows", netns::DEADLINE, || {
+        let flows = d.flows();
+        flows.iter().any(|f| f["sandbox"] == "red" && f["host"] == "echo.test")
+            && flows.iter().any(|f| f["sandbox"] == "blue" && f["host"] == "echo.test")
+    });
+    let flows = d.flows();
+    assert!(!flows.iter().any(|f| f["host"] == "wrongport.test"), "a flow of the wrong guest was logged: {flows:?}");
+    assert!(!rig.upstream.requests().iter().any(|r| r["path"] == "/wrong-port"), "it reached the upstream");
+}
+
 #[test]
 fn defences_through_the_real_daemon() {
     netns::require_env();
@@ -265,6 +467,9 @@ fn defences_through_the_real_daemon() {
         curl(&rig.guests[1], &["--resolve", "api.anthropic.com:80:169.254.169.254", "http://api.anthropic.com/latest"]);
     assert_eq!(code, "403", "rebinding to 169.254.169.254 is refused: {body}");
     assert!(body.contains("169.254.169.254"), "{body}");
+    // The name is already allowed; the hint names what would have to be.
+    assert!(body.contains("ppp policy allow network --sandbox blue 169.254.169.254\n"), "{body}");
+    assert!(!body.contains("--sandbox blue api.anthropic.com"), "{body}");
 
     // Uploads over 1 MiB get 413, and nothing reaches the upstream.
     let big = rig.topo.path().join("big.bin");
@@ -291,6 +496,8 @@ fn defences_through_the_real_daemon() {
         d.flows().iter().any(|f| f["host"] == "denied.example" && f["decision"] == "deny")
     });
 
+    dns_answers_rebound_to_internal_addresses_are_refused(&rig);
+
     // A guest that takes the other sandbox's inner address is still itself:
     // blue using red's 10.0.0.1 is still denied what red may reach.
     let red_ip = rig.guests[0].inner_ip;
@@ -310,7 +517,7 @@ fn defences_through_the_real_daemon() {
 fn servers_come_and_go_with_claimed_ports_through_the_real_daemon() {
     const GREEN: u16 = 51822;
     netns::require_env();
-    let rig = rig_with(3);
+    let rig = rig();
     let d = &rig.daemon;
     // Blue's allowed name lives at a non-public test address, which the
     // rebinding defence refuses unless an address rule allows it.

@@ -1,14 +1,33 @@
-//! `ppp create`. Its machinery lands with a later release; until then it
-//! refuses plainly instead of pretending to work.
+//! `ppp create`: a sandbox, provisioned and verified, without starting the
+//! agent. Prints the sandbox's name (only the name with `-q`).
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 
 use super::Ctx;
-use crate::error::Failure;
+use crate::cli::CreateArgs;
+use crate::podman::Podman;
+use crate::sandbox::lifecycle::{self, Request, Ui};
 
 /// Run `ppp create`.
-pub fn run(_args: &crate::cli::CreateArgs, _ctx: &Ctx) -> Result<ExitCode> {
-    Err(Failure::not_available("create").into())
+pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    let req = Request::new(&args.spec)?;
+    let podman = Podman::detect()?;
+    let rec = lifecycle::create(dirs, &podman, &req, Ui { quiet: args.quiet })?;
+    if args.quiet {
+        crate::output::println(&rec.name)?;
+    } else {
+        crate::output::println(&format!(
+            "created sandbox `{}` ({} on port {}); start the agent with `ppp run --name {} {} {}`",
+            rec.name,
+            rec.agent,
+            rec.port,
+            rec.name,
+            rec.agent,
+            rec.workspace.first().map_or(".", String::as_str)
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -167,29 +167,10 @@ fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
 }
 
 fn stop(dirs: &Dirs) -> Result<ExitCode> {
-    if !supervisor::is_running(dirs)? {
-        output::println("the ppp daemon is not running")?;
-        return Ok(ExitCode::SUCCESS);
+    match supervisor::stop(dirs, STOP_DEADLINE)? {
+        None => output::println("the ppp daemon is not running")?,
+        Some(rec) => output::println(&format!("ppp daemon stopped; ports {} are free", ports_text(&rec.ports)))?,
     }
-    let rec = supervisor::load_record(dirs)?
-        .ok_or_else(|| fail("the daemon is running but left no `daemon.json`").hint("stop it by hand"))?;
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(rec.pid).context("bad pid in daemon.json")?);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
-        .with_context(|| format!("could not signal the daemon (pid {})", rec.pid))?;
-    let deadline = Instant::now() + STOP_DEADLINE;
-    let mitm = rec.mitmdump_pid.and_then(|p| i32::try_from(p).ok());
-    while supervisor::is_running(dirs)? || mitm.is_some_and(supervisor::alive) {
-        if Instant::now() > deadline {
-            return Err(fail(format!(
-                "the daemon (pid {}) did not stop within {} s",
-                rec.pid,
-                STOP_DEADLINE.as_secs()
-            ))
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    output::println(&format!("ppp daemon stopped; ports {} are free", ports_text(&rec.ports)))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -77,6 +77,8 @@ pub fn merge(records: Vec<Record>, machines: Option<&[Machine]>) -> Vec<Row> {
             let state = match (machines, &machine) {
                 (None, _) => record.status.to_string(),
                 (Some(_), Some(m)) => m.state().to_owned(),
+                // Between the claim and `machine init` there is no machine yet.
+                (Some(_), None) if record.status == sandbox::Status::Creating => "creating".to_owned(),
                 (Some(_), None) => "missing".to_owned(),
             };
             Row { record, state, machine }

@@ -49,8 +49,7 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
 const NO_POLICY_HINT: &str = "no global policy exists, so everything is denied; choose a preset with \
                               `ppp policy init balanced` (or `allow-all`, `deny-all`)";
 
-/// Verdict used when `policies.yaml` does not exist: fail closed.
-const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
+use crate::policy::DEFAULT_WITHOUT_FILE;
 
 fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
     let path = dirs.global_policy();

@@ -1,14 +1,60 @@
-//! `ppp rm`. Its machinery lands with a later release; until then it
-//! refuses plainly instead of pretending to work.
+//! `ppp rm`: remove sandboxes: machine, port and state. `-f` skips the
+//! question and removes the state even when the machine does not answer.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 
 use super::Ctx;
-use crate::error::Failure;
+use crate::cli::RmArgs;
+use crate::podman::Podman;
+use crate::sandbox::{
+    self, PortRegistry,
+    lifecycle::{self, Ui},
+};
 
 /// Run `ppp rm`.
-pub fn run(_args: &crate::cli::RmArgs, _ctx: &Ctx) -> Result<ExitCode> {
-    Err(Failure::not_available("rm").into())
+pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    let names: Vec<String> = if args.all {
+        // Ports held by names with no record (a crash mid-create) go too.
+        let mut all: Vec<String> = sandbox::load_all(dirs)?.into_iter().map(|r| r.name).collect();
+        for name in PortRegistry::load(dirs)?.ports.into_values() {
+            if !all.contains(&name) {
+                all.push(name);
+            }
+        }
+        all
+    } else {
+        args.sandboxes.clone()
+    };
+    let registry = PortRegistry::load(dirs)?;
+    for name in &names {
+        if sandbox::load(dirs, name)?.is_none() && registry.port_of(name).is_none() {
+            return Err(crate::error::fail(format!("no sandbox named `{name}`"))
+                .hint("list sandboxes with `ppp ls`")
+                .code(2)
+                .into());
+        }
+    }
+    if names.is_empty() {
+        crate::output::println("no sandboxes to remove")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !args.force && !crate::output::confirm(&format!("remove {}?", names.join(", ")))? {
+        return Ok(ExitCode::from(1));
+    }
+    let podman = match Podman::detect() {
+        Ok(p) => Some(p),
+        Err(e) if args.force => {
+            eprintln!("warning: {e:#}");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    for name in &names {
+        lifecycle::remove(dirs, podman.as_ref(), name, args.force, Ui { quiet: false })?;
+        crate::output::println(&format!("removed `{name}`"))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

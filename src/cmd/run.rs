@@ -1,14 +1,50 @@
-//! `ppp run`. Its machinery lands with a later release; until then it
-//! refuses plainly instead of pretending to work.
+//! `ppp run`: create a sandbox (or reattach to `--name`), then run the
+//! agent in it on this terminal. The agent's exit code is ppp's; Ctrl-C
+//! stops the agent and leaves the VM running.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Result;
 
 use super::Ctx;
-use crate::error::Failure;
+use crate::cli::RunArgs;
+use crate::podman::Podman;
+use crate::sandbox::lifecycle::{self, Request, Ui};
+use crate::{agent, exec, sandbox};
 
 /// Run `ppp run`.
-pub fn run(_args: &crate::cli::RunArgs, _ctx: &Ctx) -> Result<ExitCode> {
-    Err(Failure::not_available("run").into())
+pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    let ui = Ui { quiet: false };
+    // Validated first: an unknown agent or a missing path is an error
+    // before anything is created or started.
+    let req = Request::new(&args.spec)?;
+    let podman = Podman::detect()?;
+    let existing = match &args.spec.name {
+        Some(name) => sandbox::load(dirs, name)?,
+        None => None,
+    };
+    let rec = match existing {
+        Some(rec) => {
+            if rec.agent != req.agent.name {
+                return Err(crate::error::fail(format!(
+                    "sandbox `{}` runs {}, not {}",
+                    rec.name, rec.agent, req.agent.name
+                ))
+                .hint(format!("`ppp run --name {} {} …`", rec.name, rec.agent))
+                .code(2)
+                .into());
+            }
+            lifecycle::reattach(dirs, &podman, &rec.name, ui)?
+        }
+        None => lifecycle::create(dirs, &podman, &req, ui)?,
+    };
+    let agent = agent::find(&rec.agent)?;
+    let image = agent.image(|k| std::env::var(k).ok());
+    let env = lifecycle::custom_env(dirs, &rec.name);
+    let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let inv = lifecycle::agent_invocation(&podman, &rec, agent, &image, &env, &args.agent_args, tty);
+    let code = exec::run_attached(&inv)?;
+    Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)))
 }

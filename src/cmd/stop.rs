@@ -1,14 +1,31 @@
-//! `ppp stop`. Its machinery lands with a later release; until then it
-//! refuses plainly instead of pretending to work.
+//! `ppp stop`: stop sandboxes' machines. Each keeps its WireGuard port, so
+//! `ppp run --name` brings it back as it was.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 
 use super::Ctx;
-use crate::error::Failure;
+use crate::cli::StopArgs;
+use crate::podman::Podman;
+use crate::sandbox::lifecycle::{self, Ui};
 
 /// Run `ppp stop`.
-pub fn run(_args: &crate::cli::StopArgs, _ctx: &Ctx) -> Result<ExitCode> {
-    Err(Failure::not_available("stop").into())
+pub fn run(args: &StopArgs, ctx: &Ctx) -> Result<ExitCode> {
+    let dirs = ctx.dirs()?;
+    // Unknown names fail before any machine is touched.
+    for name in &args.sandboxes {
+        if crate::sandbox::load(dirs, name)?.is_none() {
+            return Err(crate::error::fail(format!("no sandbox named `{name}`"))
+                .hint("list sandboxes with `ppp ls`")
+                .code(2)
+                .into());
+        }
+    }
+    let podman = Podman::detect()?;
+    for name in &args.sandboxes {
+        lifecycle::stop(dirs, &podman, name, Ui { quiet: false })?;
+        crate::output::println(&format!("stopped `{name}`"))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

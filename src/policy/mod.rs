@@ -140,3 +140,36 @@ impl Rule {
         Rule { id: uuid::Uuid::new_v4(), decision, kind: RuleType::Network, resource, created_at, source }
     }
 }
+
+/// The policy default when `policies.yaml` does not exist: fail closed
+/// (ADR 0005).
+pub const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
+
+/// Build the engine from the global file (absent: deny by default) and every
+/// sandbox directory's `policy.yaml`.
+pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
+    use anyhow::Context as _;
+    let (default, global) = match load_global(&dirs.global_policy())? {
+        Some(f) => (f.default, f.rules),
+        None => (DEFAULT_WITHOUT_FILE, Vec::new()),
+    };
+    let mut sandboxes = Vec::new();
+    let root = dirs.sandboxes();
+    let entries = match std::fs::read_dir(&root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Engine::build(default, global, sandboxes),
+        Err(e) => return Err(e).with_context(|| format!("could not list `{}`", root.display())),
+    };
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not list `{}`", root.display()))?;
+        // Sandbox names are ASCII by validation; anything else is not ppp's.
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Some(f) = load_sandbox(&dirs.sandbox_policy(&name))? {
+            sandboxes.push((name, f.rules));
+        }
+    }
+    Engine::build(default, global, sandboxes)
+}

@@ -25,17 +25,13 @@ use tokio::task::JoinSet;
 use super::protocol::{self, MAX_LINE, MatchedRule, Reason, Request, Response};
 use crate::dirs::Dirs;
 use crate::error::fail;
-use crate::policy::{self, Engine, Verdict};
+use crate::policy::{self, Engine};
 use crate::secret::{self, Store};
 
 /// How long a connection may sit without completing a request line. The
 /// addon's persistent connection sends often; one that goes quiet is
 /// reopened on its next request, which costs a fraction of a millisecond.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The policy default when `policies.yaml` does not exist: fail closed
-/// (ADR 0005), as `ppp policy check` does.
-const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
 
 /// `sun_path` in `struct sockaddr_un` is 108 bytes on Linux (104 on macOS)
 /// and holds a NUL-terminated path, so a longer path cannot be bound at all;
@@ -160,7 +156,7 @@ impl State {
     /// error naming the file and line: a daemon should not start on a policy
     /// it cannot read.
     pub fn new(dirs: Dirs, store: Store) -> Result<State> {
-        let engine = load_engine(&dirs)?;
+        let engine = policy::load_engine(&dirs)?;
         let epoch = format!(
             "{}-{}",
             std::process::id(),
@@ -209,7 +205,7 @@ impl State {
     /// compiling can take tens of milliseconds at 10,000 rules.
     pub fn reload(&self) -> Result<u64> {
         let _one = self.rebuilding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let engine = Arc::new(load_engine(&self.dirs)?);
+        let engine = Arc::new(policy::load_engine(&self.dirs)?);
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let next = Arc::new(Snapshot { generation, engine });
         *self.snapshot.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
@@ -229,34 +225,6 @@ impl State {
     pub fn modes(&self) -> Result<Vec<String>> {
         Ok(super::mitmdump::modes(&self.dirs.wg(), &super::mitmdump::wanted_ports(&self.dirs)?))
     }
-}
-
-/// Build the engine from the global file (absent: deny by default) and every
-/// sandbox directory's `policy.yaml`.
-fn load_engine(dirs: &Dirs) -> Result<Engine> {
-    let (default, global) = match policy::load_global(&dirs.global_policy())? {
-        Some(f) => (f.default, f.rules),
-        None => (DEFAULT_WITHOUT_FILE, Vec::new()),
-    };
-    let mut sandboxes = Vec::new();
-    let root = dirs.sandboxes();
-    let entries = match std::fs::read_dir(&root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Engine::build(default, global, sandboxes),
-        Err(e) => return Err(e).with_context(|| format!("could not list `{}`", root.display())),
-    };
-    for entry in entries {
-        let entry = entry.with_context(|| format!("could not list `{}`", root.display()))?;
-        // Sandbox names are ASCII by validation; anything else is not ppp's.
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        if let Some(f) = policy::load_sandbox(&dirs.sandbox_policy(&name))? {
-            sandboxes.push((name, f.rules));
-        }
-    }
-    Engine::build(default, global, sandboxes)
 }
 
 /// Accept and answer connections until `shutdown` completes, then stop

@@ -367,6 +367,34 @@ fn stop_orphan(dirs: &Dirs) -> Result<()> {
     Ok(())
 }
 
+/// Stop a running daemon: SIGTERM, then wait until it and its mitmdump
+/// are gone (so the WireGuard ports are free). Returns its last record, or
+/// `None` when no daemon was running.
+pub fn stop(dirs: &Dirs, deadline: Duration) -> Result<Option<Record>> {
+    if !is_running(dirs)? {
+        return Ok(None);
+    }
+    let rec = load_record(dirs)?
+        .ok_or_else(|| crate::error::fail("the daemon is running but left no `daemon.json`").hint("stop it by hand"))?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(rec.pid).context("bad pid in daemon.json")?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+        .with_context(|| format!("could not signal the daemon (pid {})", rec.pid))?;
+    let end = Instant::now() + deadline;
+    let mitm = rec.mitmdump_pid.and_then(|p| i32::try_from(p).ok());
+    while is_running(dirs)? || mitm.is_some_and(alive) {
+        if Instant::now() > end {
+            return Err(crate::error::fail(format!(
+                "the daemon (pid {}) did not stop within {} s",
+                rec.pid,
+                deadline.as_secs()
+            ))
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Some(rec))
+}
+
 /// Whether `pid` names a live process.
 pub fn alive(pid: i32) -> bool {
     pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()

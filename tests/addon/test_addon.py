@@ -17,6 +17,7 @@ and sets PPP_STATE_DIR. Fixture (the contract with tests/addon.rs):
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import os
 import socket
@@ -242,6 +243,10 @@ class Live(Base):
             f = self.run_http(http_flow(51820, "rebind.allowed.test", ip=ip))
             self.assertEqual(f.response.status_code, 403, ip)
             self.assertIn("rebinding", f.response.text)
+        # The hint names the address, not the (already allowed) name.
+        f = self.run_http(http_flow(51820, "rebind.allowed.test", ip="169.254.169.254"))
+        self.assertIn("ppp policy allow network --sandbox red-fox 169.254.169.254\n", f.response.text)
+        self.assertNotIn("--sandbox red-fox rebind.allowed.test", f.response.text)
         # An internal address a CIDR rule allows is fine.
         self.assertEqual(self.run_http(http_flow(51820, "db.allowed.test", ip="10.9.1.1")).response.status_code, 200)
         # TLS too: the SNI is allowed, the address is not.
@@ -336,6 +341,65 @@ class Live(Base):
             self.assertEqual(f.response.id, f.request.id)
         logged = [x for x in self.flows() if x["kind"] == "dns" and x["host"] == "blocked.test"]
         self.assertTrue(logged and logged[-1]["decision"] == "deny")
+
+    def test_dns_answers_rebound_to_internal_addresses_refused(self) -> None:
+        def answered(port: int, name: str, *ips: str, qtype: int = dns.types.A) -> dns.DNSFlow:
+            """A query mitmproxy's resolver answered with `ips`, through the response hook."""
+            req = tutils.tdnsreq(questions=[dns.Question(name, qtype, dns.classes.IN)])
+            f = tflow.tdnsflow(client_conn=client(port), server_conn=server("10.0.0.53", 53), req=req, resp=False)
+            self.addon.dns_request(f)
+            self.assertIsNone(f.response, f"{name} is allowed, so the resolver is asked")
+            rrs = [
+                dns.ResourceRecord(
+                    name=name,
+                    type=dns.types.AAAA if ":" in ip else dns.types.A,
+                    class_=dns.classes.IN,
+                    ttl=60,
+                    data=ipaddress.ip_address(ip).packed,
+                )
+                for ip in ips
+            ]
+            f.response = req.succeed(rrs)
+            self.addon.dns_response(f)
+            return f
+
+        for ips in [("127.0.0.1",), ("169.254.169.254",), ("192.168.1.1",), ("93.184.216.34", "127.0.0.1")]:
+            f = answered(51820, "rebind.allowed.test", *ips)
+            self.assertEqual(f.response.response_code, dns.response_codes.REFUSED, ips)
+            self.assertEqual(f.response.answers, [], ips)
+            self.assertEqual(f.response.id, f.request.id)
+        f = answered(51820, "rebind6.allowed.test", "::1", qtype=dns.types.AAAA)
+        self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
+        logged = [x for x in self.flows() if x["kind"] == "dns" and x["host"] == "rebind.allowed.test"]
+        self.assertTrue(logged, "the refused answer is logged")
+        self.assertEqual((logged[-1]["decision"], logged[-1]["status"]), ("deny", "REFUSED"))
+        self.assertIn("rebinding", logged[-1]["reason"])
+        self.assertIn("127.0.0.1", logged[-1]["reason"])
+        # A public address, or an internal one an address rule allows, is answered as is.
+        for ip in ["93.184.216.34", "10.9.1.1"]:
+            f = answered(51820, "ok.allowed.test", ip)
+            self.assertEqual(f.response.response_code, dns.response_codes.NOERROR, ip)
+            self.assertEqual([str(a.ipv4_address) for a in f.response.answers], [ip])
+        # Our own refusal of a denied name passes the response hook untouched.
+        req = tutils.tdnsreq(questions=[dns.Question("blocked.test", dns.types.A, dns.classes.IN)])
+        f = tflow.tdnsflow(client_conn=client(51820), server_conn=server("10.0.0.53", 53), req=req, resp=False)
+        self.addon.dns_request(f)
+        refused = f.response
+        self.addon.dns_response(f)
+        self.assertIs(f.response, refused)
+
+    def test_dns_response_fails_closed(self) -> None:
+        def boom(*a: Any, **k: Any) -> Any:
+            raise RuntimeError("boom")
+
+        req = tutils.tdnsreq(questions=[dns.Question("ok.allowed.test", dns.types.A, dns.classes.IN)])
+        f = tflow.tdnsflow(client_conn=client(51820), server_conn=server("10.0.0.53", 53), req=req, resp=False)
+        f.response = req.succeed(
+            [dns.ResourceRecord("ok.allowed.test", dns.types.A, dns.classes.IN, 60, bytes([93, 184, 216, 34]))]
+        )
+        self.addon.check = boom  # type: ignore[method-assign]
+        self.addon.dns_response(f)
+        self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
 
     def test_flow_log_is_well_formed_and_has_no_secret(self) -> None:
         self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}, content=b"abc"))
@@ -451,6 +515,23 @@ class Live(Base):
         stranger = http_flow(51899, "mitm.it", ip="10.0.0.53", dport=80)
         stranger.request.path = "/cert/pem"
         self.assertEqual(self.run_http(stranger).response.status_code, 403)
+
+
+    def test_flow_log_reopened_when_the_file_is_replaced(self) -> None:
+        path = Path(STATE) / "flows.jsonl"
+        saved, A.FLOW_LOG_RECHECK = A.FLOW_LOG_RECHECK, 0.0
+        try:
+            self.run_http(http_flow(51820, "a.allowed.test"))
+            self.assertTrue(path.exists())
+            backup = path.with_suffix(".bak")
+            path.rename(backup)  # as a log rotation or `ppp reset` would
+            self.run_http(http_flow(51820, "b.allowed.test"))
+            lines = path.read_text().splitlines()
+            self.assertEqual([json.loads(x)["host"] for x in lines], ["b.allowed.test"])
+            path.unlink()
+            backup.rename(path)
+        finally:
+            A.FLOW_LOG_RECHECK = saved
 
 
 class NoDaemon(Base):

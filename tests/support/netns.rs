@@ -74,8 +74,16 @@ pub fn describe(out: &Output) -> String {
     )
 }
 
-/// Fail loudly (never skip) when not root or a tool is missing.
+/// Fail loudly (never skip) when not root, a tool is missing or the venv's
+/// mitmdump is not there.
 pub fn require_env() {
+    require_root_and_tools();
+    let m = mitmdump_path();
+    assert!(m.is_file(), "mitmdump not found at `{}`; run `make test-deps` or set PPP_TEST_MITMDUMP", m.display());
+}
+
+/// Fail loudly (never skip) when not root or a network tool is missing.
+pub fn require_root_and_tools() {
     assert!(
         nix::unistd::Uid::effective().is_root(),
         "the end-to-end network tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run them as root, as CI does"
@@ -85,8 +93,6 @@ pub fn require_env() {
         assert!(found.status.success(), "`{tool}` is missing; run `make test-deps` (scripts/install-test-deps.sh)");
     }
     assert!(Path::new("/dev/net/tun").exists(), "`/dev/net/tun` is missing: wireguard-go needs it");
-    let m = mitmdump_path();
-    assert!(m.is_file(), "mitmdump not found at `{}`; run `make test-deps` or set PPP_TEST_MITMDUMP", m.display());
 }
 
 /// `$PPP_TEST_MITMDUMP`, else the default venv under `target/`.
@@ -145,7 +151,18 @@ impl Topology {
     /// Create the namespaces and veths, loopback up, addresses and routes set.
     pub fn new(n_guests: u8) -> Self {
         require_env();
-        assert!((1..=99).contains(&n_guests), "1 to 99 guests");
+        Self::build(n_guests)
+    }
+
+    /// The same topology for tests that bring no mitmdump (the fake podman's
+    /// own tests): only root and the network tools are required.
+    pub fn without_mitmdump(n_guests: u8) -> Self {
+        require_root_and_tools();
+        Self::build(n_guests)
+    }
+
+    fn build(n_guests: u8) -> Self {
+        assert!(n_guests <= 99, "0 to 99 guests");
         let dir = tempfile::Builder::new().prefix("ppp-e2e-").tempdir().unwrap();
         // Whoever creates `<prefix>-h` owns the prefix: `ip netns add` fails
         // on an existing name, so a (very unlikely) clash picks another

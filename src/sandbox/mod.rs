@@ -13,6 +13,9 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+pub mod lifecycle;
+pub mod names;
+
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::state;

@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Addon overhead: requests/s and p50/p99 latency of many small keep-alive
+# HTTPS requests from a WireGuard guest, through (a) bare mitmdump with no
+# addon and (b) ppp's daemon and addon, which make a policy decision and
+# inject a secret on every request. Goal (issue 3): (b)/(a) >= 0.90 for
+# requests/s, and a/b >= 0.90 for p50 and p99. Prints the ratios of one run.
+# Needs root (ip netns).
+#
+# Everything runs in namespaces made here: a "host" one (mitmdump or the ppp
+# daemon; no default route, no link to the root namespace), a guest one
+# (wireguard-go on wg0, the load generator) and an upstream one (the HTTPS
+# echo server of tests/support/upstream.py, with a throwaway CA).
+#
+# Usage: bench/addon-overhead.sh [path-to-ppp]   (default: builds target/release/ppp)
+# Env: DURATION (seconds measured per side, default 10), CONCURRENCY
+# (keep-alive connections, default 4), WARMUP (seconds, default 2).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+duration=${DURATION:-10}
+concurrency=${CONCURRENCY:-4}
+warmup=${WARMUP:-2}
+ppp=${1:-}
+if [ -z "$ppp" ]; then
+  cargo build --release --locked --quiet --manifest-path "$root/Cargo.toml"
+  ppp=$root/target/release/ppp
+fi
+mitm=${PPP_TEST_MITMDUMP:-$root/target/test-venv/bin/mitmdump}
+[ "$(id -u)" -eq 0 ] || { echo "error: needs root for ip netns" >&2; exit 1; }
+[ -x "$mitm" ] || { echo "error: $mitm is missing; run make test-deps" >&2; exit 1; }
+[ -x "$ppp" ] || { echo "error: $ppp is not an executable" >&2; exit 1; }
+for tool in ip nsenter wireguard-go wg curl python3 openssl; do
+  command -v "$tool" >/dev/null || { echo "error: $tool is missing; run make test-deps" >&2; exit 1; }
+done
+[ -e /dev/net/tun ] || { echo "error: /dev/net/tun is missing; wireguard-go needs it" >&2; exit 1; }
+
+name=api.anthropic.com      # ppp's built-in table maps it to the anthropic service
+up_ip=198.18.0.10           # routed only inside the host namespace
+key=sk-ant-bench-0123456789
+port=51820
+p=pao$$
+h=$p-h g=$p-g u=$p-u
+work=$(mktemp -d)
+pids=()
+export PPP_DATA=$work/data PPP_CONFIG=$work/config PPP_CACHE=$work/cache
+export PPP_SECRET_BACKEND=file PPP_MITMDUMP=$mitm
+
+cleanup() {
+  "$ppp" daemon stop >/dev/null 2>&1 || true
+  local ns pid
+  # Our own processes, then anything left in our namespaces (all ours).
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for ns in "$h" "$g" "$u"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for ns in "$h" "$g" "$u"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+die() { echo "error: $*" >&2; exit 1; }
+wait_for() { # what, seconds, command...
+  local what=$1 end=$(($(date +%s) + $2)); shift 2
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || die "timed out waiting for $what"
+    sleep 0.05
+  done
+}
+
+# Topology (as tests/support/netns.rs): host 10.251.0.1 <-> upstream
+# 10.251.0.2 (+ $up_ip), host 10.251.1.1 (WireGuard endpoint) <-> guest 10.251.1.2.
+for ns in "$h" "$g" "$u"; do
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+done
+ip netns exec "$h" sysctl -qw net.ipv4.ip_forward=0
+ip -n "$h" link add "${p}hu" type veth peer name veth0 netns "$u"
+ip -n "$h" addr add 10.251.0.1/30 dev "${p}hu"
+ip -n "$h" link set "${p}hu" up
+ip -n "$u" addr add 10.251.0.2/30 dev veth0
+ip -n "$u" addr add "$up_ip/32" dev veth0
+ip -n "$u" link set veth0 up
+ip -n "$u" route add 10.251.0.0/16 via 10.251.0.1 quickack 1
+ip -n "$h" route add 198.18.0.0/24 via 10.251.0.2 dev "${p}hu" quickack 1
+ip -n "$h" link add "${p}hg" type veth peer name veth0 netns "$g"
+ip -n "$h" addr add 10.251.1.1/30 dev "${p}hg"
+ip -n "$h" link set "${p}hg" up
+ip -n "$g" addr add 10.251.1.2/30 dev veth0
+ip -n "$g" link set veth0 up
+
+# Upstream: a throwaway CA, a certificate for $name, the echo server.
+up=$work/upstream
+mkdir -p "$up"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$up/ca.key" \
+  -out "$up/ca.pem" -days 2 -subj "/CN=ppp bench CA" -addext basicConstraints=critical,CA:TRUE \
+  -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$up/srv.key" \
+  -out "$up/srv.csr" -subj "/CN=$name" 2>/dev/null
+printf '%s\n' basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature \
+  extendedKeyUsage=serverAuth subjectKeyIdentifier=hash authorityKeyIdentifier=keyid \
+  "subjectAltName=DNS:$name,IP:$up_ip" >"$up/srv.ext"
+openssl x509 -req -in "$up/srv.csr" -CA "$up/ca.pem" -CAkey "$up/ca.key" -CAcreateserial \
+  -out "$up/srv.pem" -days 2 -extfile "$up/srv.ext" 2>/dev/null
+echo "{\"$name\": \"$up_ip\"}" >"$up/zone.json"
+PYTHONUNBUFFERED=1 ip netns exec "$u" python3 "$root/tests/support/upstream.py" "$up_ip" "$up/srv.pem" \
+  "$up/srv.key" "$up/requests.jsonl" "$up/ready" "$up/zone.json" "$up/dns.jsonl" 2>"$up/err.log" &
+pids+=($!)
+wait_for "the upstream echo server" 20 test -e "$up/ready"
+
+# Guest: wireguard-go with a private /run/wireguard (its control socket).
+mkdir -p /run/wireguard
+ip netns exec "$g" sh -c "mount -t tmpfs $p-wg /run/wireguard && exec wireguard-go -f wg0" >"$work/wg.log" 2>&1 &
+wgpid=$!
+pids+=("$wgpid")
+wgc() { nsenter -t "$wgpid" -m -n wg "$@"; }
+wait_for "wireguard-go to create wg0" 20 wgc show wg0 >/dev/null 2>&1
+ip -n "$g" link set wg0 mtu 1420 up
+ip -n "$g" route replace 10.251.1.1/32 dev veth0
+# quickack: without it keep-alive requests stall ~40 ms (docs/harness.md);
+# the two routes between host and upstream above carry it for the same reason.
+ip -n "$g" route replace default dev wg0 quickack 1
+
+handshake() { [ "$(wgc show wg0 latest-handshakes | awk '{print $2}')" != 0 ]; }
+nudge_until_handshake() {
+
+  for _ in $(seq 100); do
+    handshake && return 0
+    ip netns exec "$g" bash -c "echo x >/dev/udp/$up_ip/9" 2>/dev/null || true
+    sleep 0.2
+  done
+  die "guest got no WireGuard handshake in 20 s"
+}
+
+guest_up() { # private-key server-public-key address
+  printf '[Interface]\nPrivateKey = %s\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 0.0.0.0/0\nEndpoint = 10.251.1.1:%s\n' \
+    "$1" "$2" "$port" >"$work/wg0.setconf"
+  wgc setconf wg0 "$work/wg0.setconf"
+  ip -n "$g" addr flush dev wg0
+  ip -n "$g" addr add "${3:-10.0.0.1/32}" dev wg0
+  ip -n "$g" route replace default dev wg0 quickack 1
+  nudge_until_handshake
+}
+
+guest_curl() { # mitmproxy-ca, curl args...
+  local ca=$1; shift
+  ip netns exec "$g" curl -sS -m 10 --cacert "$ca" --resolve "$name:443:$up_ip" \
+    -H 'x-api-key: ppp-proxy-managed' "$@" "https://$name/v1/bench"
+}
+
+cat >"$work/load.py" <<'PY'
+"""Keep-alive HTTPS load: N threads, one connection each, small GETs."""
+import http.client, json, socket, ssl, sys, threading, time
+
+name, ip, ca, conc, warm, dur = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+ctx = ssl.create_default_context(cafile=ca)
+
+
+class Conn(http.client.HTTPSConnection):
+    """Connects to `ip`, while SNI, verification and Host use `name`."""
+
+    def connect(self):
+        s = socket.create_connection((ip, 443), self.timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = ctx.wrap_socket(s, server_hostname=name)
+
+
+t0 = time.perf_counter()
+start, end = t0 + warm, t0 + warm + dur
+lat, errors, lock = [], [0], threading.Lock()
+
+
+def worker():
+    conn, mine, errs = None, [], 0
+    while True:
+        a = time.perf_counter()
+        if a >= end:
+            break
+        try:
+            if conn is None:
+                conn = Conn(name, 443, timeout=10)
+            conn.request("GET", "/v1/bench", headers={"x-api-key": "ppp-proxy-managed"})
+            r = conn.getresponse()
+            r.read()
+            ok = r.status == 200
+        except (OSError, http.client.HTTPException):
+            ok = False
+            conn = None
+        b = time.perf_counter()
+        if a >= start and b <= end:
+            if ok:
+                mine.append(b - a)
+            else:
+                errs += 1
+    with lock:
+        lat.extend(mine)
+        errors[0] += errs
+
+
+threads = [threading.Thread(target=worker) for _ in range(conc)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+lat.sort()
+q = lambda f: round(lat[min(len(lat) - 1, int(f * len(lat)))] * 1000, 2) if lat else None
+print(json.dumps({"requests": len(lat), "rps": round(len(lat) / dur, 1), "p50_ms": q(0.50), "p99_ms": q(0.99), "errors": errors[0]}))
+PY
+
+load() { # mitmproxy-ca
+  local out
+  out=$(ip netns exec "$g" python3 "$work/load.py" "$name" "$up_ip" "$1" "$concurrency" "$warmup" "$duration")
+  python3 -c 'import json,sys; r=json.loads(sys.argv[1]); sys.exit(r["errors"] > 0 or r["requests"] == 0)' "$out" ||
+    die "load generator reported errors: $out"
+  echo "$out"
+}
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+# (a) Bare mitmdump, no addon.
+mkdir -p "$work/bare/c"
+PYTHONUNBUFFERED=1 ip netns exec "$h" "$mitm" --mode "wireguard:$work/bare/keys.conf@$port" \
+  --set confdir="$work/bare/c" --set connection_strategy=lazy \
+  --set ssl_verify_upstream_trusted_ca="$up/ca.pem" >"$work/bare/out.log" 2>&1 &
+bare=$!
+pids+=("$bare")
+wait_for "bare mitmdump's client config" 20 grep -q '^Endpoint = ' "$work/bare/out.log"
+conf() { sed -n "s/^$1 = //p" "$work/bare/out.log" | head -n1; }
+guest_up "$(conf PrivateKey)" "$(conf PublicKey)" "$(conf Address)"
+guest_curl "$work/bare/c/mitmproxy-ca-cert.pem" -o /dev/null || die "bare mitmdump: request failed"
+a=$(load "$work/bare/c/mitmproxy-ca-cert.pem")
+kill "$bare"
+wait "$bare" 2>/dev/null || true
+
+# (b) ppp's daemon and addon: deny-all plus one allow, a stored key.
+mkdir -p "$PPP_DATA"
+echo "{\"ports\": {\"$port\": \"bench\"}}" >"$PPP_DATA/port-registry.json"
+"$ppp" policy init deny-all >/dev/null
+# $up_ip is not public: the DNS-rebinding defence needs an address rule.
+"$ppp" policy allow network --sandbox bench "$name,$up_ip" >/dev/null
+"$ppp" secret set -g anthropic -t "$key" >/dev/null
+PPP_UPSTREAM_CA=$up/ca.pem ip netns exec "$h" "$ppp" daemon start -d >/dev/null
+read -r pk spk addr < <(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))[sys.argv[2]]
+print(c["private_key"], c["public_key"], c["address"])' "$PPP_DATA/wg/client-confs.json" "$port")
+guest_up "$pk" "$spk" "$addr"
+ppp_ca=$PPP_DATA/mitmproxy/mitmproxy-ca-cert.pem
+resp=$(guest_curl "$ppp_ca") || die "ppp: request failed"
+grep -q "\"x-api-key\": \"$key\"" <<<"$resp" || die "ppp did not inject the key; upstream saw: $resp"
+b=$(load "$ppp_ca")
+
+ratio() { python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$1" "$2"; }
+r_rps=$(ratio "$(field "$b" rps)" "$(field "$a" rps)")
+r_p50=$(ratio "$(field "$a" p50_ms)" "$(field "$b" p50_ms)")
+r_p99=$(ratio "$(field "$a" p99_ms)" "$(field "$b" p99_ms)")
+printf '%d keep-alive HTTPS connections, %s s measured after %s s warm-up\n' "$concurrency" "$duration" "$warmup"
+printf '%-34s %9s %9s %9s\n' '' 'req/s' 'p50 ms' 'p99 ms'
+printf '%-34s %9s %9s %9s\n' '(a) bare mitmdump, no addon' "$(field "$a" rps)" "$(field "$a" p50_ms)" "$(field "$a" p99_ms)"
+printf '%-34s %9s %9s %9s\n' '(b) ppp daemon + addon' "$(field "$b" rps)" "$(field "$b" p50_ms)" "$(field "$b" p99_ms)"
+printf '%-34s %9s %9s %9s\n' 'ratio (b/a req/s, a/b latency)' "$r_rps" "$r_p50" "$r_p99"
+met=met
+for r in "$r_rps" "$r_p50" "$r_p99"; do
+  python3 -c 'import sys; sys.exit(float(sys.argv[1]) < 0.90)' "$r" || met='NOT met'
+done
+echo "goal (>= 0.90): $met"

@@ -1,0 +1,141 @@
+//! The agent registry: which agents ppp can run, in which image, with which
+//! command, and which API-key variables they get placeholders for.
+//!
+//! A placeholder (`ppp-proxy-managed`) is what the agent's CLI sees in its
+//! key variable, so it starts; the proxy swaps in the real key on the way
+//! out. Real keys never enter the sandbox.
+
+use anyhow::Result;
+
+use crate::error::fail;
+use crate::versions;
+
+/// What an agent's key variables are set to inside the sandbox.
+pub const PLACEHOLDER: &str = "ppp-proxy-managed";
+
+/// One agent ppp knows how to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agent {
+    /// The name users type: `ppp run opencode .`.
+    pub name: &'static str,
+    /// The command run in the container; agent arguments follow it.
+    pub command: &'static [&'static str],
+    /// Variables set to [`PLACEHOLDER`] so the CLI finds "a key".
+    pub key_vars: &'static [&'static str],
+    /// Other variables the container gets.
+    pub env: &'static [(&'static str, &'static str)],
+    /// The template tag `ppp template save` suggests for this agent.
+    pub template_tag: &'static str,
+    /// The Containerfile its image is built from, under `assets/`.
+    pub containerfile: &'static str,
+}
+
+/// Every agent, in the order help texts list them.
+pub const AGENTS: &[Agent] = &[
+    Agent {
+        name: "opencode",
+        command: &["opencode"],
+        // opencode talks to many providers; each gets a placeholder so
+        // whichever the user configured starts.
+        key_vars: &["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "OPENROUTER_API_KEY"],
+        env: &[("OPENCODE_SANDBOX", "1")],
+        template_tag: "opencode-default",
+        containerfile: "opencode.Containerfile",
+    },
+    Agent {
+        name: "claude",
+        command: &["claude"],
+        key_vars: &["ANTHROPIC_API_KEY"],
+        env: &[("DISABLE_AUTOUPDATER", "1")],
+        template_tag: "claude-default",
+        containerfile: "claude.Containerfile",
+    },
+    Agent {
+        name: "codex",
+        command: &["codex"],
+        key_vars: &["OPENAI_API_KEY"],
+        env: &[],
+        template_tag: "codex-default",
+        containerfile: "codex.Containerfile",
+    },
+    Agent {
+        name: "gemini",
+        command: &["gemini"],
+        key_vars: &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+        env: &[],
+        template_tag: "gemini-default",
+        containerfile: "gemini.Containerfile",
+    },
+];
+
+/// The agent called `name`, or an error listing the known ones.
+pub fn find(name: &str) -> Result<&'static Agent> {
+    AGENTS.iter().find(|a| a.name == name).ok_or_else(|| {
+        let known: Vec<&str> = AGENTS.iter().map(|a| a.name).collect();
+        fail(format!("unknown agent `{name}`")).hint(format!("ppp runs these agents: {}", known.join(", "))).into()
+    })
+}
+
+impl Agent {
+    /// The image: `PPP_<AGENT>_IMAGE` when set (a mirror, or a local build),
+    /// else the ref pinned in versions.env.
+    pub fn image(&self, var: impl Fn(&str) -> Option<String>) -> String {
+        var(&self.image_var()).filter(|v| !v.trim().is_empty()).unwrap_or_else(|| {
+            versions::agent_image(self.name).map_or_else(|| format!("ppp/{}:latest", self.name), str::to_owned)
+        })
+    }
+
+    /// `PPP_OPENCODE_IMAGE` for opencode.
+    pub fn image_var(&self) -> String {
+        format!("PPP_{}_IMAGE", self.name.to_ascii_uppercase())
+    }
+
+    /// The container's environment: placeholders for the agent's key
+    /// variables and for `extra` (custom secrets' variables), then its own
+    /// settings. Sorted by name, so the podman command line is stable.
+    pub fn container_env(&self, extra: &[(String, String)]) -> Vec<(String, String)> {
+        let mut env: std::collections::BTreeMap<String, String> =
+            self.key_vars.iter().map(|k| ((*k).to_owned(), PLACEHOLDER.to_owned())).collect();
+        env.extend(extra.iter().cloned());
+        env.extend(self.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        env.into_iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_is_complete() {
+        let names: Vec<&str> = AGENTS.iter().map(|a| a.name).collect();
+        assert_eq!(names, ["opencode", "claude", "codex", "gemini"]);
+        for a in AGENTS {
+            assert!(!a.command.is_empty() && !a.key_vars.is_empty(), "{}", a.name);
+            assert!(versions::agent_image(a.name).is_some(), "{} has a pinned image", a.name);
+            assert!(crate::assets::get(a.containerfile).is_some(), "{} is embedded", a.containerfile);
+        }
+        let err = find("copilot").unwrap_err().to_string();
+        assert!(err.contains("unknown agent `copilot`"), "{err}");
+    }
+
+    #[test]
+    fn image_override_and_env() {
+        let oc = find("opencode").unwrap();
+        assert_eq!(oc.image_var(), "PPP_OPENCODE_IMAGE");
+        assert_eq!(oc.image(|_| None), versions::agent_image("opencode").unwrap());
+        assert_eq!(
+            oc.image(|k| (k == "PPP_OPENCODE_IMAGE").then(|| "localhost/oc:dev".to_owned())),
+            "localhost/oc:dev"
+        );
+        let env = find("claude").unwrap().container_env(&[("JIRA_TOKEN".into(), "PPP_JIRA".into())]);
+        assert_eq!(
+            env,
+            [
+                ("ANTHROPIC_API_KEY".to_owned(), PLACEHOLDER.to_owned()),
+                ("DISABLE_AUTOUPDATER".to_owned(), "1".to_owned()),
+                ("JIRA_TOKEN".to_owned(), "PPP_JIRA".to_owned()),
+            ]
+        );
+    }
+}

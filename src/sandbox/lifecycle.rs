@@ -1,0 +1,806 @@
+//! A sandbox's life: create (claim a port, bring up its WireGuard server,
+//! init and start its own Podman Machine, provision, verify), attach the
+//! agent, stop, and remove.
+//!
+//! Long steps (booting a VM, provisioning) run without `state.lock`; the
+//! lock is taken only to change state files, so other commands are never
+//! blocked behind a VM boot. Every failure after the port is claimed rolls
+//! back what was created, so nothing is left half made.
+
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use super::{PortRegistry, Record, Status};
+use crate::agent::{self, Agent};
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::exec::{self, Invocation, Stdin};
+use crate::podman::{self, InitSpec, Machine, Podman};
+use crate::proxy::{self, supervisor};
+use crate::state;
+
+/// Where provisioning files go inside the VM.
+const GUEST_DIR: &str = "/tmp/ppp";
+/// The CA bundle provision.sh exports for containers (their own trust store
+/// does not know mitmproxy's CA).
+const GUEST_CA_BUNDLE: &str = "/var/lib/ppp/ca-bundle.pem";
+/// How long a new WireGuard server may take to print its config.
+const WG0_DEADLINE: Duration = Duration::from_secs(60);
+const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(3 * 60);
+/// The probe the handover check expects the proxy to refuse, when the
+/// policy denies it: a reserved name on a documentation address.
+const PROBE_HOST: &str = "ppp-verify.invalid";
+const PROBE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(192, 0, 2, 1);
+
+/// Progress lines on stderr, one per step; silent with `-q`.
+#[derive(Debug, Clone, Copy)]
+pub struct Ui {
+    pub quiet: bool,
+}
+
+impl Ui {
+    fn step(self, what: &str) {
+        if !self.quiet {
+            eprintln!("ppp: {what}");
+        }
+    }
+}
+
+/// A validated request to create a sandbox. Building it touches nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub agent: &'static Agent,
+    /// Absolute, existing workspace directories; the first is the workdir.
+    pub workspace: Vec<PathBuf>,
+    pub name: Option<String>,
+    pub cpus: u32,
+    pub memory_mib: u64,
+    pub disk_gib: u64,
+    pub image: String,
+    pub template: Option<String>,
+    pub kits: Vec<String>,
+}
+
+impl Request {
+    /// Check everything that can be checked before anything is created:
+    /// the agent, the paths, the name, the sizes.
+    pub fn new(spec: &crate::cli::SandboxSpec) -> Result<Request> {
+        let agent = agent::find(&spec.agent)?;
+        let mut workspace = Vec::new();
+        for p in &spec.paths {
+            let abs = std::fs::canonicalize(p).map_err(|e| {
+                fail(format!("workspace `{}` cannot be used: {e}", p.display()))
+                    .hint("pass a directory that exists, e.g. `.`")
+                    .code(2)
+            })?;
+            if !abs.is_dir() {
+                return Err(fail(format!("workspace `{}` is not a directory", p.display())).code(2).into());
+            }
+            workspace.push(abs);
+        }
+        if let Some(name) = &spec.name {
+            super::validate_name(name)?;
+        }
+        // Said plainly rather than ignored: a sandbox without the kit or
+        // template the user asked for is not what they asked for.
+        if spec.clone {
+            return Err(fail("`--clone` is not available yet")
+                .hint("the workspace is mounted into the sandbox at the same path instead")
+                .code(2)
+                .into());
+        }
+        if !spec.kits.is_empty() {
+            return Err(fail("`--kit` is not available yet").hint("create the sandbox without it").code(2).into());
+        }
+        if spec.template.is_some() {
+            return Err(fail("`--template` is not available yet")
+                .hint(format!("the agent image can be chosen with `{}`", agent.image_var()))
+                .code(2)
+                .into());
+        }
+        let memory_mib = match &spec.memory {
+            Some(m) => podman::parse_mib(m).ok_or_else(|| {
+                fail(format!("invalid memory size `{m}`")).hint("use binary units such as `8g` or `512MiB`").code(2)
+            })?,
+            None => default_memory_mib(host_memory_mib()),
+        };
+        if memory_mib < podman::MIN_MEMORY_MIB {
+            return Err(fail(format!(
+                "{memory_mib} MiB of memory is too little for a sandbox VM; the minimum is {} MiB",
+                podman::MIN_MEMORY_MIB
+            ))
+            .hint("pass e.g. `-m 4g`")
+            .code(2)
+            .into());
+        }
+        if let Some(host) = host_memory_mib()
+            && memory_mib > host
+        {
+            return Err(fail(format!("{memory_mib} MiB of memory is more than this host has ({host} MiB)"))
+                .hint("pass a smaller `-m`, or leave it out for half the host's memory")
+                .code(2)
+                .into());
+        }
+        let disk_gib = match &spec.disk_size {
+            Some(d) => podman::parse_gib(d).ok_or_else(|| {
+                fail(format!("invalid disk size `{d}`")).hint("use binary units such as `100g`").code(2)
+            })?,
+            None => podman::DEFAULT_DISK_GIB,
+        };
+        let cpus = if spec.cpus == 0 {
+            std::thread::available_parallelism().map_or(2, |n| u32::try_from(n.get()).unwrap_or(2))
+        } else {
+            spec.cpus
+        };
+        let image = agent.image(|k| std::env::var(k).ok());
+        Ok(Request {
+            agent,
+            workspace,
+            name: spec.name.clone(),
+            cpus,
+            memory_mib,
+            disk_gib,
+            image,
+            template: spec.template.clone(),
+            kits: spec.kits.clone(),
+        })
+    }
+}
+
+/// Half the host's memory, at most 32 GiB, at least podman's floor.
+pub fn default_memory_mib(host_mib: Option<u64>) -> u64 {
+    host_mib.map_or(4096, |h| (h / 2).min(podman::MAX_DEFAULT_MEMORY_MIB)).max(podman::MIN_MEMORY_MIB)
+}
+
+/// The host's memory in MiB, if it can be read.
+fn host_memory_mib() -> Option<u64> {
+    if cfg!(target_os = "linux") {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib / 1024)
+    } else {
+        let out =
+            exec::run(&Invocation::new("sysctl").args(["-n", "hw.memsize"]).timeout(Duration::from_secs(5))).ok()?;
+        out.stdout.trim().parse::<u64>().ok().map(|b| b / (1024 * 1024))
+    }
+}
+
+/// The machines podman knows, or an error naming the podman failure.
+pub fn machines(podman: &Podman) -> Result<Vec<Machine>> {
+    let out = exec::run(&podman.list())?;
+    podman::parse_machine_list(&out.stdout).context("could not parse `podman machine list --format json`")
+}
+
+/// Refuse to start `machine` while another machine runs, where podman
+/// runs one machine at a time (every provider but WSL). Said before podman
+/// is asked, naming the running one and how to stop it.
+pub fn ensure_can_start(podman: &Podman, machine: &str, all: &[Machine]) -> Result<()> {
+    if podman.allows_many_running() {
+        return Ok(());
+    }
+    let Some(other) = all.iter().find(|m| m.name != machine && (m.running || m.starting)) else {
+        return Ok(());
+    };
+    Err(one_vm_error(podman, &other.name))
+}
+
+fn one_vm_error(podman: &Podman, running: &str) -> anyhow::Error {
+    let how = running
+        .strip_prefix(super::MACHINE_PREFIX)
+        .map_or_else(|| format!("`podman machine stop {running}`"), |sandbox| format!("`ppp stop {sandbox}`"));
+    fail(format!(
+        "machine `{running}` is running, and podman's {} provider runs only one machine at a time",
+        podman.provider
+    ))
+    .hint(format!("stop the running one first: {how}"))
+    .into()
+}
+
+/// Create a sandbox and hand it over verified; returns its record.
+pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Record> {
+    let all = machines(podman)?;
+    // Checked before anything is created: the machine would not start.
+    ensure_can_start(podman, "", &all)?;
+    let claim = claim(dirs, req, &all)?;
+    let name = claim.record.name.clone();
+    ui.step(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
+    let mut made_machine = false;
+    // Ctrl-C reaches podman (same process group) and ends the step it is
+    // in; ppp itself stays alive to roll back, and stops between steps.
+    let interrupt = Interrupt::catch();
+    let result = (|| -> Result<Record> {
+        ensure_daemon(dirs, ui)?;
+        interrupt.check()?;
+        wait_for_wg0(dirs, &name, claim.record.port)?;
+        let machine = &claim.record.machine_name;
+        ui.step(&format!("initialising machine `{machine}`"));
+        let spec = InitSpec {
+            name: machine.clone(),
+            cpus: req.cpus,
+            memory_mib: req.memory_mib,
+            disk_gib: req.disk_gib,
+            image: None,
+            volumes: req.workspace.iter().map(|p| p.display().to_string()).collect(),
+        };
+        interrupt.check()?;
+        run_logged(dirs, &name, &podman.init(&spec), "podman machine init")?;
+        made_machine = true;
+        interrupt.check()?;
+        start_machine(dirs, podman, &name, machine, ui)?;
+        interrupt.check()?;
+        provision(dirs, podman, &claim.record, &req.image, ui)?;
+        interrupt.check()?;
+        verify(dirs, podman, &claim.record, ui)?;
+        interrupt.check()?;
+        set_status(dirs, &name, Status::Running)
+    })();
+    let result = result.map_err(|e| if interrupt.caught() { e.context(fail("interrupted")) } else { e });
+    match result {
+        Ok(rec) => Ok(rec),
+        Err(e) => {
+            ui.step(&format!("creating `{name}` failed; removing what was made"));
+            let kept = rollback(dirs, podman, &claim, made_machine);
+            Err(match kept {
+                Some(log) => {
+                    e.context(format!("sandbox `{name}` was not created; its log is kept at `{}`", log.display()))
+                }
+                None => e.context(format!("sandbox `{name}` was not created")),
+            })
+        }
+    }
+}
+
+/// SIGINT caught for the life of this value instead of ending ppp.
+struct Interrupt {
+    flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    id: Option<signal_hook::SigId>,
+}
+
+impl Interrupt {
+    fn catch() -> Self {
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let id = signal_hook::flag::register(signal_hook::consts::SIGINT, flag.clone()).ok();
+        Self { flag, id }
+    }
+
+    fn caught(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.caught() { Err(fail("interrupted").into()) } else { Ok(()) }
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// What `claim` made, so a rollback can undo exactly that.
+struct Claim {
+    record: Record,
+    /// The sandbox directory existed before (a policy prepared with
+    /// `policy allow --sandbox`), so a rollback keeps it.
+    dir_existed: bool,
+}
+
+/// Under `state.lock`: pick the name, take a port, write the record.
+fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut registry = PortRegistry::load(dirs)?;
+    let exists = |n: &str| dirs.sandbox_record(n).exists() || all.iter().any(|m| m.name == super::machine_name(n));
+    let name = match &req.name {
+        Some(n) => {
+            if exists(n) {
+                return Err(fail(format!("a sandbox named `{n}` already exists"))
+                    .hint(format!("attach to it with `ppp run --name {n} {} …`, or pick another name", req.agent.name))
+                    .code(2)
+                    .into());
+            }
+            n.clone()
+        }
+        None => super::names::generate(|n| exists(n) || registry.port_of(n).is_some())
+            .ok_or_else(|| fail("could not find a free sandbox name").hint("pass one with `--name`"))?,
+    };
+    let port = registry.allocate(&name)?;
+    let dir_existed = dirs.sandbox(&name).exists();
+    let record = Record {
+        name: name.clone(),
+        agent: req.agent.name.to_owned(),
+        workspace: req.workspace.iter().map(|p| p.display().to_string()).collect(),
+        status: Status::Creating,
+        created_at: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or_else(|_| OffsetDateTime::now_utc()),
+        cpus: req.cpus,
+        memory: req.memory_mib,
+        port,
+        inner_ip: super::inner_ip(port),
+        kit_refs: req.kits.clone(),
+        template_tag: req.template.clone(),
+        machine_name: super::machine_name(&name),
+        published: Vec::new(),
+    };
+    state::create_private_dir(&dirs.sandbox(&name))?;
+    // The port is saved before the record: a crash in between leaves a
+    // port held by a name with no sandbox, which `rm` frees; the reverse
+    // would leave a sandbox whose port another could take.
+    registry.save_locked(dirs)?;
+    super::save_locked(dirs, &record)?;
+    Ok(Claim { record, dir_existed })
+}
+
+/// Undo a failed create; returns where its machine log was kept.
+fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool) -> Option<PathBuf> {
+    let name = &claim.record.name;
+    if made_machine && let Err(e) = exec::run(&podman.rm(&claim.record.machine_name)) {
+        eprintln!("warning: could not remove machine `{}`: {e}", claim.record.machine_name);
+    }
+    let log = dirs.sandbox_machine_log(name);
+    let kept = log.exists().then(|| {
+        let to = dirs.data.join("logs").join(format!("{name}-failed-machine.log"));
+        let _ = state::create_private_dir(&dirs.data.join("logs"));
+        std::fs::rename(&log, &to).ok().map(|()| to)
+    });
+    if let Err(e) = forget(dirs, name, claim.dir_existed) {
+        eprintln!("warning: could not remove the state of `{name}`: {e:#}");
+    }
+    let _ = proxy::notify_reload(dirs);
+    kept.flatten()
+}
+
+/// Under `state.lock`: free the port, then remove the sandbox's files. A
+/// prepared policy stays when `keep_policy`.
+fn forget(dirs: &Dirs, name: &str, keep_policy: bool) -> Result<()> {
+    let lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut registry = PortRegistry::load(dirs)?;
+    if registry.free(name).is_some() {
+        registry.save_locked(dirs)?;
+    }
+    let dir = dirs.sandbox(name);
+    if keep_policy {
+        for f in ["sandbox.json", "wg0.conf", "provision.sh", "machine.log"] {
+            match std::fs::remove_file(dir.join(f)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("could not remove `{}`", dir.join(f).display()));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    } else {
+        // The sandbox's own secrets go with it; global ones stay.
+        match crate::secret::Store::open(dirs)
+            .and_then(|store| store.remove_scope(&crate::secret::Scope::Sandbox(name.to_owned()), &lock))
+        {
+            Ok(0) => {}
+            Ok(n) => eprintln!("ppp: removed {n} secret(s) scoped to `{name}`"),
+            Err(e) => eprintln!("warning: could not remove the secrets scoped to `{name}`: {e:#}"),
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("could not remove `{}`", dir.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Start the daemon if it is not running; otherwise ask it to reload, so it
+/// serves a port claimed since it started.
+fn ensure_daemon(dirs: &Dirs, ui: Ui) -> Result<()> {
+    if supervisor::is_running(dirs)? {
+        if let proxy::Reload::Failed(why) = proxy::notify_reload(dirs) {
+            return Err(fail(format!("the ppp daemon did not reload: {why}"))
+                .hint("restart it with `ppp daemon stop && ppp daemon start -d`")
+                .into());
+        }
+        return Ok(());
+    }
+    ui.step("starting the ppp daemon");
+    let me = std::env::current_exe().context("could not find the ppp executable")?;
+    let inv = Invocation::new(me).args(["daemon", "start", "-d"]).timeout(Duration::from_secs(15 * 60));
+    exec::run(&inv).map(drop).map_err(|e| {
+        anyhow::Error::new(e).context("could not start the ppp daemon").context(
+            fail("the sandbox needs the ppp daemon").hint("see `ppp daemon status` and `ppp daemon start` for details"),
+        )
+    })
+}
+
+/// Wait until the daemon serves `port` and has written the sandbox's
+/// `wg0.conf`.
+fn wait_for_wg0(dirs: &Dirs, name: &str, port: u16) -> Result<()> {
+    let end = Instant::now() + WG0_DEADLINE;
+    loop {
+        let rec = supervisor::load_record(dirs)?;
+        if dirs.sandbox_wg_conf(name).exists() && rec.is_some_and(|r| r.ready && r.ports.contains(&port)) {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            return Err(fail(format!(
+                "the ppp daemon has no WireGuard server on port {port} after {} s",
+                WG0_DEADLINE.as_secs()
+            ))
+            .hint(format!("see `ppp daemon status` and `{}`", dirs.proxy_log().display()))
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Start a machine, turning podman's one-VM refusal into ppp's message.
+fn start_machine(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui: Ui) -> Result<()> {
+    ui.step(&format!("starting machine `{machine}`"));
+    let log = open_log(dirs, name)?;
+    let (code, out) = exec::output(&podman.start(machine))?;
+    let _ = writeln!(&log, "$ {}\n{}{}", podman.start(machine), out.stdout, out.stderr);
+    if code == 0 {
+        return Ok(());
+    }
+    if podman::is_one_vm_refusal(&out.stderr) {
+        let running = machines(podman)
+            .ok()
+            .and_then(|all| all.into_iter().find(|m| m.name != machine && (m.running || m.starting)))
+            .map_or_else(|| "another machine".to_owned(), |m| m.name);
+        return Err(one_vm_error(podman, &running));
+    }
+    Err(fail(format!("`{}` failed: {}", podman.start(machine), last_line(&out.stderr)))
+        .hint(format!("see `{}`", dirs.sandbox_machine_log(name).display()))
+        .into())
+}
+
+/// Copy provision.sh and wg0.conf into the VM and run it; its output goes
+/// to the sandbox's machine.log.
+pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
+    ui.step(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name));
+    let machine = &rec.machine_name;
+    let script = dirs.sandbox(&rec.name).join("provision.sh");
+    state::write_atomic(&script, &crate::assets::provision())?;
+    run_logged(dirs, &rec.name, &podman.ssh(machine, &["mkdir", "-p", GUEST_DIR]), "preparing the VM")?;
+    run_logged(
+        dirs,
+        &rec.name,
+        &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
+        "copying provision.sh",
+    )?;
+    run_logged(
+        dirs,
+        &rec.name,
+        &podman.copy_in(&dirs.sandbox_wg_conf(&rec.name), machine, &format!("{GUEST_DIR}/wg0.conf")),
+        "copying wg0.conf",
+    )?;
+    let up = podman
+        .ssh(machine, &provision_argv("up", &["--wg-conf", &format!("{GUEST_DIR}/wg0.conf"), "--image", image]))
+        .timeout(PROVISION_TIMEOUT);
+    let log = open_log(dirs, &rec.name)?;
+    let _ = writeln!(&log, "$ {up}");
+    let code = exec::run_to_log(&up, &log)?;
+    if code != 0 {
+        let text = std::fs::read_to_string(dirs.sandbox_machine_log(&rec.name)).unwrap_or_default();
+        let why = text
+            .lines()
+            .rev()
+            .find_map(|l| {
+                l.split_once("ppp-provision: FAILED").map(|(_, r)| r.trim_start_matches([' ', ':']).to_owned())
+            })
+            .unwrap_or_else(|| format!("provision.sh exited with status {code}"));
+        return Err(fail(format!("provisioning failed: {why}"))
+            .hint(format!("see `{}`", dirs.sandbox_machine_log(&rec.name).display()))
+            .into());
+    }
+    Ok(())
+}
+
+/// `sudo bash /tmp/ppp/provision.sh VERB ARGS…`.
+fn provision_argv(verb: &str, rest: &[&str]) -> Vec<String> {
+    let mut line: Vec<String> = ["sudo", "bash"].iter().map(|s| (*s).to_owned()).collect();
+    line.push(format!("{GUEST_DIR}/provision.sh"));
+    line.push(verb.to_owned());
+    line.extend(rest.iter().map(|s| (*s).to_owned()));
+    line
+}
+
+/// One handover check's result, as provision.sh's `verify` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub outcome: Outcome,
+    pub name: String,
+    pub detail: String,
+}
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Fail,
+    Skip,
+}
+
+/// Parse `verify` output: `ok NAME`, `fail NAME: WHY`, `skip NAME: WHY`.
+pub fn parse_checks(text: &str) -> Vec<Check> {
+    text.lines()
+        .filter_map(|l| {
+            let (word, rest) = l.trim().split_once(' ')?;
+            let outcome = match word {
+                "ok" => Outcome::Ok,
+                "fail" => Outcome::Fail,
+                "skip" => Outcome::Skip,
+                _ => return None,
+            };
+            let (name, detail) = rest.split_once(':').map_or((rest, ""), |(n, d)| (n, d.trim()));
+            Some(Check { outcome, name: name.trim().to_owned(), detail: detail.to_owned() })
+        })
+        .collect()
+}
+
+/// The checks every handover must pass.
+pub const CHECKS: &[&str] = &["handshake", "no-direct-egress", "policy-denies", "ca-trusted", "no-secret-in-env"];
+
+/// Verify the sandbox from inside before the agent gets it.
+pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> {
+    ui.step(&format!("verifying `{}` before handover", rec.name));
+    let salt = uuid::Uuid::new_v4().simple().to_string();
+    let digests = secret_digests(dirs, &salt);
+    let mut args: Vec<String> = vec!["--salt".into(), salt, "--digests".into(), digests.join(",")];
+    if probe_is_denied(dirs, &rec.name) {
+        args.extend([
+            "--denied-url".into(),
+            format!("http://{PROBE_HOST}/"),
+            "--denied-connect-to".into(),
+            format!("{PROBE_HOST}:80:{PROBE_IP}:80"),
+        ]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let inv = podman.ssh(&rec.machine_name, &provision_argv("verify", &refs)).timeout(VERIFY_TIMEOUT);
+    let (code, out) = exec::output(&inv)?;
+    let log = open_log(dirs, &rec.name)?;
+    let _ = writeln!(&log, "$ provision.sh verify\n{}{}", out.stdout, out.stderr);
+    let checks = parse_checks(&out.stdout);
+    let failed: Vec<&Check> = checks.iter().filter(|c| c.outcome == Outcome::Fail).collect();
+    let missing: Vec<&&str> = CHECKS.iter().filter(|n| !checks.iter().any(|c| c.name == **n)).collect();
+    if code == 0 && failed.is_empty() && missing.is_empty() {
+        return Ok(());
+    }
+    let why = if let Some(c) = failed.first() {
+        format!("check `{}` failed: {}", c.name, c.detail)
+    } else if let Some(n) = missing.first() {
+        format!("check `{n}` did not report (verify exited with status {code})")
+    } else {
+        format!("verify exited with status {code}: {}", last_line(&out.stderr))
+    };
+    Err(fail(format!("sandbox `{}` failed its handover checks: {why}", rec.name))
+        .hint(format!("see `{}`; the agent was not started", dirs.sandbox_machine_log(&rec.name).display()))
+        .into())
+}
+
+/// Whether the policy denies the handover probe for `sandbox`. A policy
+/// that allows everything leaves nothing to probe; `verify` then skips it.
+fn probe_is_denied(dirs: &Dirs, sandbox: &str) -> bool {
+    crate::policy::load_engine(dirs).is_ok_and(|e| {
+        e.decide(Some(sandbox), Some(PROBE_HOST), Some(PROBE_IP.into()), 80).verdict == crate::policy::Verdict::Deny
+    })
+}
+
+/// SHA-256 of salt‖value for every stored secret, hex. The guest compares
+/// these against its processes' environments; the values never leave the
+/// host. A store that cannot be read gives none (the proxy cannot inject
+/// from it either).
+fn secret_digests(dirs: &Dirs, salt: &str) -> Vec<String> {
+    let Ok(store) = crate::secret::Store::open(dirs) else { return Vec::new() };
+    let Ok(entries) = store.list() else { return Vec::new() };
+    let mut out: Vec<String> = entries
+        .iter()
+        .filter_map(|e| store.get(&e.scope, &e.name, e.kind).ok().flatten())
+        .map(|v| {
+            let mut h = Sha256::new();
+            h.update(salt.as_bytes());
+            h.update(v.expose().as_bytes());
+            format!("{:x}", h.finalize())
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The container that runs the agent, as an ssh invocation into the VM.
+pub fn agent_invocation(
+    podman: &Podman,
+    rec: &Record,
+    agent: &Agent,
+    image: &str,
+    extra_env: &[(String, String)],
+    agent_args: &[String],
+    tty: bool,
+) -> Invocation {
+    let mut line: Vec<String> = ["podman", "run", "--rm", "-i"].iter().map(|s| (*s).to_owned()).collect();
+    if tty {
+        line.push("-t".into());
+    }
+    line.extend(["--name".into(), format!("ppp-agent-{}", rec.name)]);
+    // Nothing in the container may change the VM's network (the kill
+    // switch lives there) or send raw packets.
+    for cap in ["NET_ADMIN", "NET_RAW"] {
+        line.extend(["--cap-drop".into(), cap.into()]);
+    }
+    line.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    for ws in &rec.workspace {
+        line.extend(["-v".into(), format!("{ws}:{ws}")]);
+    }
+    line.extend(["-v".into(), format!("{GUEST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro")]);
+    for p in &rec.published {
+        line.extend(["-p".into(), crate::cmd::ports::podman_publish(p)]);
+    }
+    if let Some(first) = rec.workspace.first() {
+        line.extend(["-w".into(), first.clone()]);
+    }
+    for (k, v) in agent.container_env(extra_env) {
+        line.extend(["-e".into(), format!("{k}={v}")]);
+    }
+    line.push(image.to_owned());
+    line.extend(agent.command.iter().map(|s| (*s).to_owned()));
+    line.extend(agent_args.iter().cloned());
+    podman.ssh(&rec.machine_name, &line).stdin(Stdin::Inherit)
+}
+
+/// Placeholders for custom secrets that name a variable (`secret set
+/// --env`), for this sandbox and global.
+pub fn custom_env(dirs: &Dirs, sandbox: &str) -> Vec<(String, String)> {
+    let Ok(store) = crate::secret::Store::open(dirs) else { return Vec::new() };
+    store
+        .list()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| match &e.scope {
+            crate::secret::Scope::Global => true,
+            crate::secret::Scope::Sandbox(s) => s == sandbox,
+        })
+        .filter_map(|e| Some((e.env?, e.placeholder?)))
+        .collect()
+}
+
+/// Bring an existing sandbox back: start its machine if needed, make sure
+/// the daemon serves it, provision again (idempotent) and verify.
+pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Record> {
+    let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    let all = machines(podman)?;
+    let machine = all.iter().find(|m| m.name == rec.machine_name).ok_or_else(|| {
+        fail(format!("sandbox `{name}` has no machine `{}` any more", rec.machine_name))
+            .hint(format!("remove it with `ppp rm -f {name}` and create it again"))
+    })?;
+    ensure_daemon(dirs, ui)?;
+    wait_for_wg0(dirs, name, rec.port)?;
+    if !machine.running {
+        ensure_can_start(podman, &rec.machine_name, &all)?;
+        start_machine(dirs, podman, name, &rec.machine_name, ui)?;
+    }
+    let image = agent::find(&rec.agent)?.image(|k| std::env::var(k).ok());
+    provision(dirs, podman, &rec, &image, ui)?;
+    verify(dirs, podman, &rec, ui)?;
+    set_status(dirs, name, Status::Running)
+}
+
+/// Stop a sandbox's machine; its port stays its own.
+pub fn stop(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<()> {
+    let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    ui.step(&format!("stopping `{name}`"));
+    let running = machines(podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
+    if running {
+        run_logged(dirs, name, &podman.stop(&rec.machine_name), "podman machine stop")?;
+    }
+    set_status(dirs, name, Status::Stopped)?;
+    Ok(())
+}
+
+/// Remove a sandbox: its machine (even an unresponsive one with `force`),
+/// its port, its state.
+pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui: Ui) -> Result<()> {
+    let rec = super::load(dirs, name)?;
+    let machine = rec.as_ref().map_or_else(|| super::machine_name(name), |r| r.machine_name.clone());
+    if rec.is_none() && PortRegistry::load(dirs)?.port_of(name).is_none() {
+        return Err(unknown(name));
+    }
+    ui.step(&format!("removing `{name}`"));
+    if let Some(podman) = podman {
+        // When podman cannot list machines, try removing anyway.
+        let exists = machines(podman).map_or(true, |all| all.iter().any(|m| m.name == machine));
+        if exists && let Err(e) = exec::run(&podman.rm(&machine)) {
+            if !force {
+                return Err(anyhow::Error::new(e).context(fail(format!("could not remove machine `{machine}`")).hint(
+                    format!("`ppp rm -f {name}` removes the sandbox's state even when its machine does not answer"),
+                )));
+            }
+            eprintln!("warning: could not remove machine `{machine}`: {e}; removing the sandbox's state anyway");
+        }
+    } else if !force {
+        return Err(fail("podman was not found, so the sandbox's machine cannot be removed")
+            .hint(format!("`ppp rm -f {name}` removes the sandbox's state anyway"))
+            .into());
+    }
+    forget(dirs, name, false)?;
+    let _ = proxy::notify_reload(dirs);
+    Ok(())
+}
+
+fn unknown(name: &str) -> anyhow::Error {
+    fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2).into()
+}
+
+/// Under `state.lock`: set a sandbox's status.
+fn set_status(dirs: &Dirs, name: &str, status: Status) -> Result<Record> {
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    rec.status = status;
+    super::save_locked(dirs, &rec)?;
+    Ok(rec)
+}
+
+fn open_log(dirs: &Dirs, name: &str) -> Result<std::fs::File> {
+    let path = dirs.sandbox_machine_log(name);
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("could not open `{}`", path.display()))
+}
+
+/// Run `inv` with its output in machine.log; a failure names `what` and
+/// quotes the last line it printed.
+fn run_logged(dirs: &Dirs, name: &str, inv: &Invocation, what: &str) -> Result<()> {
+    let log = open_log(dirs, name)?;
+    let _ = writeln!(&log, "$ {inv}");
+    let code = exec::run_to_log(inv, &log)?;
+    if code == 0 {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(dirs.sandbox_machine_log(name)).unwrap_or_default();
+    Err(fail(format!("{what} failed (`{inv}` exited with status {code}): {}", last_line(&text)))
+        .hint(format!("see `{}`", dirs.sandbox_machine_log(name).display()))
+        .into())
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines().rev().find(|l| !l.trim().is_empty()).map_or("", str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_default_is_half_capped_and_floored() {
+        assert_eq!(default_memory_mib(Some(16 * 1024)), 8 * 1024);
+        assert_eq!(default_memory_mib(Some(256 * 1024)), 32 * 1024);
+        assert_eq!(default_memory_mib(Some(2048)), podman::MIN_MEMORY_MIB);
+        assert_eq!(default_memory_mib(None), 4096);
+    }
+
+    #[test]
+    fn verify_output_parses() {
+        let text = "noise\nok handshake\nfail no-direct-egress: connected to 192.168.127.1:80\nskip policy-denies: nothing denied\n";
+        let checks = parse_checks(text);
+        assert_eq!(checks.len(), 3);
+        assert_eq!(checks[1].outcome, Outcome::Fail);
+        assert_eq!(checks[1].name, "no-direct-egress");
+        assert_eq!(checks[1].detail, "connected to 192.168.127.1:80");
+        assert_eq!(checks[2].outcome, Outcome::Skip);
+    }
+}
