@@ -32,7 +32,6 @@ pub fn addon() -> Vec<u8> {
     Assets::get(ADDON).map(|f| f.data.into_owned()).unwrap_or_default()
 }
 
-
 #[cfg(test)]
 mod tests {
     #[test]

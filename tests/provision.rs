@@ -381,6 +381,13 @@ fn provision_up_verify_and_the_kill_switch() {
     let trusted = vm.ok(&["cat", "/usr/local/share/ca-certificates/ppp-mitmproxy.crt"]);
     assert_eq!(trusted.trim(), ca.trim());
     vm.ok(&["curl", "-fsS", "-m", "10", "--connect-to", "mitm.it:443:10.0.0.53:443", "https://mitm.it/cert/pem"]);
+    // The system bundle, with that CA, exported for the agent container.
+    let bundle = vm.dir.join("lib-up/ppp/ca-bundle.pem");
+    assert_eq!(std::fs::metadata(&bundle).unwrap().permissions().mode() & 0o777, 0o644);
+    let exported = std::fs::read_to_string(&bundle).unwrap();
+    assert_eq!(exported, vm.ok(&["cat", "/etc/ssl/certs/ca-certificates.crt"]));
+    let body: String = ca.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(exported.lines().collect::<String>().contains(&body), "the bundle holds mitmproxy's CA");
     // IPv6 off, and persisted.
     for k in ["all", "default"] {
         let v = vm.ok(&["sysctl", "-n", &format!("net.ipv6.conf.{k}.disable_ipv6")]);
@@ -449,6 +456,10 @@ fn provision_up_verify_and_the_kill_switch() {
         "{}",
         describe(&out)
     );
+    // No secrets stored on the host: ppp sends an empty list, which passes.
+    let out = vm.provision(&["verify", "--salt", salt, "--digests", ""]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok no-secret-in-env\n"), "{}", describe(&out));
     // Without --denied-url policy-denies is skipped, nothing else changes.
     let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
     assert!(out.status.success(), "{}", describe(&out));
