@@ -29,6 +29,9 @@ readonly NFT_TABLE=ppp
 readonly STATE_DIR=/var/lib/ppp
 readonly MARKER=$STATE_DIR/.provisioned
 readonly NET_STATE=$STATE_DIR/uplink
+# The system bundle with mitmproxy's CA, exported for the agent container:
+# ppp mounts it over the image's /etc/ssl/certs/ca-certificates.crt.
+readonly CA_BUNDLE_EXPORT=$STATE_DIR/ca-bundle.pem
 readonly TUNNEL_DNS=10.0.0.53
 readonly FALLBACK_GATEWAY=192.168.127.1
 readonly CA_HTTP_URL=http://mitm.it/cert/pem
@@ -261,6 +264,16 @@ write_file() {
   relabel "$dest"
 }
 
+# Copy $1 to $2 atomically, with mode $3 (as write_file).
+copy_file() {
+  local src=$1 dest=$2 mode=$3 tmp
+  tmp=$(mktemp "$(dirname "$dest")/.ppp-tmp.XXXXXX")
+  cat -- "$src" >"$tmp"
+  chmod "$mode" "$tmp"
+  mv -f -- "$tmp" "$dest"
+  relabel "$dest"
+}
+
 # The file's default SELinux label (FCOS enforces SELinux); a no-op elsewhere.
 relabel() {
   if have restorecon; then
@@ -380,17 +393,29 @@ nameserver $TUNNEL_DNS
       die "what $CA_HTTP_URL returned is not a PEM certificate"
     fi
   fi
+  local bundle
   if [ -d "$(dirname "$CA_FEDORA")" ] && have update-ca-trust; then
-    write_file "$CA_FEDORA" "$(cat "$TMP/ca.pem")"$'\n' 0644
+    copy_file "$TMP/ca.pem" "$CA_FEDORA" 0644
     update-ca-trust extract || die "update-ca-trust failed"
     say "trusted in $CA_FEDORA"
+    bundle=/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem
   elif [ -d "$(dirname "$CA_DEBIAN")" ] && have update-ca-certificates; then
-    write_file "$CA_DEBIAN" "$(cat "$TMP/ca.pem")"$'\n' 0644
+    copy_file "$TMP/ca.pem" "$CA_DEBIAN" 0644
     update-ca-certificates >/dev/null || die "update-ca-certificates failed"
     say "trusted in $CA_DEBIAN"
+    bundle=/etc/ssl/certs/ca-certificates.crt
   else
     die "no CA trust store found (neither update-ca-trust with /etc/pki/ca-trust nor update-ca-certificates with /usr/local/share/ca-certificates)"
   fi
+  # The bundle must now hold the CA (its first base64 line is enough to tell).
+  [ -s "$bundle" ] || die "the system CA bundle $bundle is missing after the update"
+  grep -qxF -- "$(sed -n 2p "$TMP/ca.pem")" "$bundle" || die "the system CA bundle $bundle does not contain mitmproxy's CA"
+  copy_file "$bundle" "$CA_BUNDLE_EXPORT" 0644
+  # Containers (container_t) may read it only with a container label.
+  if have selinuxenabled && selinuxenabled && have chcon; then
+    chcon -t container_file_t "$CA_BUNDLE_EXPORT" || die "could not label $CA_BUNDLE_EXPORT for containers"
+  fi
+  say "CA bundle for containers in $CA_BUNDLE_EXPORT"
 
   # 8. No IPv6: mitmproxy's tunnel is IPv4-only (the kill switch drops it too).
   step 8 "disable IPv6"
@@ -541,7 +566,8 @@ check_no_secret_in_env() {
     [ -z "$d" ] || want[${d,,}]=1
   done
   if [ ${#want[@]} -eq 0 ]; then
-    check_fail no-secret-in-env "no digests given"
+    # No secrets stored on the host: nothing can leak.
+    check_ok no-secret-in-env
     return
   fi
   dir=$VERIFY_TMP/env

@@ -279,7 +279,9 @@ fn child_of(parent: u32) -> Option<u32> {
 }
 
 /// A stub `podman` on the guest's PATH: appends `<user> <argv>` per call.
-const PODMAN_STUB: &str = "#!/bin/sh\nprintf '%s %s\\n' \"$(id -un)\" \"$*\" >> /tmp/ppp-rec/podman.log\n";
+/// A pull of an image whose name contains `fail-me` fails.
+const PODMAN_STUB: &str = "#!/bin/sh\nprintf '%s %s\\n' \"$(id -un)\" \"$*\" >> /tmp/ppp-rec/podman.log\n\
+                           case \"$*\" in *fail-me*) echo 'stub: pull failed' >&2; exit 125;; esac\n";
 
 /// What ppp does before it calls the script: /tmp/ppp, the script and
 /// wg0.conf copied in. Plus the test's podman stub.
@@ -379,6 +381,13 @@ fn provision_up_verify_and_the_kill_switch() {
     let trusted = vm.ok(&["cat", "/usr/local/share/ca-certificates/ppp-mitmproxy.crt"]);
     assert_eq!(trusted.trim(), ca.trim());
     vm.ok(&["curl", "-fsS", "-m", "10", "--connect-to", "mitm.it:443:10.0.0.53:443", "https://mitm.it/cert/pem"]);
+    // The system bundle, with that CA, exported for the agent container.
+    let bundle = vm.dir.join("lib-up/ppp/ca-bundle.pem");
+    assert_eq!(std::fs::metadata(&bundle).unwrap().permissions().mode() & 0o777, 0o644);
+    let exported = std::fs::read_to_string(&bundle).unwrap();
+    assert_eq!(exported, vm.ok(&["cat", "/etc/ssl/certs/ca-certificates.crt"]));
+    let body: String = ca.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(exported.lines().collect::<String>().contains(&body), "the bundle holds mitmproxy's CA");
     // IPv6 off, and persisted.
     for k in ["all", "default"] {
         let v = vm.ok(&["sysctl", "-n", &format!("net.ipv6.conf.{k}.disable_ipv6")]);
@@ -398,6 +407,16 @@ fn provision_up_verify_and_the_kill_switch() {
     assert!(text(&out).contains("already pulled"), "{}", text(&out));
     assert_eq!(vm.podman_calls().len(), 1, "no second pull: {:?}", vm.podman_calls());
     assert_ne!(vm.latest_handshake(), 0);
+    // A failed pull fails step 9 and leaves the marker alone; the next run
+    // with the provisioned image does not pull.
+    let out = vm.provision(&["up", "--wg-conf", "/tmp/ppp/wg0.conf", "--image", "example.test/fail-me:1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
+    assert!(last.starts_with("ppp-provision: FAILED at step 9/9 (agent image example.test/fail-me:1): "), "{last}");
+    assert_eq!(vm.ok(&["cat", "/var/lib/ppp/.provisioned"]), IMAGE);
+    let out = vm.up();
+    assert!(out.status.success(), "up after a failed pull: {}", describe(&out));
+    assert_eq!(vm.podman_calls().len(), 2, "{:?}", vm.podman_calls());
 
     // Through the proxy: an allowed host over HTTP and HTTPS (system trust),
     // a denied one gets the proxy's 403.
@@ -437,6 +456,10 @@ fn provision_up_verify_and_the_kill_switch() {
         "{}",
         describe(&out)
     );
+    // No secrets stored on the host: ppp sends an empty list, which passes.
+    let out = vm.provision(&["verify", "--salt", salt, "--digests", ""]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok no-secret-in-env\n"), "{}", describe(&out));
     // Without --denied-url policy-denies is skipped, nothing else changes.
     let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
     assert!(out.status.success(), "{}", describe(&out));
@@ -532,7 +555,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert!(out.status.success(), "up after losing wg0: {}", describe(&out));
     let out = vm.provision(&verify_args);
     assert!(out.status.success(), "verify after recovery: {}", describe(&out));
-    assert_eq!(vm.podman_calls().len(), 1, "{:?}", vm.podman_calls());
+    assert_eq!(vm.podman_calls().len(), 2, "{:?}", vm.podman_calls());
     eprintln!("all done: {:?}", start.elapsed());
 }
 
@@ -574,6 +597,18 @@ fn provision_refuses_bad_configs_and_bad_usage() {
     assert!(!vm.run(&["nft", "list", "table", "inet", "ppp"]).status.success());
     let routes = vm.ok(&["ip", "-4", "route", "show", "default"]);
     assert!(routes.contains(&format!("via {GATEWAY}")), "{routes}");
+
+    // A good config with no server behind it: the run fails at the
+    // handshake, and the guest is left closed, not open.
+    vm.put("/tmp/ppp/wg0.conf", good.as_bytes(), 0o600);
+    let out = vm.up();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
+    assert!(last.starts_with("ppp-provision: FAILED at step 5/9 (tunnel wg0): no WireGuard handshake"), "{last}");
+    let table = vm.ok(&["nft", "list", "table", "inet", "ppp"]);
+    assert_eq!(table.matches("policy drop").count(), 2, "{table}");
+    let probe = vm.run(&["curl", "-sS", "-m", "2", "-o", "/dev/null", &format!("http://{GATEWAY}:80/")]);
+    assert_eq!(probe.status.code(), Some(28), "the gateway is unreachable (dropped): {}", describe(&probe));
 }
 
 /// The script is clean under `bash -n` and shellcheck.
