@@ -36,7 +36,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
@@ -50,22 +49,36 @@ class _SafeLog:
     """`logging` that never raises into a hook: a failing handler (mitmproxy's
     forwards records to its event loop) must not turn a denial into a crash."""
 
-    def __getattr__(self, level: str) -> Any:
-        real = getattr(_log, level)
+    @staticmethod
+    def _emit(level: int, msg: str, args: tuple[Any, ...], exc_info: bool = False) -> None:
+        try:
+            if _log.isEnabledFor(level):
+                _log.log(level, msg, *args, exc_info=exc_info)
+        except Exception:  # noqa: BLE001
+            pass
 
-        def call(*args: Any, **kwargs: Any) -> None:
-            try:
-                real(*args, **kwargs)
-            except Exception:  # noqa: BLE001
-                pass
+    def debug(self, msg: str, *args: Any) -> None:
+        self._emit(logging.DEBUG, msg, args)
 
-        return call
+    def info(self, msg: str, *args: Any) -> None:
+        self._emit(logging.INFO, msg, args)
+
+    def warning(self, msg: str, *args: Any) -> None:
+        self._emit(logging.WARNING, msg, args)
+
+    def exception(self, msg: str, *args: Any) -> None:
+        self._emit(logging.ERROR, msg, args, exc_info=True)
 
 
 log = _SafeLog()
 
-# How often the daemon's generation is polled, at most (seconds).
+# How often the daemon's generation is asked over the socket (seconds). The
+# background task does it, off the request path; a hook only asks itself
+# when no answer is newer than GENERATION_POLL_HOOK (no task running, as in
+# tests, or a daemon that did not answer). Either way the generation file
+# is checked before every cached answer.
 GENERATION_POLL = 1.0
+GENERATION_POLL_HOOK = 3.0
 # How long a secret may be cached (seconds); dropped earlier on a new generation.
 SECRET_TTL = 60.0
 # How often the background task checks for new WireGuard servers and saves
@@ -80,6 +93,7 @@ DAEMON_TIMEOUT = 2.0
 # Headers a client may use to carry its own credentials; removed before ppp
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
+_AUTH_BYTES = frozenset(h.encode() for h in AUTH_HEADERS)
 METADATA_IP = ipaddress.ip_address("169.254.169.254")
 # The one host this addon answers itself: provisioning fetches the CA from
 # http://mitm.it/cert/pem through the tunnel, and verification fetches it
@@ -189,9 +203,7 @@ def canonical_host(host: str | None) -> str | None:
     return host or None
 
 
-def parse_ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    if not text:
-        return None
+def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
     except ValueError:
@@ -201,13 +213,70 @@ def parse_ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address 
     return ip
 
 
+# parse_ip's answers by input text, with the address's text form: every
+# request parses the same few strings (its destination, its Host), and
+# `ipaddress` costs several microseconds a call, more when it fails.
+_IP_MEMO: dict[str, tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str | None]] = {}
+_IP_MEMO_MAX = 4096
+
+
+def _ip_entry(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str | None]:
+    hit = _IP_MEMO.get(text)
+    if hit is None:
+        ip = _parse_ip(text)
+        hit = (ip, str(ip) if ip is not None else None)
+        if len(_IP_MEMO) >= _IP_MEMO_MAX:
+            _IP_MEMO.clear()  # bounded: a guest can send any Host
+        _IP_MEMO[text] = hit
+    return hit
+
+
+def parse_ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address `text` names (brackets and zone dropped, IPv4-mapped IPv6
+    unwrapped), or None."""
+    if not text:
+        return None
+    return _ip_entry(text)[0]
+
+
+def ip_text(text: str | None) -> str | None:
+    """`str(parse_ip(text))`, or None when it is not an address."""
+    if not text:
+        return None
+    return _ip_entry(text)[1]
+
+
+def header_text(headers: http.Headers, name: bytes) -> str:
+    """`headers.get(name, "")` (all values joined with ", ") for a lower-case
+    name, in one pass over the raw fields."""
+    vals = [v for k, v in headers.fields if k.lower() == name]
+    if not vals:
+        return ""
+    return ", ".join(v.decode("utf-8", "surrogateescape") for v in vals)
+
+
 def is_internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """Loopback, private, link-local, metadata, and every other non-public address."""
     return ip == METADATA_IP or not ip.is_global or ip.is_multicast
 
 
+_stamp_second: list[Any] = [None, ""]
+
+
 def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """UTC now as `2026-01-02T03:04:05.678Z` (milliseconds truncated, as
+    `datetime.isoformat(timespec="milliseconds")`); the text up to the
+    seconds is formatted once per second."""
+    t = time.time()
+    sec = int(t)
+    if sec != _stamp_second[0]:
+        _stamp_second[0] = sec
+        _stamp_second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+    return f"{_stamp_second[1]}.{int((t - sec) * 1000):03d}Z"
+
+
+# json.dumps builds a new encoder on every call that passes separators.
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class PppAddon:
@@ -218,6 +287,15 @@ class PppAddon:
         self._gen_stamp: tuple[int, int, int] | None = None
         self._last_poll = 0.0
         self._decisions: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
+        # check()'s answers, per (sandbox, host, ip, port, protocol), built
+        # from cached decisions only; cleared with them.
+        self._checks: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
+        # Bumped by every _invalidate: a check computed across one is not cached.
+        self._epoch = 0
+        self._gen_path = ""
+        self._flow_path = ""
+        self._max_request = 1024 * 1024
+        self._max_response = 10 * 1024 * 1024
         self._secrets: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
         self._registry: dict[int, str] = {}
         self._registry_stamp: tuple[int, int] | None = None
@@ -242,8 +320,13 @@ class PppAddon:
         loader.add_option("ppp_max_response_bytes", int, 10 * 1024 * 1024, "Largest response body ppp forwards")
 
     def configure(self, updated: set[str]) -> None:
+        # Read here, not per request: an option lookup costs a few µs.
+        self._max_request = ctx.options.ppp_max_request_bytes
+        self._max_response = ctx.options.ppp_max_response_bytes
         if "ppp_state_dir" in updated or self.daemon is None:
             self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
+            self._gen_path = os.path.join(self.state_dir, "generation")
+            self._flow_path = os.path.join(self.state_dir, "flows.jsonl")
             if self.daemon is not None:
                 self.daemon.close()
             self.daemon = Daemon(os.path.join(self.state_dir, "secret.sock")) if self.state_dir else None
@@ -275,7 +358,33 @@ class PppAddon:
                 self.save_tunnels()
             except Exception as e:  # noqa: BLE001
                 log.warning("ppp: could not save tunnel activity: %s", e)
+            try:
+                await self.poll_in_background()
+            except Exception:  # noqa: BLE001
+                self._invalidate(None)  # the next hook asks, and denies if it fails
             await asyncio.sleep(WATCH_INTERVAL)
+
+    async def poll_in_background(self) -> None:
+        """Ask the daemon's generation once a second, in a thread: a round
+        trip on the event loop stalls every request in flight, and a busy
+        daemon host makes that the p99 latency. A failure or an error reply
+        drops every cache, so the next hook asks itself and fails closed."""
+        daemon = self.daemon
+        now = time.monotonic()
+        if daemon is None or now - self._last_poll < GENERATION_POLL:
+            return
+        try:
+            r = await asyncio.to_thread(daemon.ask, {"op": "generation"})
+        except DaemonError:
+            self._invalidate(None)
+            return
+        if daemon is not self.daemon:
+            return  # reconfigured meanwhile
+        if not r.get("ok"):
+            self._invalidate(None)
+            return
+        self._last_poll = now
+        self._saw_generation(r.get("generation"))
 
     def sync_modes(self) -> None:
         """Apply the daemon's `modes` list once per generation.
@@ -328,6 +437,8 @@ class PppAddon:
         return self.daemon.ask(req)
 
     def _invalidate(self, generation: int | None) -> None:
+        self._epoch += 1
+        self._checks.clear()
         self._decisions.clear()
         self._secrets.clear()
         self._registry_stamp = None
@@ -342,7 +453,7 @@ class PppAddon:
         # so its inode and mtime change each time. A stat is a fifth of the
         # cost of opening and reading it, and it runs twice per request.
         try:
-            st = os.stat(os.path.join(self.state_dir, "generation"))
+            st = os.stat(self._gen_path)
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -352,15 +463,17 @@ class PppAddon:
 
         The daemon rewrites `$PPP_DATA/generation` on every reload before it
         acknowledges it, so reading that small file first makes a policy
-        change apply to the next request; the socket is asked at most once
-        a second besides.
+        change apply to the next request. The socket is asked here only
+        when the generation is unknown (first use, after a change or a
+        failure) or no answer is newer than GENERATION_POLL_HOOK; the
+        background task asks it once a second besides.
         """
         stamp = self._read_stamp()
         if stamp != self._gen_stamp:
             self._gen_stamp = stamp
             self._invalidate(None)
         now = time.monotonic()
-        if now - self._last_poll < GENERATION_POLL and self.generation is not None:
+        if self.generation is not None and now - self._last_poll < GENERATION_POLL_HOOK:
             return
         try:
             r = self._ask({"op": "generation"})
@@ -407,35 +520,37 @@ class PppAddon:
         """The daemon's verdict, cached per (sandbox, host, ip, port) for one generation."""
         try:
             self._poll()
-            key = (sandbox, host, ip, port, "")
-            if (v := self._decisions.get(key)) is not None:
-                return v
-            r = self._ask(
-                {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol}
-            )
-            if not r.get("ok"):
-                raise DaemonError(f"decide: {r.get('reason')} {r.get('detail', '')}")
-            rule = r.get("matched_rule")
-            if rule is not None and not isinstance(rule, dict):
-                raise DaemonError("decide: malformed matched_rule")
-            allow = r.get("verdict") == "allow"
-            if rule:
-                reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
-            else:
-                reason = f"default {r.get('verdict')}"
-            v = Verdict(
-                allow=allow,
-                rule_id=rule.get("id") if rule else None,
-                resource=rule.get("resource") if rule else None,
-                reason=reason,
-                generation=r.get("generation"),
-            )
-            self._saw_generation(r.get("generation"))
-            self._decisions[key] = v
-            return v
+            return self._verdict(sandbox, host, ip, port, protocol)
         except DaemonError as e:
             log.warning("ppp: policy daemon unavailable, denying: %s", e)
             return deny("the ppp daemon is unreachable (fail closed)")
+
+    def _verdict(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+        """decide() without the poll; raises DaemonError."""
+        key = (sandbox, host, ip, port, "")
+        if (v := self._decisions.get(key)) is not None:
+            return v
+        r = self._ask({"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol})
+        if not r.get("ok"):
+            raise DaemonError(f"decide: {r.get('reason')} {r.get('detail', '')}")
+        rule = r.get("matched_rule")
+        if rule is not None and not isinstance(rule, dict):
+            raise DaemonError("decide: malformed matched_rule")
+        allow = r.get("verdict") == "allow"
+        if rule:
+            reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
+        else:
+            reason = f"default {r.get('verdict')}"
+        v = Verdict(
+            allow=allow,
+            rule_id=rule.get("id") if rule else None,
+            resource=rule.get("resource") if rule else None,
+            reason=reason,
+            generation=r.get("generation"),
+        )
+        self._saw_generation(r.get("generation"))
+        self._decisions[key] = v
+        return v
 
     def check(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
         """Policy for a flow, plus the DNS-rebinding defence.
@@ -443,16 +558,35 @@ class PppAddon:
         An allowed *name* whose destination is an internal address (loopback,
         private, link-local, metadata) is only let through when a rule for
         that address itself allows it.
+
+        One generation check, then the answer cached for this generation
+        (the daemon's decisions are, so is what follows from them); a daemon
+        failure denies and is never cached.
         """
-        if host is not None and parse_ip(host) is not None:
-            ip, host = str(parse_ip(host)), None
-        v = self.decide(sandbox, host, ip, port, protocol)
+        try:
+            self._poll()
+            key = (sandbox, host, ip, port, protocol)
+            if (v := self._checks.get(key)) is not None:
+                return v
+            epoch = self._epoch
+            v = self._check(sandbox, host, ip, port, protocol)
+            if epoch == self._epoch:
+                self._checks[key] = v
+            return v
+        except DaemonError as e:
+            log.warning("ppp: policy daemon unavailable, denying: %s", e)
+            return deny("the ppp daemon is unreachable (fail closed)")
+
+    def _check(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+        if host is not None and (literal := ip_text(host)) is not None:
+            ip, host = literal, None
+        v = self._verdict(sandbox, host, ip, port, protocol)
         if not v.allow or host is None:
             return v
         addr = parse_ip(ip)
         if addr is None or not is_internal(addr):
             return v
-        by_ip = self.decide(sandbox, None, str(addr), port, protocol)
+        by_ip = self._verdict(sandbox, None, str(addr), port, protocol)
         if by_ip.allow and by_ip.rule_id is not None:
             return v
         return Verdict(
@@ -501,7 +635,7 @@ class PppAddon:
             record["reason"] = fields["reason"]
         if not self.state_dir:
             return
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        line = (_JSON.encode(record) + "\n").encode()
         try:
             os.write(self._flow_fd(), line)  # one write: concurrent appenders never interleave
         except OSError as e:
@@ -512,7 +646,7 @@ class PppAddon:
         """The open flows.jsonl, reopened when the file was replaced or
         removed (checked at most once a second): opening it for every flow
         cost 3% of mitmdump's time."""
-        path = os.path.join(self.state_dir, "flows.jsonl")
+        path = self._flow_path
         now = time.monotonic()
         if self._flow_log is not None and now - self._flow_log[1] > FLOW_LOG_RECHECK:
             try:
@@ -540,9 +674,9 @@ class PppAddon:
 
     @staticmethod
     def _addr(server: connection.Server) -> tuple[str | None, int | None]:
-        if server.address:
-            ip = parse_ip(str(server.address[0]))
-            return (str(ip) if ip else None), int(server.address[1])
+        address = server.address
+        if address:
+            return ip_text(str(address[0])), int(address[1])
         return None, None
 
     @staticmethod
@@ -567,13 +701,17 @@ class PppAddon:
         log.info("ppp: [%s] denied HTTP %s: %s", sandbox, host, why)
 
     @staticmethod
-    def _mark(flow: Any, sandbox: str | None, host: str | None, v: Verdict, allowed: bool) -> None:
-        flow.metadata["ppp"] = {
+    def _mark(flow: Any, sandbox: str | None, host: str | None, v: Verdict, allowed: bool, *addr: Any) -> None:
+        """flow.metadata["ppp"]; with `ip, port` when given."""
+        meta = {
             "sandbox": sandbox,
             "host": host,
             "decision": "allow" if allowed else "deny",
             "matched_rule": v.rule_id,
         }
+        if addr:
+            meta["ip"], meta["port"] = addr
+        flow.metadata["ppp"] = meta
 
     def _too_large(self, flow: http.HTTPFlow, what: str, limit: int) -> None:
         body = f"blocked by ppp: the {what} body exceeds {limit} bytes\n"
@@ -796,7 +934,7 @@ class PppAddon:
             sandbox = self.sandbox_of(flow.client_conn)
             ip, port = self._addr(flow.server_conn)
             if ip is None:
-                ip = str(parse_ip(flow.request.host)) if parse_ip(flow.request.host) else None
+                ip = ip_text(flow.request.host)
             if port is None:
                 port = flow.request.port
             prior = self._denied.get(flow.client_conn.id)
@@ -805,8 +943,7 @@ class PppAddon:
             elif prior is not None:
                 v = prior
             elif host == LOCAL_HOST:
-                self._mark(flow, sandbox, host, LOCAL, True)
-                flow.metadata["ppp"].update(ip=ip, port=port)
+                self._mark(flow, sandbox, host, LOCAL, True, ip, port)
                 self._serve_local(flow)
                 return
             else:
@@ -814,11 +951,10 @@ class PppAddon:
             if not v.allow:
                 self._deny_http(flow, sandbox, host, v)
                 return
-            self._mark(flow, sandbox, host, v, True)
-            flow.metadata["ppp"].update(ip=ip, port=port)
-            limit = ctx.options.ppp_max_request_bytes
-            cl = flow.request.headers.get("content-length", "")
-            if cl.strip().isdigit() and int(cl) > limit:
+            self._mark(flow, sandbox, host, v, True, ip, port)
+            limit = self._max_request
+            cl = header_text(flow.request.headers, b"content-length")
+            if cl and cl.strip().isdigit() and int(cl) > limit:
                 self._too_large(flow, "request", limit)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: HTTP policy check failed, denying")
@@ -849,8 +985,9 @@ class PppAddon:
         if flow.response is not None or meta.get("decision") != "allow":
             return
         try:
-            limit = ctx.options.ppp_max_request_bytes
-            if flow.request.raw_content is not None and len(flow.request.raw_content) > limit:
+            limit = self._max_request
+            raw = flow.request.raw_content
+            if raw is not None and len(raw) > limit:
                 self._too_large(flow, "request", limit)
                 return
             self._inject(flow, meta["sandbox"], meta["host"])
@@ -863,12 +1000,21 @@ class PppAddon:
             return
         try:
             self._poll()
+            fresh = ("inject", sandbox, host) not in self._secrets
             r = self.secret("inject", sandbox, host)
             if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
-                for h in AUTH_HEADERS:
-                    flow.request.headers.pop(h, None)
-                flow.request.headers[r["header"]] = r["value"]
-                log.debug("ppp: [%s] injected a key for %s", sandbox, host)
+                headers = flow.request.headers
+                # One pass over the fields instead of a pop per name.
+                fields = headers.fields
+                kept = tuple(f for f in fields if f[0].lower() not in _AUTH_BYTES)
+                if len(kept) != len(fields):
+                    headers.fields = kept
+                headers[r["header"]] = r["value"]
+                if fresh:
+                    # Once per daemon answer, not per request: every log
+                    # record, debug included, is formatted and dispatched
+                    # to all addons by mitmproxy's handlers.
+                    log.debug("ppp: [%s] injecting a key for %s", sandbox, host)
             elif r.get("reason") != "no-secret":
                 raise DaemonError(f"inject: {r.get('reason')}")
             subs = self.secret("secret", sandbox, host)
@@ -900,9 +1046,9 @@ class PppAddon:
         try:
             if flow.response is None or flow.metadata.get("ppp", {}).get("decision") != "allow":
                 return
-            limit = ctx.options.ppp_max_response_bytes
-            cl = flow.response.headers.get("content-length", "")
-            if cl.strip().isdigit() and int(cl) > limit:
+            limit = self._max_response
+            cl = header_text(flow.response.headers, b"content-length")
+            if cl and cl.strip().isdigit() and int(cl) > limit:
                 # Declared too large: answer 413 now and stream the upstream
                 # body into the void, so it is never buffered. mitmproxy sends
                 # these headers at once, then what `stream` returns per chunk;
@@ -928,7 +1074,7 @@ class PppAddon:
     def response(self, flow: http.HTTPFlow) -> None:
         try:
             meta = flow.metadata.get("ppp", {})
-            limit = ctx.options.ppp_max_response_bytes
+            limit = self._max_response
             if (
                 meta.get("decision") == "allow"
                 and flow.response is not None
@@ -952,13 +1098,17 @@ class PppAddon:
         if meta.get("logged"):
             return
         meta["logged"] = True
-        ip, port = self._addr(flow.server_conn)
+        if "ip" in meta and "port" in meta:
+            ip, port = meta["ip"], meta["port"]
+        else:
+            ip, port = self._addr(flow.server_conn)
+            ip, port = meta.get("ip", ip), meta.get("port", port)
         self.log_flow(
             sandbox=meta.get("sandbox"),
             kind="http",
             host=meta.get("host") or canonical_host(flow.request.pretty_host),
-            ip=meta.get("ip", ip),
-            port=meta.get("port", port),
+            ip=ip,
+            port=port,
             method=flow.request.method,
             status=flow.response.status_code if flow.response else None,
             decision=meta.get("decision", "deny"),

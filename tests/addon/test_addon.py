@@ -534,6 +534,128 @@ class Live(Base):
             A.FLOW_LOG_RECHECK = saved
 
 
+    def test_a_reload_applies_to_the_very_next_request(self) -> None:
+        # No socket poll in between (_last_poll is fresh): only the stat of
+        # $PPP_DATA/generation tells the addon, before any cached answer.
+        self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 403)
+        policy = Path(STATE) / "sandboxes" / "blue" / "policy.yaml"
+        before = policy.read_text()
+        try:
+            policy.write_text(
+                before
+                + "  - id: 7f1c2d3e-0000-4000-8000-000000000002\n    decision: allow\n    type: network\n"
+                + '    resource: "later.test"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
+            )
+            self.assertTrue(ask({"op": "reload"})["ok"])
+            self.addon._last_poll = time.monotonic()
+            self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 200)
+        finally:
+            policy.write_text(before)
+            ask({"op": "reload"})
+        self.addon._last_poll = time.monotonic()
+        self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 403)
+
+    def test_steady_state_asks_the_daemon_nothing(self) -> None:
+        calls: list[str] = []
+        real = self.addon.daemon.ask
+
+        def counting(req: dict[str, Any]) -> dict[str, Any]:
+            calls.append(req["op"])
+            return real(req)
+
+        self.addon.daemon.ask = counting  # type: ignore[method-assign]
+        # An allowed name on an internal address a rule allows: two decides
+        # (name, then address) the first time, then the cached check.
+        for _ in range(3):
+            f = self.run_http(http_flow(51820, "api.anthropic.com", ip="10.9.0.5", headers={"x-api-key": "d"}))
+            self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+        self.assertEqual(calls.count("decide"), 2, calls)
+        self.assertEqual((calls.count("inject"), calls.count("secret")), (1, 1), calls)
+        self.assertLessEqual(calls.count("generation"), 1, calls)
+
+    def test_a_daemon_failure_is_not_cached(self) -> None:
+        real = self.addon.daemon.ask
+        down = [True]
+
+        def flaky(req: dict[str, Any]) -> dict[str, Any]:
+            if down[0] and req["op"] == "decide":
+                raise A.DaemonError("down")
+            return real(req)
+
+        self.addon.daemon.ask = flaky  # type: ignore[method-assign]
+        f = self.run_http(http_flow(51820, "c.allowed.test"))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("unreachable", f.response.text)
+        down[0] = False
+        self.assertEqual(self.run_http(http_flow(51820, "c.allowed.test")).response.status_code, 200)
+
+    def test_rebinding_refusal_is_cached_and_stays_a_refusal(self) -> None:
+        for _ in range(2):
+            f = self.run_http(http_flow(51820, "www.allowed.test", ip="127.0.0.1"))
+            self.assertEqual(f.response.status_code, 403)
+            self.assertIn("address: 127.0.0.1", f.response.text)
+
+    def test_background_poll_follows_the_generation_and_fails_closed(self) -> None:
+        import asyncio
+
+        self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        self.assertTrue(self.addon._secrets)
+        gen = self.addon.generation
+        self.addon._last_poll = 0.0
+        asyncio.run(self.addon.poll_in_background())
+        self.assertEqual(self.addon.generation, gen)
+        self.assertTrue(self.addon._secrets, "same generation: caches kept")
+        real = self.addon.daemon.ask
+
+        def down(req: dict[str, Any]) -> dict[str, Any]:
+            raise A.DaemonError("down")
+
+        self.addon.daemon.ask = down  # type: ignore[method-assign]
+        self.addon._last_poll = 0.0
+        asyncio.run(self.addon.poll_in_background())
+        self.assertFalse(self.addon._secrets)
+        self.assertIsNone(self.addon.generation)
+        f = self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertEqual(f.request.headers["x-api-key"], "d")
+        self.addon.daemon.ask = real  # type: ignore[method-assign]
+        self.assertEqual(self.run_http(http_flow(51820, "api.anthropic.com")).response.status_code, 200)
+
+    # ---- pure helpers ----
+
+    def test_parse_ip_and_ip_text(self) -> None:
+        for _ in range(2):  # the second round comes from the memo
+            self.assertEqual(A.parse_ip("[::ffff:10.0.0.1]"), ipaddress.ip_address("10.0.0.1"))
+            self.assertEqual(A.ip_text("[::ffff:10.0.0.1]"), "10.0.0.1")
+            self.assertEqual(A.ip_text("fe80::1%eth0"), "fe80::1")
+            self.assertIsNone(A.parse_ip("api.anthropic.com"))
+            self.assertIsNone(A.ip_text("api.anthropic.com"))
+            self.assertIsNone(A.ip_text(""))
+            self.assertIsNone(A.parse_ip(None))
+
+    def test_ip_memo_is_bounded(self) -> None:
+        for i in range(A._IP_MEMO_MAX + 10):
+            A.ip_text(f"host{i}.test")
+        self.assertLessEqual(len(A._IP_MEMO), A._IP_MEMO_MAX)
+        self.assertEqual(A.ip_text("10.1.2.3"), "10.1.2.3")
+
+    def test_timestamp_format(self) -> None:
+        from datetime import datetime, timezone
+
+        a = datetime.now(timezone.utc)
+        s = A.now_rfc3339()
+        b = datetime.now(timezone.utc)
+        self.assertRegex(s, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+        self.assertTrue(a.replace(microsecond=a.microsecond // 1000 * 1000) <= t <= b, (a, s, b))
+
+    def test_header_text_matches_headers_get(self) -> None:
+        h = http.Headers([(b"Content-Length", b"10"), (b"X-A", b"1"), (b"content-length", b"12")])
+        self.assertEqual(A.header_text(h, b"content-length"), h.get("content-length", ""))
+        self.assertEqual(A.header_text(h, b"x-a"), "1")
+        self.assertEqual(A.header_text(h, b"nope"), "")
+
+
 class NoDaemon(Base):
     """Run with a state dir whose daemon is not listening: everything is denied."""
 
