@@ -557,11 +557,18 @@ fn servers_come_and_go_with_claimed_ports_through_the_real_daemon() {
     let last = d.status();
     assert_eq!(last["ports"], serde_json::json!([RED, BLUE]));
     assert_eq!(last["mitmdump_pid"], before["mitmdump_pid"], "mitmdump was not restarted");
-    assert_eq!(
-        rig.guests.iter().map(Guest::latest_handshake).collect::<Vec<_>>(),
-        shakes,
-        "red and blue kept their sessions: no new handshake"
-    );
+    // WireGuard itself re-handshakes a session 120 s after its handshake
+    // (REKEY_AFTER_TIME); on a loaded machine the test can run that long.
+    // Any other new handshake means the tunnel was disturbed.
+    for (g, before) in rig.guests.iter().zip(&shakes) {
+        let now = g.latest_handshake();
+        assert!(
+            now == *before || now >= before + 120,
+            "guest {} handshook again {} s after its first: its session did not survive",
+            g.index,
+            now.saturating_sub(*before)
+        );
+    }
     let seen: Vec<Value> = rig.upstream.requests().iter().map(|r| r["path"].clone()).collect();
     assert!(!seen.contains(&Value::from("/green-after-remove")), "{seen:?}");
 }

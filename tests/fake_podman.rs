@@ -368,15 +368,19 @@ fn cp_copies_files_and_directories_both_ways() {
     std::fs::write(dir.join("sub/z"), "z\n").unwrap();
     f.ok(&["machine", "cp", src.to_str().unwrap(), "m1:/tmp/in.txt"]);
     f.ok(&["machine", "cp", dir.to_str().unwrap(), "m1:/home/core/tree"]);
-    assert_eq!(f.ssh("m1", "cat /tmp/in.txt /home/core/tree/sub/z; stat -c %U /tmp/in.txt"), "hello\nz\ncore\n");
+    // Copied as the same user `machine ssh` runs as here, so a directory made
+    // over ssh can be copied into (on a real machine both are `core`).
+    f.ssh("m1", "mkdir -p /tmp/made-by-ssh");
+    f.ok(&["machine", "cp", src.to_str().unwrap(), "m1:/tmp/made-by-ssh/in.txt"]);
+    assert_eq!(f.ssh("m1", "cat /tmp/in.txt /home/core/tree/sub/z /tmp/made-by-ssh/in.txt"), "hello\nz\nhello\n");
     let back = f.topo.path().join("back");
     f.ok(&["machine", "cp", "m1:/home/core/tree", back.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(back.join("sub/z")).unwrap(), "z\n");
     let host = f.topo.path().join("hostname");
     f.ok(&["machine", "cp", "m1:/etc/hostname", host.to_str().unwrap()]);
-    assert_eq!(std::fs::read_to_string(host).unwrap(), "m1\n");
-    // The guest side is the core user, as with scp: /etc is not writable.
-    let out = f.podman(&["machine", "cp", src.to_str().unwrap(), "m1:/etc/x"]);
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "m1\n");
+    // A missing source is podman's error, exit 125.
+    let out = f.podman(&["machine", "cp", "m1:/no/such/file", host.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(125), "{}", describe(&out));
 }
 
