@@ -62,7 +62,7 @@ for i in $(seq 1 "$runs"); do
   t0=$(now)
   ip netns exec "$ns" "$ppp" create -q --name "bench$i" --cpus 1 -m 2g opencode "$work/ws" >/dev/null
   total=$(( $(now) - t0 ))
-  inpodman=$(awk '{s += $2 - $1} END {printf "%d", s}' "$work/podman-times")
+  inpodman=$(awk '{s += $2 - $1} END {printf "%.0f", s}' "$work/podman-times")
   echo "$total" >>"$work/totals"
   echo "$inpodman" >>"$work/podmans"
   echo $(( total - inpodman )) >>"$work/overheads"
