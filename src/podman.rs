@@ -130,8 +130,8 @@ impl Podman {
             .args(["--cpus", &spec.cpus.to_string()])
             .args(["--memory", &spec.memory_mib.to_string()])
             .args(["--disk-size", &spec.disk_gib.to_string()]);
-        for v in &spec.volumes {
-            inv = inv.arg("--volume").arg(format!("{v}:{v}"));
+        for (host, guest) in &spec.volumes {
+            inv = inv.arg("--volume").arg(format!("{host}:{guest}"));
         }
         if let Some(image) = &spec.image {
             inv = inv.arg("--image").arg(image);
@@ -207,9 +207,9 @@ pub struct InitSpec {
     pub disk_gib: u64,
     /// A machine image (a template's disk) instead of podman's default.
     pub image: Option<PathBuf>,
-    /// Host directories mounted at the same path in the VM, so the agent
-    /// container can mount them at the same path again.
-    pub volumes: Vec<String>,
+    /// Host directories mounted in the VM, `(host, guest)`; the same path
+    /// wherever podman can carry it, so the agent sees familiar paths.
+    pub volumes: Vec<(String, String)>,
 }
 
 /// The provider podman picks by default on this platform.
@@ -409,7 +409,7 @@ mod tests {
             memory_mib: 4096,
             disk_gib: 50,
             image: None,
-            volumes: vec!["/home/me/src".into()],
+            volumes: vec![("/home/me/src".into(), "/home/me/src".into())],
         };
         assert_eq!(
             podman("6.0.1", "qemu").init(&spec).to_string(),

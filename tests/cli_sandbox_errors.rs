@@ -86,6 +86,7 @@ fn unknown_sandboxes_are_named() {
         template_tag: None,
         machine_name: "ppp-red".into(),
         published: Vec::new(),
+        clone: None,
     };
     ppp::sandbox::save_locked(&dirs, &rec).unwrap();
     let (code, _, err) = output(&mut w.ppp(["rm", "red"]));

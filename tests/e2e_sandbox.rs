@@ -257,6 +257,21 @@ fn a_sandbox_from_create_to_rm() {
     ]);
     assert_eq!(code, "403");
 
+    // cp: into the VM and back, following a link with -L.
+    let file = env.root().join("note.txt");
+    std::fs::write(&file, "from the host\n").unwrap();
+    std::os::unix::fs::symlink(&file, env.root().join("link.txt")).unwrap();
+    env.ok(&["cp", file.to_str().unwrap(), "red:/tmp/note.txt"]);
+    env.ok(&["cp", "-L", env.root().join("link.txt").to_str().unwrap(), "red:/tmp/linked.txt"]);
+    assert_eq!(
+        env.ok(&["exec", "red", "--", "cat", "/tmp/note.txt", "/tmp/linked.txt"]),
+        "from the host\nfrom the host\n"
+    );
+    env.ok(&["exec", "red", "--", "sh", "-c", "echo from the vm > /tmp/back.txt"]);
+    let back = env.root().join("back.txt");
+    env.ok(&["cp", "red:/tmp/back.txt", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "from the vm\n");
+
     // run --name reattaches and runs the agent in its container: the
     // placeholder is in its environment, the proxy puts the real key on
     // its request, and its exit code is ppp's.
@@ -274,6 +289,15 @@ fn a_sandbox_from_create_to_rm() {
     let from_agent = seen.iter().find(|r| r["path"] == "/from-agent").expect("the agent's request reached upstream");
     assert!(from_agent["headers"].to_string().contains(KEY), "{from_agent}");
 
+    // A published port is kept in sandbox.json and given to the agent
+    // container on its next start, after a stop too (see run_name_calls).
+    env.ok(&["ports", "red", "--publish", "127.0.0.1:18080:3000"]);
+    let ports: Value = serde_json::from_str(&env.ok(&["ports", "red", "--json"])).unwrap();
+    assert_eq!(
+        ports,
+        serde_json::json!([{"host_ip": "127.0.0.1", "host_port": 18080, "sandbox_port": 3000, "protocol": "tcp"}])
+    );
+
     // stop keeps the port; run --name starts, re-provisions and verifies.
     let n = env.calls().len();
     env.ok(&["stop", "red"]);
@@ -285,6 +309,8 @@ fn a_sandbox_from_create_to_rm() {
     assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
     insta::assert_snapshot!("run_name_calls", since(&env, n));
     assert_eq!(env.ls()[0]["state"], "running");
+    env.ok(&["ports", "red", "--unpublish", "3000"]);
+    assert_eq!(env.ok(&["ports", "red", "--json"]).trim(), "[]");
 
     // The kill switch: with wg0 gone and a default route straight to the
     // host, which now forwards, a direct request still fails. Removing the
@@ -409,4 +435,80 @@ fn sixteen_parallel_creates_get_distinct_names_ports_and_addresses() {
     assert_eq!(reg.ports.len(), 16);
     env.ok(&["rm", "--all", "-f"]);
     assert!(env.leftovers().is_empty(), "{:?}", env.leftovers());
+}
+
+/// `--clone`: the VM works on its own clone of the repository, and the
+/// host fetches the agent's commits back through the `sandbox-<name>`
+/// remote (git's ext:: transport over `podman machine ssh`).
+#[test]
+fn a_cloned_workspace_goes_in_and_commits_come_back() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    let ws = env.ws();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(["-C", &ws])
+            .args(args)
+            .env("FAKE_PODMAN_ROOT", env.root().join("fake"))
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.test")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.test")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Not a repository yet: refused before anything is made.
+    let out = env.run(&["create", "--clone", "--name", "red", "opencode", &ws]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a git repository"), "{}", describe(&out));
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(Path::new(&ws).join("README"), "hello\n").unwrap();
+    git(&["add", "README"]);
+    git(&["commit", "-q", "-m", "first"]);
+
+    env.ok(&["create", "--clone", "--name", "red", "opencode", &ws]);
+    let guest = "/home/core/workspace/ws";
+    assert_eq!(env.ok(&["exec", "red", "--", "cat", &format!("{guest}/README")]), "hello\n");
+    // The VM's copy is its own: the host directory is not mounted.
+    env.ok(&["exec", "red", "--", "sh", "-c", &format!("echo agent > {guest}/NEW && git -C {guest} add NEW && git -C {guest} -c user.name=a -c user.email=a@x commit -q -m agent-commit")]);
+    assert!(!Path::new(&ws).join("NEW").exists());
+    let remotes = git(&["remote", "-v"]);
+    assert!(remotes.contains("sandbox-red\text::"), "{remotes}");
+    git(&["fetch", "-q", "sandbox-red"]);
+    assert_eq!(git(&["log", "-1", "--format=%s", "sandbox-red/main"]), "agent-commit\n");
+    // The agent container works in the clone.
+    let out = env.run(&["run", "--name", "red", "opencode", &ws]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("stub-agent cwd: {guest}")), "{}", describe(&out));
+    // rm takes the remote away with the sandbox.
+    env.ok(&["rm", "-f", "red"]);
+    assert!(!git(&["remote"]).contains("sandbox-red"));
+}
+
+#[test]
+fn reset_removes_sandboxes_and_state_and_secrets_unless_asked() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    env.ok(&["secret", "set", "--sandbox", "red", "openai", "-t", "sk-red-only-0123456789"]);
+    let out = env.run(&["reset"]);
+    assert_eq!(out.status.code(), Some(2), "asks, and without a terminal refuses: {}", describe(&out));
+    assert_eq!(env.ls().len(), 1);
+
+    env.ok(&["reset", "-f", "--preserve-secrets"]);
+    assert!(env.ls().is_empty());
+    assert_eq!(env.podman(&["machine", "list", "--format", "json"]), serde_json::json!([]));
+    assert!(env.leftovers().is_empty(), "{:?}", env.leftovers());
+    let dirs = env.dirs();
+    assert!(!dirs.global_policy().exists() && !dirs.port_registry().exists() && !dirs.sandboxes().exists());
+    let status: Value = serde_json::from_str(&env.ok(&["daemon", "status", "--json"])).unwrap();
+    assert_eq!(status["running"], false);
+    let secrets = env.ok(&["secret", "ls"]);
+    assert!(secrets.contains("anthropic"), "global secrets kept: {secrets}");
+    assert!(!secrets.contains("openai"), "the sandbox's own secret went with it: {secrets}");
+
+    env.ok(&["reset", "-f"]);
+    assert!(!env.ok(&["secret", "ls"]).contains("anthropic"));
+    assert!(!dirs.secrets_file().exists());
 }

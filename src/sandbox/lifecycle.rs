@@ -67,6 +67,9 @@ pub struct Request {
     pub image: String,
     pub template: Option<String>,
     pub kits: Vec<String>,
+    /// `--clone`: clone the (single) workspace repository into the VM
+    /// instead of mounting it.
+    pub clone: bool,
 }
 
 impl Request {
@@ -84,6 +87,9 @@ impl Request {
             if !abs.is_dir() {
                 return Err(fail(format!("workspace `{}` is not a directory", p.display())).code(2).into());
             }
+            if spec.clone {
+                git_toplevel(&abs)?;
+            }
             workspace.push(abs);
         }
         if let Some(name) = &spec.name {
@@ -91,11 +97,8 @@ impl Request {
         }
         // Said plainly rather than ignored: a sandbox without the kit or
         // template the user asked for is not what they asked for.
-        if spec.clone {
-            return Err(fail("`--clone` is not available yet")
-                .hint("the workspace is mounted into the sandbox at the same path instead")
-                .code(2)
-                .into());
+        if spec.clone && spec.paths.len() != 1 {
+            return Err(fail("`--clone` takes exactly one PATH: the repository to clone").code(2).into());
         }
         if !spec.kits.is_empty() {
             return Err(fail("`--kit` is not available yet").hint("create the sandbox without it").code(2).into());
@@ -135,11 +138,15 @@ impl Request {
             })?,
             None => podman::DEFAULT_DISK_GIB,
         };
-        let cpus = if spec.cpus == 0 {
-            std::thread::available_parallelism().map_or(2, |n| u32::try_from(n.get()).unwrap_or(2))
-        } else {
-            spec.cpus
-        };
+        let host_cpus = std::thread::available_parallelism().map_or(2, |n| u32::try_from(n.get()).unwrap_or(2));
+        let cpus = if spec.cpus == 0 { host_cpus } else { spec.cpus };
+        if cpus > host_cpus {
+            // podman refuses this too, but only after ppp has claimed a port.
+            return Err(fail(format!("{cpus} CPUs is more than this host has ({host_cpus})"))
+                .hint("pass a smaller `--cpus`, or 0 for all of them")
+                .code(2)
+                .into());
+        }
         let image = agent.image(|k| std::env::var(k).ok());
         Ok(Request {
             agent,
@@ -151,8 +158,101 @@ impl Request {
             image,
             template: spec.template.clone(),
             kits: spec.kits.clone(),
+            clone: spec.clone,
         })
     }
+}
+
+/// Where a workspace appears in the VM and the container: at the same path
+/// when podman's `-v SRC:DST` can carry it, else under `/workspace`
+/// (a `:` or `,` in the path would be read as a separator).
+pub fn guest_path(host: &str) -> String {
+    if host.starts_with('/') && !host.contains([':', ',']) {
+        host.to_owned()
+    } else {
+        let base = host.rsplit(['/', '\\']).find(|s| !s.is_empty()).unwrap_or("workspace");
+        format!("/workspace/{}", base.replace([':', ','], "_"))
+    }
+}
+
+/// The workspace directories as the VM sees them: the clone, or the mounts.
+fn guest_workspaces(rec: &Record) -> Vec<String> {
+    match &rec.clone {
+        Some(c) => vec![c.clone()],
+        None => rec.workspace.iter().map(|w| guest_path(w)).collect(),
+    }
+}
+
+/// Where `--clone` puts a repository in the VM.
+pub fn clone_path(host: &str) -> String {
+    let base = host.rsplit('/').find(|s| !s.is_empty()).unwrap_or("workspace");
+    format!("/home/core/workspace/{base}")
+}
+
+/// The top of the git repository `dir` is in, or an error saying it is not
+/// one (`--clone` needs a repository).
+fn git_toplevel(dir: &std::path::Path) -> Result<String> {
+    let inv = Invocation::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "--show-toplevel"])
+        .timeout(Duration::from_secs(30));
+    exec::run(&inv).map(|o| o.stdout.trim().to_owned()).map_err(|e| {
+        fail(format!("`{}` is not a git repository, so it cannot be cloned: {e}", dir.display()))
+            .hint("drop `--clone` to mount the directory instead")
+            .code(2)
+            .into()
+    })
+}
+
+/// The host remote that points into a sandbox's clone.
+pub fn clone_remote(name: &str) -> String {
+    format!("sandbox-{name}")
+}
+
+/// The remote's URL: git's `ext::` transport running git's own pack
+/// commands in the VM over `podman machine ssh`, so fetch and push need no
+/// ssh keys or ports of their own.
+pub fn clone_url(podman: &Podman, machine: &str, guest: &str) -> String {
+    // ext:: splits on spaces; `%` starts its placeholders.
+    let esc = |s: &str| s.replace('%', "%%").replace(' ', "\\ ");
+    format!("ext::{} machine ssh {} -- %S {}", esc(&podman.program.display().to_string()), esc(machine), esc(guest))
+}
+
+/// Clone the host repository into the VM (a bundle copied in, so the VM
+/// needs no access to the host's remotes), and add the host remote
+/// `sandbox-<name>` pointing back at it.
+fn clone_into(dirs: &Dirs, podman: &Podman, rec: &Record, host: &std::path::Path, guest: &str, ui: Ui) -> Result<()> {
+    ui.step(&format!("cloning `{}` into the sandbox at `{guest}`", host.display()));
+    let bundle = dirs.sandbox(&rec.name).join("workspace.bundle");
+    let git =
+        |args: &[&str]| Invocation::new("git").arg("-C").arg(host).args(args).timeout(Duration::from_secs(10 * 60));
+    exec::run(&git(&["bundle", "create", &bundle.display().to_string(), "--all"])).map_err(|e| {
+        anyhow::Error::new(e).context(
+            fail(format!("could not bundle `{}` for the sandbox", host.display()))
+                .hint("`--clone` needs a repository with at least one commit"),
+        )
+    })?;
+    let machine = &rec.machine_name;
+    let in_guest = format!("{GUEST_DIR}/workspace.bundle");
+    run_logged(dirs, &rec.name, &podman.copy_in(&bundle, machine, &in_guest), "copying the repository")?;
+    let parent = guest.rsplit_once('/').map_or("/", |(p, _)| p);
+    run_logged(
+        dirs,
+        &rec.name,
+        &podman.ssh(machine, &["sh", "-c", "mkdir -p \"$1\" && rm -rf \"$2\" && git clone --quiet \"$3\" \"$2\" && git -C \"$2\" remote remove origin", "sh", parent, guest, &in_guest]),
+        "cloning the repository in the VM",
+    )?;
+    let _ = std::fs::remove_file(&bundle);
+    let remote = clone_remote(&rec.name);
+    let url = clone_url(podman, machine, guest);
+    // A remote left by an earlier sandbox of the same name is replaced.
+    let _ = exec::run(&git(&["remote", "remove", &remote]));
+    exec::run(&git(&["remote", "add", &remote, &url]))?;
+    // ext:: is off by default; `user` allows it for remotes the user
+    // configured, never for URLs that submodules bring in.
+    exec::run(&git(&["config", "protocol.ext.allow", "user"]))?;
+    Ok(())
 }
 
 /// Half the host's memory, at most 32 GiB, at least podman's floor.
@@ -235,7 +335,22 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
             memory_mib: req.memory_mib,
             disk_gib: req.disk_gib,
             image: None,
-            volumes: req.workspace.iter().map(|p| p.display().to_string()).collect(),
+            // A cloned workspace is not mounted: the VM works on its own copy.
+            volumes: req
+                .workspace
+                .iter()
+                .filter(|_| !req.clone)
+                .map(|p| {
+                    let host = p.display().to_string();
+                    let guest = guest_path(&host);
+                    if guest != host {
+                        eprintln!(
+                            "warning: `{host}` cannot be mounted at the same path; the sandbox sees it at `{guest}`"
+                        );
+                    }
+                    (host, guest)
+                })
+                .collect(),
         };
         interrupt.check()?;
         run_logged(dirs, &name, &podman.init(&spec), "podman machine init")?;
@@ -244,6 +359,10 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         start_machine(dirs, podman, &name, machine, ui)?;
         interrupt.check()?;
         provision(dirs, podman, &claim.record, &req.image, ui)?;
+        interrupt.check()?;
+        if let Some(guest) = &claim.record.clone {
+            clone_into(dirs, podman, &claim.record, &req.workspace[0], guest, ui)?;
+        }
         interrupt.check()?;
         verify(dirs, podman, &claim.record, ui)?;
         interrupt.check()?;
@@ -330,6 +449,7 @@ fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
         template_tag: req.template.clone(),
         machine_name: super::machine_name(&name),
         published: Vec::new(),
+        clone: req.clone.then(|| clone_path(&req.workspace[0].display().to_string())),
     };
     state::create_private_dir(&dirs.sandbox(&name))?;
     // The port is saved before the record: a crash in between leaves a
@@ -637,14 +757,14 @@ pub fn agent_invocation(
         line.extend(["--cap-drop".into(), cap.into()]);
     }
     line.extend(["--security-opt".into(), "no-new-privileges".into()]);
-    for ws in &rec.workspace {
-        line.extend(["-v".into(), format!("{ws}:{ws}")]);
+    for g in guest_workspaces(rec) {
+        line.extend(["-v".into(), format!("{g}:{g}")]);
     }
     line.extend(["-v".into(), format!("{GUEST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro")]);
     for p in &rec.published {
         line.extend(["-p".into(), crate::cmd::ports::podman_publish(p)]);
     }
-    if let Some(first) = rec.workspace.first() {
+    if let Some(first) = guest_workspaces(rec).first() {
         line.extend(["-w".into(), first.clone()]);
     }
     for (k, v) in agent.container_env(extra_env) {
@@ -730,6 +850,14 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
             .hint(format!("`ppp rm -f {name}` removes the sandbox's state anyway"))
             .into());
     }
+    if let Some(r) = rec.as_ref().filter(|r| r.clone.is_some())
+        && let Some(ws) = r.workspace.first()
+    {
+        let inv = Invocation::new("git").args(["-C", ws, "remote", "remove", &clone_remote(name)]);
+        if let Err(e) = exec::run(&inv.timeout(Duration::from_secs(30))) {
+            eprintln!("warning: could not remove the remote `{}` from `{ws}`: {e}", clone_remote(name));
+        }
+    }
     forget(dirs, name, Keep::Nothing)?;
     let _ = proxy::notify_reload(dirs);
     Ok(())
@@ -780,6 +908,14 @@ fn last_line(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workspaces_are_mirrored_when_they_can_be() {
+        assert_eq!(guest_path("/home/me/src/app"), "/home/me/src/app");
+        assert_eq!(guest_path("/home/me/a:b"), "/workspace/a_b");
+        assert_eq!(guest_path("/srv/x,y/"), "/workspace/x_y");
+        assert_eq!(guest_path("C:\\Users\\me\\app"), "/workspace/app");
+    }
 
     #[test]
     fn memory_default_is_half_capped_and_floored() {

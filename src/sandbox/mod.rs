@@ -98,6 +98,10 @@ pub struct Record {
     pub machine_name: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub published: Vec<Published>,
+    /// With `--clone`: where the workspace's clone lives in the VM (the
+    /// host repository has a remote `sandbox-<name>` pointing at it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<String>,
 }
 
 /// Check a sandbox name: lowercase letters, digits and `-`, starting with a
