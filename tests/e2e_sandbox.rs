@@ -439,7 +439,7 @@ fn sixteen_parallel_creates_get_distinct_names_ports_and_addresses() {
 
 /// `--clone`: the VM works on its own clone of the repository, and the
 /// host fetches the agent's commits back through the `sandbox-<name>`
-/// remote (git's ext:: transport over `podman machine ssh`).
+/// remote (git's `ext::` transport over `podman machine ssh`).
 #[test]
 fn a_cloned_workspace_goes_in_and_commits_come_back() {
     let env = Env::new("qemu");
