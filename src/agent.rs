@@ -119,6 +119,26 @@ mod tests {
         assert!(err.contains("unknown agent `copilot`"), "{err}");
     }
 
+    /// The images cannot be built here (no container registry), so their
+    /// recipes are checked for what ppp relies on.
+    #[test]
+    fn containerfiles_have_what_the_sandbox_needs() {
+        for a in AGENTS {
+            let text = String::from_utf8(crate::assets::get(a.containerfile).unwrap()).unwrap();
+            for needed in
+                ["git", "openssh-client", "ca-certificates", "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt"]
+            {
+                assert!(text.contains(needed), "{}: {needed}", a.containerfile);
+            }
+            let user = text.lines().rev().find_map(|l| l.strip_prefix("USER ")).unwrap_or("root");
+            assert!(user != "root" && user != "0", "{} runs as {user}", a.containerfile);
+            let code: String = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+            assert!(!code.contains("sudo"), "{} installs no sudo", a.containerfile);
+            let cmd = format!("CMD [\"{}\"]", a.command[0]);
+            assert!(text.contains(&cmd), "{}: {cmd}", a.containerfile);
+        }
+    }
+
     #[test]
     fn image_override_and_env() {
         let oc = find("opencode").unwrap();

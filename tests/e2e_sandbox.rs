@@ -26,6 +26,7 @@ const IMAGE: &str = "localhost/agent:latest";
 /// is for echo.test only, so the API call is plain HTTP and the HTTPS one
 /// goes to echo.test), and exits 7.
 const STUB_AGENT: &str = r#"#!/bin/sh
+if [ "$1" = sleep-then ]; then exec sh -c "$2"; fi
 echo "stub-agent args: $*"
 echo "stub-agent key: $ANTHROPIC_API_KEY"
 echo "stub-agent cwd: $(pwd)"
@@ -62,6 +63,10 @@ impl Env {
         std::fs::write(bin.join("opencode"), STUB_AGENT).unwrap();
         std::fs::set_permissions(bin.join("opencode"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         std::fs::create_dir_all(topo.path().join("ws")).unwrap();
+        // The fake's containers run as uid 1000 with no user namespace, so
+        // they can write the workspace only if everyone can (rootless
+        // podman maps the owner in a real machine).
+        std::fs::set_permissions(topo.path().join("ws"), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         std::fs::create_dir_all(topo.path().join("home")).unwrap();
         Env { provider, extra: Vec::new(), upstream, _etc: etc, topo }
     }
@@ -148,8 +153,24 @@ impl Env {
             .collect()
     }
 
-    /// What is left of the fake's machines: namespaces and links.
+    /// What is left of the fake's machines: namespaces, links, and
+    /// processes of a machine (their command lines name its state dir).
     fn leftovers(&self) -> Vec<String> {
+        let mut found = self.net_leftovers();
+        let fake = self.root().join("fake").display().to_string();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            // The fake's own short-lived calls (`machine list`…) are not
+            // machines; its holders and everything under them are.
+            if text.contains(&format!("{fake}/machines/")) {
+                found.push(format!("process {}: {text}", e.file_name().to_string_lossy()));
+            }
+        }
+        found
+    }
+
+    fn net_leftovers(&self) -> Vec<String> {
         let prefix = std::fs::read_to_string(self.root().join("fake/prefix")).unwrap_or_default();
         let prefix = prefix.trim();
         if prefix.is_empty() {
@@ -330,7 +351,10 @@ fn a_sandbox_from_create_to_rm() {
     assert!(paths.contains(&Value::from("/control")), "the control request shows the path was real: {paths:?}");
     env.topo.host_forwarding(false);
 
-    // rm leaves no machine, namespace, link, port or state.
+    // rm leaves no machine, namespace, link, process, port or state.
+    let before = env.leftovers();
+    assert!(before.iter().any(|l| l.starts_with("process ")), "a running machine is seen: {before:?}");
+    assert!(before.iter().any(|l| l.starts_with("netns ")), "{before:?}");
     let n = env.calls().len();
     env.ok(&["rm", "-f", "red"]);
     insta::assert_snapshot!("rm_calls", since(&env, n));
@@ -511,4 +535,35 @@ fn reset_removes_sandboxes_and_state_and_secrets_unless_asked() {
     env.ok(&["reset", "-f"]);
     assert!(!env.ok(&["secret", "ls"]).contains("anthropic"));
     assert!(!dirs.secrets_file().exists());
+}
+
+/// Ctrl-C stops the agent and leaves the sandbox running; ppp reports the
+/// agent's end (SIGINT: 130).
+#[test]
+fn ctrl_c_stops_the_agent_and_keeps_the_vm() {
+    use std::os::unix::process::CommandExt as _;
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let marker = env.root().join("ws/agent-started");
+    // The stub agent runs `sh -c` on its second argument when the first is
+    // `sleep-then`.
+    let script = format!("touch {}; exec sleep 60", marker.display());
+    let mut child = env
+        .ppp(&["run", "--name", "red", "opencode", &env.ws(), "--", "sleep-then", &script])
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    netns::wait_until("the agent to start", std::time::Duration::from_secs(60), || marker.exists());
+    // As a terminal does: SIGINT to the whole foreground process group.
+    let pgid = nix::unistd::Pid::from_raw(-i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "ppp outlives Ctrl-C and reports the agent's end: {err}");
+    assert_eq!(env.ls()[0]["state"], "running", "the VM keeps running");
+    assert_eq!(env.ok(&["exec", "red", "--", "echo", "still here"]), "still here\n");
 }
