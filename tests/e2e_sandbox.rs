@@ -422,7 +422,10 @@ fn one_running_machine_at_a_time_where_podman_says_so() {
     assert!(err.contains("hint: stop the running one first: `ppp stop red`"), "{err}");
     assert_eq!(env.ls().len(), 1, "nothing was created for blue");
     env.ok(&["stop", "red"]);
-    env.ok(&["create", "--name", "blue", "opencode", &env.ws()]);
+    // `run` with a new name creates the sandbox, then runs the agent.
+    let out = env.run(&["run", "--name", "blue", "opencode", &env.ws(), "--", "first", "run"]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stub-agent args: first run"), "{}", describe(&out));
     let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("machine `ppp-blue` is running"), "{err}");
