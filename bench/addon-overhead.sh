@@ -293,6 +293,7 @@ measure() { # a|b: switch the guest over, load, print the result with mitmdump's
   fi
   t0=$(cpu_ticks "$pid")
   if [ -n "${PYSPY:-}" ]; then # profile each side's mitmdump: raw collapsed stacks
+    # shellcheck disable=SC2086 # PYSPY_ARGS is a list of flags, split on purpose
     "$PYSPY" record ${PYSPY_ARGS---nonblocking} --format raw -r 200 -d $((warmup + duration)) -p "$pid" \
       -o "${PROFILE_DIR:-.}/profile-$side-$$-$RANDOM.txt" >/dev/null 2>&1 &
   fi
