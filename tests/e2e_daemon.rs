@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use netns::{Guest, NetnsEtc, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
+use netns::{Daemon, Guest, NetnsEtc, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
 use serde_json::Value;
 
 const RED: u16 = 51820;
@@ -36,37 +36,14 @@ struct Rig {
     topo: Topology,
 }
 
-/// ppp's state dirs and the running daemon, stopped on drop.
-struct Daemon {
-    root: PathBuf,
+/// What these tests read from the daemon's state.
+trait DaemonExt {
+    fn conf(&self, port: u16) -> netns::ClientConf;
+    fn status(&self) -> Value;
+    fn flows(&self) -> Vec<Value>;
 }
 
-impl Daemon {
-    fn data(&self) -> PathBuf {
-        self.root.join("data")
-    }
-
-    /// `ppp ARGS` with this daemon's state dirs.
-    fn ppp(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_ppp"));
-        c.env_clear()
-            .env("HOME", &self.root)
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("PPP_CONFIG", self.root.join("config"))
-            .env("PPP_DATA", self.data())
-            .env("PPP_CACHE", self.root.join("cache"))
-            .env("PPP_SECRET_BACKEND", "file")
-            .env("PPP_MITMDUMP", netns::mitmdump_path())
-            .args(args);
-        c
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.ppp(args).output().unwrap();
-        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
+impl DaemonExt for Daemon {
     /// The client config the daemon captured for `port`.
     fn conf(&self, port: u16) -> netns::ClientConf {
         let confs: Value =
@@ -80,10 +57,6 @@ impl Daemon {
         }
     }
 
-    fn dirs(&self) -> ppp::dirs::Dirs {
-        ppp::dirs::Dirs { config: self.root.join("config"), data: self.data(), cache: self.root.join("cache") }
-    }
-
     fn status(&self) -> Value {
         serde_json::from_str(&self.ok(&["daemon", "status", "--json"])).unwrap()
     }
@@ -94,12 +67,6 @@ impl Daemon {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.ppp(&["daemon", "stop"]).output();
     }
 }
 
@@ -124,23 +91,7 @@ fn rig() -> Rig {
     daemon.ok(&["secret", "set", "-g", "anthropic", "-t", KEY]);
 
     // mitmdump verifies upstream servers against the test CA only.
-    let mut start = daemon.ppp(&["daemon", "start", "-d"]);
-    let argv: Vec<String> = std::iter::once(start.get_program().to_string_lossy().into_owned())
-        .chain(start.get_args().map(|a| a.to_string_lossy().into_owned()))
-        .collect();
-    let envs: Vec<(String, String)> = start
-        .get_envs()
-        .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
-        .collect();
-    start = Command::new("ip");
-    start
-        .env_clear()
-        .envs(envs)
-        .env("PPP_UPSTREAM_CA", &upstream.ca_cert)
-        .args(["netns", "exec", &topo.host_ns()])
-        .args(&argv);
-    let out = start.output().unwrap();
-    assert!(out.status.success(), "daemon start: {}", describe(&out));
+    daemon.start(&topo, &upstream);
 
     let mut rig = Rig { guests: Vec::new(), daemon, upstream, _etc: etc, topo };
     rig.guests = vec![

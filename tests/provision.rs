@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Instant;
 
-use netns::{HOST_UPSTREAM_IP, Topology, UPSTREAM_IP, Upstream, describe, run_ok, wait_until};
+use netns::{Daemon, HOST_UPSTREAM_IP, Topology, UPSTREAM_IP, Upstream, describe, run_ok, wait_until};
 use serde_json::Value;
 
 const NAME: &str = "vm1";
@@ -39,69 +39,6 @@ const GUEST_PATH: &str = "/tmp/ppp-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:
 const DENIED_IP: &str = "198.18.0.99";
 /// The user ppp's `sudo` comes from; the stub podman records who pulled.
 const SSH_USER: &str = "nobody";
-
-/// ppp's state dirs and the running daemon (stopped on drop).
-struct Daemon {
-    root: PathBuf,
-}
-
-impl Daemon {
-    fn data(&self) -> PathBuf {
-        self.root.join("data")
-    }
-
-    fn dirs(&self) -> ppp::dirs::Dirs {
-        ppp::dirs::Dirs { config: self.root.join("config"), data: self.data(), cache: self.root.join("cache") }
-    }
-
-    fn ppp(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_ppp"));
-        c.env_clear()
-            .env("HOME", &self.root)
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("PPP_CONFIG", self.root.join("config"))
-            .env("PPP_DATA", self.data())
-            .env("PPP_CACHE", self.root.join("cache"))
-            .env("PPP_SECRET_BACKEND", "file")
-            .env("PPP_MITMDUMP", netns::mitmdump_path())
-            .args(args);
-        c
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.ppp(args).output().unwrap();
-        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `ppp daemon start -d` inside the host namespace, trusting only the
-    /// upstream's test CA (as `tests/e2e_daemon.rs` does).
-    fn start(&self, topo: &Topology, upstream: &Upstream) {
-        let start = self.ppp(&["daemon", "start", "-d"]);
-        let argv: Vec<String> = std::iter::once(start.get_program().to_string_lossy().into_owned())
-            .chain(start.get_args().map(|a| a.to_string_lossy().into_owned()))
-            .collect();
-        let envs: Vec<(String, String)> = start
-            .get_envs()
-            .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
-            .collect();
-        let out = Command::new("ip")
-            .env_clear()
-            .envs(envs)
-            .env("PPP_UPSTREAM_CA", &upstream.ca_cert)
-            .args(["netns", "exec", &topo.host_ns()])
-            .args(&argv)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "daemon start: {}", describe(&out));
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.ppp(&["daemon", "stop"]).output();
-    }
-}
 
 /// The hand-built guest: guest 1 of the topology, re-addressed like a
 /// Podman Machine VM, with an init process holding private mount and pid

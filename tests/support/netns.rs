@@ -835,3 +835,69 @@ impl Drop for NetnsEtc {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// ppp's state dirs under `root` and the daemon started for them, stopped
+/// on drop. `ppp` runs with a clean environment and the file secret store.
+pub struct Daemon {
+    pub root: PathBuf,
+}
+
+impl Daemon {
+    pub fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    pub fn dirs(&self) -> ppp::dirs::Dirs {
+        ppp::dirs::Dirs { config: self.root.join("config"), data: self.data(), cache: self.root.join("cache") }
+    }
+
+    /// `ppp ARGS` with these state dirs.
+    pub fn ppp(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ppp"));
+        c.env_clear()
+            .env("HOME", &self.root)
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("PPP_CONFIG", self.root.join("config"))
+            .env("PPP_DATA", self.data())
+            .env("PPP_CACHE", self.root.join("cache"))
+            .env("PPP_SECRET_BACKEND", "file")
+            .env("PPP_MITMDUMP", mitmdump_path())
+            .args(args);
+        c
+    }
+
+    /// `ppp ARGS`, required to succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.ppp(args).output().unwrap();
+        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `ppp daemon start -d` inside the topology's host namespace, trusting
+    /// only the upstream's test CA.
+    pub fn start(&self, topo: &Topology, upstream: &Upstream) {
+        let start = self.ppp(&["daemon", "start", "-d"]);
+        let argv: Vec<String> = std::iter::once(start.get_program().to_string_lossy().into_owned())
+            .chain(start.get_args().map(|a| a.to_string_lossy().into_owned()))
+            .collect();
+        let envs: Vec<(String, String)> = start
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
+            .collect();
+        let out = Command::new("ip")
+            .env_clear()
+            .envs(envs)
+            .env("PPP_UPSTREAM_CA", &upstream.ca_cert)
+            .args(["netns", "exec", &topo.host_ns()])
+            .args(&argv)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "daemon start: {}", describe(&out));
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.ppp(&["daemon", "stop"]).output();
+    }
+}
