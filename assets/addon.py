@@ -852,12 +852,7 @@ class PppAddon:
             log.exception("ppp: dns_request failed, refusing")
             v = deny(f"internal error: {type(e).__name__}")
         if not v.allow:
-            flow.response = flow.request.fail(response_codes.REFUSED)
-            log.info("ppp: [%s] refused DNS %s: %s", sandbox, name, v.reason)
-            try:
-                self._log_dns(flow, sandbox, name, v)
-            except Exception:  # noqa: BLE001
-                log.exception("ppp: could not log a refused DNS query")
+            self._refuse_dns(flow, sandbox, name, v, "query")
 
     def dns_response(self, flow: dns.DNSFlow) -> None:
         """The DNS-rebinding defence, applied to answers.
@@ -903,12 +898,17 @@ class PppAddon:
             log.exception("ppp: dns_response failed, refusing")
             v = deny(f"internal error: {type(e).__name__}")
         if v is not None and not v.allow:
-            flow.response = flow.request.fail(response_codes.REFUSED)
-            log.info("ppp: [%s] refused the DNS answer for %s: %s", sandbox, name, v.reason)
-            try:
-                self._log_dns(flow, sandbox, name, v)
-            except Exception:  # noqa: BLE001
-                log.exception("ppp: could not log a refused DNS answer")
+            self._refuse_dns(flow, sandbox, name, v, "answer")
+
+    def _refuse_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict, what: str) -> None:
+        """Answer REFUSED (for a denied query, or an answer the rebinding
+        defence refuses) and log it."""
+        flow.response = flow.request.fail(response_codes.REFUSED)
+        log.info("ppp: [%s] refused the DNS %s for %s: %s", sandbox, what, name, v.reason)
+        try:
+            self._log_dns(flow, sandbox, name, v)
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: could not log a refused DNS %s", what)
 
     def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> None:
         ip, _ = self._addr(flow.server_conn)

@@ -136,6 +136,18 @@ class Base(unittest.TestCase):
         self.addon.server_connect(server_hooks.ServerConnectionHookData(client=c, server=s))
         return s.error
 
+    def count_daemon_calls(self) -> list[str]:
+        """From now on, record the op of every request the addon sends."""
+        calls: list[str] = []
+        real = self.addon.daemon.ask
+
+        def counting(req: dict[str, Any]) -> dict[str, Any]:
+            calls.append(req["op"])
+            return real(req)
+
+        self.addon.daemon.ask = counting  # type: ignore[method-assign]
+        return calls
+
     def flows(self) -> list[dict[str, Any]]:
         p = Path(STATE) / "flows.jsonl"
         return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
@@ -173,14 +185,7 @@ class Live(Base):
         self.assertIn("ppp policy allow network --sandbox red-fox nothing.example", f.response.text)
 
     def test_decisions_are_cached_until_the_generation_changes(self) -> None:
-        calls: list[str] = []
-        real = self.addon.daemon.ask
-
-        def counting(req: dict[str, Any]) -> dict[str, Any]:
-            calls.append(req["op"])
-            return real(req)
-
-        self.addon.daemon.ask = counting  # type: ignore[method-assign]
+        calls = self.count_daemon_calls()
         for _ in range(5):
             self.assertEqual(self.run_http(http_flow(51821, "late.test")).response.status_code, 403)
         self.assertEqual(calls.count("decide"), 1, calls)
@@ -556,14 +561,7 @@ class Live(Base):
         self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 403)
 
     def test_steady_state_asks_the_daemon_nothing(self) -> None:
-        calls: list[str] = []
-        real = self.addon.daemon.ask
-
-        def counting(req: dict[str, Any]) -> dict[str, Any]:
-            calls.append(req["op"])
-            return real(req)
-
-        self.addon.daemon.ask = counting  # type: ignore[method-assign]
+        calls = self.count_daemon_calls()
         # An allowed name on an internal address a rule allows: two decides
         # (name, then address) the first time, then the cached check.
         for _ in range(3):
