@@ -589,7 +589,8 @@ pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui
     let machine = &rec.machine_name;
     let script = dirs.sandbox(&rec.name).join("provision.sh");
     state::write_atomic(&script, &crate::assets::provision())?;
-    run_logged(dirs, &rec.name, &podman.ssh(machine, &["mkdir", "-p", GUEST_DIR]), "preparing the VM")?;
+    // Private: wg0.conf carries the guest's WireGuard key.
+    run_logged(dirs, &rec.name, &podman.ssh(machine, &["mkdir", "-p", "-m", "0700", GUEST_DIR]), "preparing the VM")?;
     run_logged(
         dirs,
         &rec.name,
