@@ -362,3 +362,37 @@ fn without_a_terminal_or_yes_nothing_changes() {
     assert_eq!(code, 0, "{out}");
     assert!(out.ends_with("\nppp has all it needs; optional: mitmproxy ca\n"), "{out}");
 }
+
+/// `ppp setup` on a pseudo-terminal (util-linux `script`), answering
+/// `input` to its prompts.
+fn on_terminal(s: &Setup, input: &str) -> String {
+    use std::io::Write as _;
+    let template = s.ppp(&[]);
+    let mut c = Command::new("script");
+    c.env_clear().current_dir(s.w.path());
+    for (k, v) in template.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c.args(["-qec", &format!("{} setup", env!("CARGO_BIN_EXE_ppp")), "/dev/null"]);
+    let mut child = c.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
+}
+
+#[test]
+fn on_a_terminal_each_fix_is_asked_about() {
+    let s = Setup::new();
+    let out = on_terminal(&s, "n\n");
+    assert!(at(&out, "policy: will write") < at(&out, "apply this fix? [y/N]"), "{out}");
+    assert!(out.contains("policy: skipped; nothing changed"), "{out}");
+    assert!(!s.w.config().join("policies.yaml").exists());
+
+    let out = on_terminal(&s, "y\ndeny-all\n");
+    assert!(at(&out, "apply this fix? [y/N]") < at(&out, "preset [balanced/allow-all/deny-all]"), "{out}");
+    assert!(out.contains("global policy set to preset `deny-all`"), "{out}");
+    let ls: serde_json::Value = serde_json::from_str(&ok(&mut s.ppp(&["policy", "ls", "--json"]))).unwrap();
+    assert_eq!(ls["preset"], "deny-all");
+}
