@@ -15,6 +15,10 @@ pub const PPP_MITMDUMP: &str = "PPP_MITMDUMP";
 pub const PPP_PYTHON: &str = "PPP_PYTHON";
 /// PEM bundle mitmproxy verifies upstream servers against.
 pub const PPP_UPSTREAM_CA: &str = "PPP_UPSTREAM_CA";
+/// Directory of the host's CA trust anchors that `ppp setup` copies
+/// mitmproxy's CA into (default: the distro's, `/etc/pki/ca-trust/source/anchors`
+/// on Fedora, else `/usr/local/share/ca-certificates`).
+pub const PPP_CA_ANCHORS: &str = "PPP_CA_ANCHORS";
 /// pyenv's root (default `~/.pyenv`), searched for a Python to build the
 /// mitmproxy venv with.
 pub const PYENV_ROOT: &str = "PYENV_ROOT";
@@ -36,6 +40,7 @@ pub const ALL: &[&str] = &[
     PPP_MITMDUMP,
     PPP_PYTHON,
     PPP_UPSTREAM_CA,
+    PPP_CA_ANCHORS,
     PYENV_ROOT,
     PPP_SECRET_BACKEND,
     PPP_AGE_IDENTITY,

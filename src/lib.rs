@@ -24,6 +24,7 @@ pub mod policy;
 pub mod proxy;
 pub mod sandbox;
 pub mod secret;
+pub mod setup;
 pub mod state;
 pub mod versions;
 

@@ -145,14 +145,16 @@ fn set_custom(dirs: &Dirs, a: &SecretSetCustomArgs) -> Result<ExitCode> {
 }
 
 /// The first non-empty variable of `vars`, with its name.
-fn from_env(vars: &[&'static str]) -> Option<(&'static str, Value)> {
+pub(crate) fn from_env(vars: &[&'static str]) -> Option<(&'static str, Value)> {
     vars.iter().find_map(|v| {
         let val = std::env::var(v).ok().filter(|s| !s.trim().is_empty())?;
         Some((*v, Value::new(val)))
     })
 }
 
-fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool) -> Result<ExitCode> {
+/// `ppp secret import`: store keys found in the environment; `ppp setup
+/// --import-secrets` calls it too.
+pub(crate) fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, force: bool) -> Result<ExitCode> {
     if let Some(s) = only
         && services::builtin(s).is_none()
     {
