@@ -81,7 +81,6 @@ fn later_commands_refuse_with_exit_2() {
     let w = World::new();
     let cases: &[(&[&str], &str)] = &[
         (&["setup"], "setup"),
-        (&["diagnose", "-o", "json"], "diagnose"),
         (&["tui"], "tui"),
         (&["kit", "validate", "x"], "kit validate"),
         (&["kit", "pack", "x"], "kit pack"),
