@@ -28,6 +28,9 @@ pub const PPP_SECRET_BACKEND: &str = "PPP_SECRET_BACKEND";
 pub const PPP_AGE_IDENTITY: &str = "PPP_AGE_IDENTITY";
 /// Log filter for ppp's own diagnostics (tracing `EnvFilter` syntax).
 pub const PPP_LOG: &str = "PPP_LOG";
+/// Seconds `ppp diagnose` waits for each external probe (podman, mitmdump,
+/// Python, the keychain) before reporting it as timed out; default 10.
+pub const PPP_PROBE_TIMEOUT: &str = "PPP_PROBE_TIMEOUT";
 /// Disables colour when set to anything (<https://no-color.org>).
 pub const NO_COLOR: &str = "NO_COLOR";
 
@@ -45,5 +48,6 @@ pub const ALL: &[&str] = &[
     PPP_SECRET_BACKEND,
     PPP_AGE_IDENTITY,
     PPP_LOG,
+    PPP_PROBE_TIMEOUT,
     NO_COLOR,
 ];

@@ -14,6 +14,7 @@ pub mod assets;
 pub mod cli;
 pub mod cmd;
 pub mod config;
+pub mod diagnose;
 pub mod dirs;
 pub mod env;
 pub mod error;

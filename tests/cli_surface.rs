@@ -80,7 +80,6 @@ fn top_level_surface_is_complete() {
 fn later_commands_refuse_with_exit_2() {
     let w = World::new();
     let cases: &[(&[&str], &str)] = &[
-        (&["diagnose", "-o", "json"], "diagnose"),
         (&["tui"], "tui"),
         (&["kit", "validate", "x"], "kit validate"),
         (&["kit", "pack", "x"], "kit pack"),

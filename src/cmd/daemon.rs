@@ -186,32 +186,37 @@ fn stop(dirs: &Dirs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `daemon status --json`.
-#[derive(Debug, Serialize)]
-struct Status {
-    running: bool,
-    pid: Option<u32>,
-    mitmdump_pid: Option<u32>,
-    mitmdump_alive: bool,
-    ports: Vec<u16>,
-    sandboxes: Vec<SandboxPort>,
-    started_at: Option<String>,
-    restarts: u32,
-    last_restart: Option<String>,
-    last_log_line: Option<String>,
+/// What `daemon status` reports (its `--json` form), also part of
+/// `ppp diagnose`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Status {
+    /// Whether a daemon holds `daemon.lock`.
+    pub running: bool,
+    pub pid: Option<u32>,
+    pub mitmdump_pid: Option<u32>,
+    pub mitmdump_alive: bool,
+    /// The WireGuard ports the running mitmdump listens on.
+    pub ports: Vec<u16>,
+    /// Every sandbox in the port registry and its tunnel.
+    pub sandboxes: Vec<SandboxPort>,
+    pub started_at: Option<String>,
+    pub restarts: u32,
+    pub last_restart: Option<String>,
+    pub last_log_line: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
-struct SandboxPort {
-    name: String,
-    port: u16,
+/// A sandbox's pool port as the daemon sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SandboxPort {
+    pub name: String,
+    pub port: u16,
     /// Whether the running mitmdump has a WireGuard server on the port.
-    listening: bool,
+    pub listening: bool,
     /// Whether the tunnel carried a connection lately.
-    tunnel: Tunnel,
+    pub tunnel: Tunnel,
     /// When the tunnel last carried a connection (RFC 3339), if ever in
     /// this mitmdump's records.
-    last_seen: Option<String>,
+    pub last_seen: Option<String>,
 }
 
 /// A sandbox's tunnel as the host sees it. mitmproxy does not report
@@ -221,7 +226,7 @@ struct SandboxPort {
 /// starts with a fresh handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum Tunnel {
+pub enum Tunnel {
     /// A connection within the window.
     Active,
     /// Connections before, none within the window.
@@ -264,7 +269,10 @@ fn rfc3339(epoch_secs: f64) -> Option<String> {
     time::OffsetDateTime::from_unix_timestamp(secs).ok()?.format(&time::format_description::well_known::Rfc3339).ok()
 }
 
-fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
+/// The daemon's state from its record, the port registry and
+/// `tunnels.json`, without asking the daemon: status must answer even when
+/// the daemon is wedged.
+pub fn status_report(dirs: &Dirs) -> Result<Status> {
     let running = supervisor::is_running(dirs)?;
     let rec = if running { supervisor::load_record(dirs)? } else { None };
     let mitmdump_pid = rec.as_ref().and_then(|r| r.mitmdump_pid);
@@ -288,7 +296,7 @@ fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
         })
         .collect();
     let last_log_line = last_line(&dirs.proxy_log())?;
-    let s = Status {
+    Ok(Status {
         running,
         pid: rec.as_ref().map(|r| r.pid),
         mitmdump_pid,
@@ -299,7 +307,11 @@ fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
         restarts: rec.as_ref().map_or(0, |r| r.restarts),
         last_restart: rec.as_ref().and_then(|r| r.last_restart.clone()),
         last_log_line,
-    };
+    })
+}
+
+fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
+    let s = status_report(dirs)?;
     if json {
         output::json(&s)?;
         return Ok(ExitCode::SUCCESS);

@@ -240,8 +240,8 @@ pub fn python_probe(python: &Path) -> Invocation {
         .timeout(PROBE_TIMEOUT)
 }
 
-/// `(3, 13)` → `(3, 13)`.
-fn parse_python_version(out: &str) -> Option<(u32, u32)> {
+/// `(3, 13)` → `(3, 13)`: what [`python_probe`] prints.
+pub fn parse_python_version(out: &str) -> Option<(u32, u32)> {
     let inner = out.trim().strip_prefix('(')?.strip_suffix(')')?;
     let (a, b) = inner.split_once(',')?;
     Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
