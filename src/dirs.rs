@@ -143,6 +143,11 @@ impl Dirs {
     pub fn tunnels_file(&self) -> PathBuf {
         self.data.join("tunnels.json")
     }
+    /// `$PPP_DATA/tui.log`: what `ppp tui` would otherwise print over its
+    /// screen (warnings, logs), kept while the dashboard owns the terminal.
+    pub fn tui_log(&self) -> PathBuf {
+        self.data.join("tui.log")
+    }
     /// `$PPP_DATA/secret.sock`: the daemon's Unix socket.
     pub fn secret_socket(&self) -> PathBuf {
         self.data.join("secret.sock")

@@ -27,6 +27,7 @@ pub mod sandbox;
 pub mod secret;
 pub mod setup;
 pub mod state;
+pub mod tui;
 pub mod versions;
 
 /// Parse the command line, run the command, render any error.

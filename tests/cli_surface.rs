@@ -77,10 +77,20 @@ fn top_level_surface_is_complete() {
 }
 
 #[test]
+fn tui_without_a_terminal_says_what_to_use_instead() {
+    let w = World::new();
+    // `output` pipes stdout and stderr: no terminal to draw on.
+    let (code, out, err) = output(&mut w.ppp(["tui"]));
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(out, "");
+    assert_eq!(err, "error: `ppp tui` needs a terminal\nhint: use `ppp ls` in scripts and pipes\n");
+    assert_eq!(std::fs::read_dir(w.data()).unwrap().count(), 0, "nothing written");
+}
+
+#[test]
 fn later_commands_refuse_with_exit_2() {
     let w = World::new();
     let cases: &[(&[&str], &str)] = &[
-        (&["tui"], "tui"),
         (&["kit", "validate", "x"], "kit validate"),
         (&["kit", "pack", "x"], "kit pack"),
         (&["template", "ls"], "template ls"),

@@ -1,0 +1,179 @@
+//! What the dashboard shows, read from the sandbox records, `podman machine
+//! list`, the daemon's tunnel activity (`tunnels.json`) and the end of
+//! `flows.jsonl`. Read-only; it runs on the poller thread, never the UI
+//! thread, because podman can take seconds to answer.
+
+use std::net::Ipv4Addr;
+
+use serde_json::Value;
+
+use crate::cmd::daemon::{self, Tunnel};
+use crate::dirs::Dirs;
+use crate::podman;
+use crate::policy::flowlog;
+use crate::sandbox;
+
+/// How many of the newest flows are read at each refresh. "Recent denials"
+/// means denials among these; the flow view shows these too. The tail reads
+/// backwards, so this costs a read or two whatever the log's size.
+pub const FLOW_TAIL: usize = 1000;
+
+/// One sandbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    pub name: String,
+    pub agent: String,
+    /// The merged state, as `ppp ls` shows it (`running`, `stopped`, …).
+    pub state: String,
+    /// Published ports, `-` for none.
+    pub ports: String,
+    pub workspace: String,
+    pub inner_ip: Ipv4Addr,
+    pub tunnel: Link,
+    /// Denied flows among the last [`FLOW_TAIL`].
+    pub denials: usize,
+}
+
+/// A sandbox's tunnel in the dashboard's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Carried a connection within WireGuard's session lifetime.
+    Up,
+    /// Served, but quiet for longer than that.
+    Idle,
+    /// No server, or never used.
+    Down,
+}
+
+impl Link {
+    /// The word shown in the TUNNEL column.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Up => "up",
+            Self::Idle => "idle",
+            Self::Down => "down",
+        }
+    }
+}
+
+/// One line of `flows.jsonl`, reduced to what the flow view shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flow {
+    pub sandbox: String,
+    /// `HH:MM:SS` of the flow's UTC timestamp.
+    pub time: String,
+    pub kind: String,
+    pub method: String,
+    pub host: String,
+    pub port: String,
+    pub status: String,
+    pub denied: bool,
+    pub rule: String,
+}
+
+impl Flow {
+    /// Read a flow-log object; missing fields show as `-`, so a flow from an
+    /// older addon still lists.
+    pub fn from_json(v: &Value) -> Flow {
+        let text = |k: &str| match v.get(k) {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => "-".to_owned(),
+        };
+        let stamp = text("timestamp");
+        let time = stamp.get(11..19).map_or_else(|| stamp.clone(), str::to_owned);
+        Flow {
+            sandbox: text("sandbox"),
+            time,
+            kind: text("kind"),
+            method: text("method"),
+            host: text("host"),
+            port: text("port"),
+            status: text("status"),
+            denied: v.get("decision").and_then(Value::as_str) == Some("deny"),
+            rule: text("matched_rule"),
+        }
+    }
+}
+
+/// Everything one refresh read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub sandboxes: Vec<Sandbox>,
+    /// The newest flows of every sandbox, oldest first.
+    pub flows: Vec<Flow>,
+    pub daemon_running: bool,
+    /// What could not be read (podman failing, a malformed record); shown
+    /// under the list instead of failing the dashboard.
+    pub warnings: Vec<String>,
+}
+
+/// Read everything once. Never fails: what cannot be read becomes a warning
+/// and the rest is still shown.
+pub fn gather(dirs: &Dirs) -> Snapshot {
+    let mut warnings = Vec::new();
+    let records = sandbox::load_all(dirs).unwrap_or_else(|e| {
+        warnings.push(format!("{e:#}"));
+        Vec::new()
+    });
+    let machines = if records.is_empty() { None } else { machines(&mut warnings) };
+    let tunnels = daemon::tunnels(dirs).unwrap_or_else(|e| {
+        warnings.push(format!("tunnel activity: {e:#}"));
+        std::collections::BTreeMap::new()
+    });
+    let flows: Vec<Flow> = flowlog::tail(&dirs.flows_log(), FLOW_TAIL, None)
+        .unwrap_or_else(|e| {
+            warnings.push(format!("flow log: {e:#}"));
+            Vec::new()
+        })
+        .iter()
+        .map(Flow::from_json)
+        .collect();
+    let sandboxes = crate::cmd::ls::merge(records, machines.as_deref())
+        .into_iter()
+        .map(|row| {
+            let r = row.record;
+            let ports = if r.published.is_empty() {
+                "-".to_owned()
+            } else {
+                r.published.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            };
+            let tunnel = match tunnels.get(&r.name) {
+                Some(Tunnel::Active) => Link::Up,
+                Some(Tunnel::Idle) => Link::Idle,
+                Some(Tunnel::None) | None => Link::Down,
+            };
+            let denials = flows.iter().filter(|f| f.denied && f.sandbox == r.name).count();
+            Sandbox {
+                name: r.name,
+                agent: r.agent,
+                state: row.state,
+                ports,
+                workspace: r.workspace.join(","),
+                inner_ip: r.inner_ip,
+                tunnel,
+                denials,
+            }
+        })
+        .collect();
+    let daemon_running = crate::proxy::supervisor::is_running(dirs).unwrap_or(false);
+    Snapshot { sandboxes, flows, daemon_running, warnings }
+}
+
+/// `podman machine list`, bounded by the invocation's timeout so a hung
+/// podman delays a refresh but never the UI. `None` shows recorded states.
+fn machines(warnings: &mut Vec<String>) -> Option<Vec<podman::Machine>> {
+    let Some(program) = podman::program() else {
+        warnings.push("podman was not found; showing recorded states".to_owned());
+        return None;
+    };
+    match crate::exec::run(&podman::machine_list(program)) {
+        Ok(out) => podman::parse_machine_list(&out.stdout)
+            .map_err(|e| warnings.push(format!("could not parse `podman machine list`: {e}")))
+            .ok(),
+        Err(e) => {
+            warnings.push(format!("{e}; showing recorded states"));
+            None
+        }
+    }
+}
