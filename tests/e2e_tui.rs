@@ -1,0 +1,258 @@
+//! `ppp tui` on a real terminal: tmux runs the real binary inside the
+//! test's host namespace, against a sandbox the real `ppp create` made on
+//! the fake podman (as in `e2e_sandbox.rs`), with the real daemon and
+//! mitmdump. The test reads the screen with `tmux capture-pane`, presses
+//! keys with `tmux send-keys`, and checks that quitting gives the terminal
+//! back (the pane leaves the alternate screen and the shell runs on).
+//!
+//! Needs root (namespaces) and tmux; fails, never skips, without them.
+
+#[path = "support/netns.rs"]
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use netns::{NetnsEtc, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
+
+const IMAGE: &str = "localhost/agent:latest";
+/// Long enough for the first refresh of a debug build under load.
+const SCREEN_DEADLINE: Duration = Duration::from_secs(30);
+
+fn fake_podman() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/podman")
+}
+
+/// ppp's state, the fake's state and the upstream, in one topology, as in
+/// `e2e_sandbox.rs`. Dropping removes every sandbox and stops the daemon.
+struct Env {
+    upstream: Upstream,
+    _etc: NetnsEtc,
+    topo: Topology,
+}
+
+impl Env {
+    fn new() -> Env {
+        let topo = Topology::new(0);
+        let upstream = Upstream::start(&topo);
+        upstream.set_name("echo.test", UPSTREAM_IP);
+        let etc = NetnsEtc::new(&topo);
+        let bin = topo.path().join("images/localhost_agent_latest/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("opencode"), "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(bin.join("opencode"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        for d in ["ws", "home"] {
+            std::fs::create_dir_all(topo.path().join(d)).unwrap();
+        }
+        Env { upstream, _etc: etc, topo }
+    }
+
+    fn root(&self) -> &Path {
+        self.topo.path()
+    }
+
+    /// The environment ppp runs with, for a `Command` and for the script
+    /// tmux runs.
+    fn vars(&self) -> Vec<(&'static str, String)> {
+        let p = |rel: &str| self.root().join(rel).display().to_string();
+        vec![
+            ("HOME", p("home")),
+            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            ("PPP_CONFIG", p("config")),
+            ("PPP_DATA", p("data")),
+            ("PPP_CACHE", p("cache")),
+            ("PPP_SECRET_BACKEND", "file".into()),
+            ("PPP_MITMDUMP", netns::mitmdump_path().display().to_string()),
+            ("PPP_PODMAN", fake_podman().display().to_string()),
+            ("PPP_UPSTREAM_CA", self.upstream.ca_cert.display().to_string()),
+            ("PPP_OPENCODE_IMAGE", IMAGE.into()),
+            ("FAKE_PODMAN_ROOT", p("fake")),
+            ("FAKE_PODMAN_IMAGES", p("images")),
+            ("FAKE_PODMAN_PROVIDER", "qemu".into()),
+        ]
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.topo.host_ns(), env!("CARGO_BIN_EXE_ppp")])
+            .args(args)
+            .env_clear()
+            .envs(self.vars())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.run(&["rm", "--all", "-f"]);
+        let _ = self.run(&["daemon", "stop"]);
+    }
+}
+
+/// A private tmux server (its own socket, no config) with one 120x30 pane
+/// running `sh`. Dropping kills the server and everything in the pane.
+struct Tmux {
+    socket: PathBuf,
+}
+
+impl Tmux {
+    fn start(dir: &Path) -> Tmux {
+        let version = Command::new("tmux").arg("-V").output();
+        assert!(
+            version.is_ok_and(|o| o.status.success()),
+            "tmux is missing: run `make test-deps` (scripts/install-test-deps.sh installs it)"
+        );
+        let t = Tmux { socket: dir.join("tmux.sock") };
+        t.ok(&["-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "120", "-y", "30", "sh"]);
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> Output {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("TERM", "xterm-256color")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cmd(args);
+        assert!(out.status.success(), "tmux {args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.ok(&["capture-pane", "-p", "-t", "tui"])
+    }
+
+    fn alternate_on(&self) -> bool {
+        self.ok(&["display", "-p", "-t", "tui", "#{alternate_on}"]).trim() == "1"
+    }
+
+    /// Send keys (tmux key names: `q`, `Enter`, `Escape`).
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "tui"];
+        args.extend(keys);
+        self.ok(&args);
+    }
+
+    /// Wait until the screen shows something `cond` accepts; return it.
+    fn wait_for(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        let mut last = String::new();
+        let mut shown = false;
+        let end = std::time::Instant::now() + SCREEN_DEADLINE;
+        while std::time::Instant::now() < end {
+            last = self.screen();
+            if cond(&last) {
+                shown = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(shown, "timed out waiting for {what}; the screen:\n{last}");
+        last
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+#[test]
+fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
+    let env = Env::new();
+    env.ok(&["policy", "init", "deny-all"]);
+    env.ok(&["policy", "allow", "network", "--sandbox", "red", "echo.test,198.18.0.10"]);
+    let ws = env.root().join("ws").display().to_string();
+    let out = env.ok(&["create", "--name", "red", "opencode", &ws]);
+    assert!(out.contains("created sandbox `red`"), "{out}");
+    // One denial in the flow log for the dashboard to count and highlight.
+    let code = env.ok(&[
+        "exec",
+        "red",
+        "--",
+        "curl",
+        "-s",
+        "-m",
+        "15",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--connect-to",
+        "denied.test:80:203.0.113.9:80",
+        "http://denied.test/",
+    ]);
+    assert_eq!(code, "403");
+
+    // `ppp tui` with exactly the environment above, inside the host
+    // namespace; the shell prints its exit code when it returns.
+    let script = env.root().join("tui.sh");
+    let vars: Vec<String> = env.vars().into_iter().map(|(k, v)| format!("{k}='{v}'")).collect();
+    std::fs::write(
+        &script,
+        format!(
+            "ip netns exec {ns} env -i {vars} TERM=\"$TERM\" {ppp} tui\necho \"ppp exited with $?\"\n",
+            ns = env.topo.host_ns(),
+            vars = vars.join(" "),
+            ppp = env!("CARGO_BIN_EXE_ppp"),
+        ),
+    )
+    .unwrap();
+    let tmux = Tmux::start(env.root());
+    tmux.keys(&[&format!("sh {}", script.display()), "Enter"]);
+
+    // The list: the sandbox, running, its inner address, and as many
+    // denials as the flow log holds (the handover check's probe is one).
+    let flows = std::fs::read_to_string(env.root().join("data/flows.jsonl")).unwrap();
+    let denials = flows
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|f| f["sandbox"] == "red" && f["decision"] == "deny")
+        .count();
+    assert!(denials >= 1, "{flows}");
+    let deny_row =
+        regex::Regex::new(&format!(r"red\s+opencode\s+running\s+\w+\s+10\.0\.0\.1\s+-\s+{denials}\s")).unwrap();
+    let screen = tmux.wait_for("the sandbox row with its denials", |s| deny_row.is_match(s));
+    assert!(screen.contains("1 sandbox · daemon running"), "{screen}");
+    assert!(tmux.alternate_on(), "the dashboard draws on the alternate screen");
+
+    // The flow log of the selected sandbox shows the denial.
+    tmux.keys(&["l"]);
+    let screen = tmux.wait_for("the flow log", |s| s.contains("flows of `red`"));
+    let line = screen.lines().find(|l| l.contains("denied.test")).unwrap_or_else(|| panic!("{screen}"));
+    assert!(line.contains("DENY"), "{screen}");
+    tmux.keys(&["l"]);
+    tmux.wait_for("the list again", |s| s.contains("NAME"));
+
+    // Help.
+    tmux.keys(&["?"]);
+    let screen = tmux.wait_for("the help", |s| s.contains("move the selection"));
+    assert!(screen.contains("remove the sandbox, after a y/n confirmation"), "{screen}");
+
+    // Quit: the process ends with 0 and the terminal is back to normal.
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("ppp to exit", |s| s.contains("ppp exited with"));
+    assert!(screen.contains("ppp exited with 0"), "{screen}");
+    assert!(!tmux.alternate_on(), "the alternate screen is off again");
+    // The shell reads lines again, with echo: raw mode is off.
+    tmux.keys(&["echo still-$((40+2))", "Enter"]);
+    tmux.wait_for("the shell to answer", |s| s.contains("still-42"));
+    wait_until("nothing in the pane but the shell", Duration::from_secs(5), || !tmux.screen().contains("sandboxes ─"));
+}
