@@ -152,9 +152,13 @@ impl Tmux {
 
     /// Wait until the screen shows something `cond` accepts; return it.
     fn wait_for(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        self.wait_within(SCREEN_DEADLINE, what, cond)
+    }
+
+    fn wait_within(&self, deadline: Duration, what: &str, cond: impl Fn(&str) -> bool) -> String {
         let mut last = String::new();
         let mut shown = false;
-        let end = std::time::Instant::now() + SCREEN_DEADLINE;
+        let end = std::time::Instant::now() + deadline;
         while std::time::Instant::now() < end {
             last = self.screen();
             if cond(&last) {
@@ -241,10 +245,49 @@ fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
     tmux.keys(&["l"]);
     tmux.wait_for("the list again", |s| s.contains("NAME"));
 
+    // e: a shell in the VM on the normal screen, then the dashboard again.
+    tmux.keys(&["e"]);
+    tmux.wait_for("the shell", |s| s.contains("ppp: shell in `red`; exit it"));
+    assert!(!tmux.alternate_on(), "the shell runs on the normal screen");
+    tmux.keys(&["cat /etc/hostname", "Enter"]);
+    tmux.wait_for("the VM's hostname", |s| s.lines().any(|l| l.trim().ends_with("ppp-red")));
+    tmux.keys(&["exit", "Enter"]);
+    // The status is the shell's: dash in the fake's PID namespace cannot
+    // hand the terminal's process group back and exits 2 saying so (ppp
+    // takes the terminal back itself), so only its presence is checked.
+    tmux.wait_for("the dashboard after the shell", |s| s.contains("shell in `red` exited with status"));
+    assert!(tmux.alternate_on());
+
+    // x stops, s starts again (reattach: provision and verify), off the UI
+    // thread with a status line.
+    tmux.keys(&["x"]);
+    tmux.wait_for("the stop", |s| s.contains("stopped `red`") && s.contains("red  opencode  stopped"));
+    tmux.keys(&["s"]);
+    tmux.wait_for("the start to begin", |s| s.contains("starting `red`…"));
+    tmux.wait_within(Duration::from_secs(120), "the start", |s| {
+        s.contains("started `red`") && s.contains("red  opencode  running")
+    });
+
+    // d asks first; n keeps the sandbox.
+    tmux.keys(&["d"]);
+    tmux.wait_for("the confirmation", |s| s.contains("Remove sandbox `red`?"));
+    tmux.keys(&["n"]);
+    tmux.wait_for("the answer", |s| s.contains("kept `red`"));
+    assert_eq!(env.ok(&["ls", "-q"]), "red\n");
+
     // Help.
     tmux.keys(&["?"]);
     let screen = tmux.wait_for("the help", |s| s.contains("move the selection"));
     assert!(screen.contains("remove the sandbox, after a y/n confirmation"), "{screen}");
+
+    // d, y removes it; the empty state follows.
+    tmux.keys(&["Escape"]);
+    tmux.wait_for("the list again", |s| s.contains("NAME"));
+    tmux.keys(&["d"]);
+    tmux.wait_for("the confirmation", |s| s.contains("Remove sandbox `red`?"));
+    tmux.keys(&["y"]);
+    tmux.wait_for("the removal", |s| s.contains("removed `red`") && s.contains("No sandboxes yet."));
+    assert_eq!(env.ok(&["ls", "-q"]), "");
 
     // Quit: the process ends with 0 and the terminal is back to normal.
     tmux.keys(&["q"]);

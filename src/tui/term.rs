@@ -62,6 +62,7 @@ impl Terminal {
     /// Take the terminal again, and redraw everything on the next draw: the
     /// child left its own output on the screen ratatui remembers.
     pub(super) fn resume(&mut self) -> Result<()> {
+        reclaim_foreground();
         // Saved before anything can fail, so `restore` always has it.
         let mut saved = SAVED_STDERR.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if saved.is_none() {
@@ -80,6 +81,24 @@ impl Drop for Terminal {
     fn drop(&mut self) {
         restore();
     }
+}
+
+/// Make ppp's process group the terminal's foreground group again. A child
+/// that does job control (an interactive shell) moves the terminal to its
+/// own group and may fail to move it back on exit, e.g. from another PID
+/// namespace; ppp would then stop with SIGTTOU at its next terminal call.
+/// SIGTTOU is blocked meanwhile, as shells do: a background process may
+/// then take the terminal instead of being stopped for trying.
+fn reclaim_foreground() {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut old = SigSet::empty();
+    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_err() {
+        return;
+    }
+    let _ = nix::unistd::tcsetpgrp(std::io::stdin(), nix::unistd::getpgrp());
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
 }
 
 /// Give the terminal back: stderr, cooked mode, the main screen, the
