@@ -148,7 +148,7 @@ fn key_event(app: &mut App, key: KeyEvent) -> Vec<Action> {
     match app.view.clone() {
         View::Help => {
             match key.code {
-                KeyCode::Char('q') => return vec![Action::Quit],
+                KeyCode::Char('q') => return quit(app),
                 KeyCode::Char('?') | KeyCode::Esc | KeyCode::Enter | KeyCode::Backspace => app.view = View::List,
                 _ => {}
             }
@@ -157,7 +157,7 @@ fn key_event(app: &mut App, key: KeyEvent) -> Vec<Action> {
         View::Flows { sandbox, scroll } => {
             let total = app.flows_of(&sandbox).count();
             match key.code {
-                KeyCode::Char('q') => return vec![Action::Quit],
+                KeyCode::Char('q') => return quit(app),
                 KeyCode::Char('l' | 'h') | KeyCode::Esc | KeyCode::Backspace | KeyCode::Left => app.view = View::List,
                 KeyCode::Char('?') => app.view = View::Help,
                 KeyCode::Up | KeyCode::Char('k') => {
@@ -183,7 +183,7 @@ fn key_event(app: &mut App, key: KeyEvent) -> Vec<Action> {
 fn list_key(app: &mut App, key: KeyEvent) -> Vec<Action> {
     let count = app.snapshot.sandboxes.len();
     match key.code {
-        KeyCode::Char('q') => return vec![Action::Quit],
+        KeyCode::Char('q') => return quit(app),
         KeyCode::Char('?') => app.view = View::Help,
         KeyCode::Char('r') => return vec![Action::Refresh],
         KeyCode::Up | KeyCode::Char('k') => app.selected = app.selected.saturating_sub(1),
@@ -234,6 +234,16 @@ fn on_sandbox(app: &mut App, key: char) -> Vec<Action> {
         'e' => vec![Action::Shell(name)],
         _ => vec![Action::Attach(name)],
     }
+}
+
+/// `q`: quit, unless a long action is in flight: ending ppp then would
+/// cut it off half done. Ctrl-C still quits.
+fn quit(app: &mut App) -> Vec<Action> {
+    if let Some(busy) = &app.busy {
+        app.say(format!("wait: {busy} is still in progress (Ctrl-C quits anyway)"), true);
+        return Vec::new();
+    }
+    vec![Action::Quit]
 }
 
 /// Start a long action unless one is in flight.
@@ -326,6 +336,10 @@ mod tests {
         assert!(a.status.as_ref().unwrap().text.contains("still in progress"));
         update(&mut a, Event::Tick);
         assert_eq!(a.spinner, 1);
+        assert_eq!(ch(&mut a, 'q'), [], "q waits for the action");
+        assert!(a.status.as_ref().unwrap().text.contains("Ctrl-C quits anyway"));
+        let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+        assert_eq!(update(&mut a, Event::Key(ctrl_c)), [Action::Quit]);
         assert_eq!(update(&mut a, Event::Done(Ok("started `a`".into()))), [Action::Refresh]);
         assert_eq!(a.busy, None);
         assert_eq!(ch(&mut a, 'x'), [Action::Stop("b".into())]);
