@@ -263,23 +263,6 @@ fn last_seen(dirs: &Dirs) -> std::collections::BTreeMap<u16, f64> {
         .unwrap_or_default()
 }
 
-/// Each registered sandbox's tunnel by sandbox name, judged as `daemon
-/// status` judges it. For the dashboard, which polls this every few
-/// seconds: it reads files only and never asks the daemon.
-pub fn tunnels(dirs: &Dirs) -> Result<std::collections::BTreeMap<String, Tunnel>> {
-    let rec = if supervisor::is_running(dirs)? { supervisor::load_record(dirs)? } else { None };
-    let alive =
-        rec.as_ref().and_then(|r| r.mitmdump_pid).and_then(|p| i32::try_from(p).ok()).is_some_and(supervisor::alive);
-    let ports = rec.map(|r| r.ports).unwrap_or_default();
-    let seen = last_seen(dirs);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    Ok(PortRegistry::load(dirs)?
-        .ports
-        .into_iter()
-        .map(|(port, name)| (name, tunnel_state(alive && ports.contains(&port), seen.get(&port).copied(), now)))
-        .collect())
-}
-
 fn rfc3339(epoch_secs: f64) -> Option<String> {
     #[allow(clippy::cast_possible_truncation, reason = "whole seconds of a timestamp")]
     let secs = epoch_secs.floor() as i64;

@@ -117,10 +117,11 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         Vec::new()
     });
     let machines = if records.is_empty() { None } else { machines(&mut warnings) };
-    let tunnels = daemon::tunnels(dirs).unwrap_or_else(|e| {
-        warnings.push(format!("tunnel activity: {e:#}"));
-        std::collections::BTreeMap::new()
-    });
+    // The daemon's own view of each sandbox's tunnel, as `daemon status`
+    // shows it; read from files, so a wedged daemon cannot stall this.
+    let daemon = daemon::status_report(dirs).map_err(|e| warnings.push(format!("daemon status: {e:#}"))).ok();
+    let tunnels: std::collections::BTreeMap<&str, Tunnel> =
+        daemon.as_ref().map(|d| d.sandboxes.iter().map(|s| (s.name.as_str(), s.tunnel)).collect()).unwrap_or_default();
     let flows: Vec<Flow> = flowlog::tail(&dirs.flows_log(), FLOW_TAIL, None)
         .unwrap_or_else(|e| {
             warnings.push(format!("flow log: {e:#}"));
@@ -138,7 +139,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
             } else {
                 r.published.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
             };
-            let tunnel = match tunnels.get(&r.name) {
+            let tunnel = match tunnels.get(r.name.as_str()) {
                 Some(Tunnel::Active) => Link::Up,
                 Some(Tunnel::Idle) => Link::Idle,
                 Some(Tunnel::None) | None => Link::Down,
@@ -156,7 +157,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
             }
         })
         .collect();
-    let daemon_running = crate::proxy::supervisor::is_running(dirs).unwrap_or(false);
+    let daemon_running = daemon.as_ref().is_some_and(|d| d.running);
     Snapshot { sandboxes, flows, daemon_running, warnings }
 }
 
