@@ -145,9 +145,9 @@ enum Session {
 /// take the terminal back. The inner result is the outcome to show; the
 /// outer error means the terminal could not be taken back.
 fn session(term: &mut Terminal, dirs: &Dirs, name: &str, what: Session) -> Result<Result<String, String>> {
-    let prepared = prepare(dirs, name, what);
-    let Ok(inv) = prepared else {
-        return Ok(prepared.map(|_| String::new()).map_err(|e| one_line(&e)));
+    let inv = match prepare(dirs, name, what) {
+        Ok(inv) => inv,
+        Err(e) => return Ok(Err(one_line(&e))),
     };
     term.suspend();
     let label = if what == Session::Shell { "shell" } else { "agent" };
