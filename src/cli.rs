@@ -30,6 +30,14 @@ pub struct Cli {
     #[arg(short = 'D', long, global = true)]
     pub debug: bool,
 
+    /// Print no progress; commands that list things print only names
+    // `ls -q` and `policy log -q` declare their own `quiet` with a more
+    // precise help line. Sharing the id makes clap skip the global copy
+    // there and carry the value both ways, so `ppp -q ls` and `ppp ls -q`
+    // mean the same.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -143,10 +151,7 @@ pub struct RunArgs {
 pub struct CreateArgs {
     #[command(flatten)]
     pub spec: SandboxSpec,
-
-    /// Print only the sandbox name
-    #[arg(short, long)]
-    pub quiet: bool,
+    // `-q` (print only the name, no progress) is the global flag.
 }
 
 /// `ppp ls`.
@@ -881,6 +886,21 @@ mod tests {
         assert_eq!(a.spec.agent, "opencode");
         assert_eq!(a.spec.memory.as_deref(), Some("8g"));
         assert_eq!(a.agent_args, ["--model", "x"]);
+    }
+
+    #[test]
+    fn quiet_is_one_flag_everywhere() {
+        for argv in [&["ppp", "-q", "ls"][..], &["ppp", "ls", "-q"], &["ppp", "create", "-q", "opencode", "."]] {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            assert!(cli.quiet, "{argv:?}");
+        }
+        let cli = Cli::try_parse_from(["ppp", "-q", "ls"]).unwrap();
+        let Command::Ls(a) = cli.command else { panic!() };
+        assert!(a.quiet, "`ppp -q ls` lists only names, like `ppp ls -q`");
+        let cli = Cli::try_parse_from(["ppp", "-q", "policy", "log"]).unwrap();
+        let Command::Policy(PolicyCommand::Log { quiet, .. }) = cli.command else { panic!() };
+        assert!(quiet);
+        assert!(!Cli::try_parse_from(["ppp", "ls"]).unwrap().quiet);
     }
 
     #[test]

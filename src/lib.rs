@@ -21,6 +21,7 @@ pub mod exec;
 pub mod output;
 pub mod podman;
 pub mod policy;
+pub mod progress;
 pub mod proxy;
 pub mod sandbox;
 pub mod secret;
@@ -31,7 +32,7 @@ pub mod versions;
 pub fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     init_tracing(cli.debug);
-    let ctx = cmd::Ctx::from_env(cli.debug);
+    let ctx = cmd::Ctx::from_env(cli.debug).with_quiet(cli.quiet);
     match cmd::dispatch(cli.command, &ctx) {
         Ok(code) => code,
         // `ppp ls | head -1` closing the pipe is not an error.

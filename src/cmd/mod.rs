@@ -33,18 +33,38 @@ pub mod version;
 pub struct Ctx {
     dirs: Option<Dirs>,
     pub debug: bool,
+    /// `-q`: no progress, terse output.
+    pub quiet: bool,
 }
 
 impl Ctx {
     /// Resolve the context from the environment. Path resolution failing is
     /// not fatal here: `version` and `completion` work without a HOME.
     pub fn from_env(debug: bool) -> Self {
-        Self { dirs: Dirs::from_env().ok(), debug }
+        Self { dirs: Dirs::from_env().ok(), debug, quiet: false }
     }
 
     /// A context with explicit directories.
     pub fn with_dirs(dirs: Dirs, debug: bool) -> Self {
-        Self { dirs: Some(dirs), debug }
+        Self { dirs: Some(dirs), debug, quiet: false }
+    }
+
+    /// The same context with `-q` set as given.
+    #[must_use]
+    pub fn with_quiet(mut self, quiet: bool) -> Self {
+        self.quiet = quiet;
+        self
+    }
+
+    /// How to show progress for this command: nothing with `-q`, else
+    /// spinners on a terminal and plain lines elsewhere.
+    pub fn progress(&self) -> crate::progress::Progress {
+        crate::progress::Progress::detect(self.quiet)
+    }
+
+    /// The sandbox lifecycle's progress switch.
+    pub fn ui(&self) -> crate::sandbox::lifecycle::Ui {
+        crate::sandbox::lifecycle::Ui { quiet: self.quiet }
     }
 
     /// ppp's directories; an error if they cannot be located.

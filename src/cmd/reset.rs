@@ -33,7 +33,7 @@ pub fn run(args: &ResetArgs, ctx: &Ctx) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let podman = Podman::detect().map_err(|e| eprintln!("warning: {e:#}; removing state only")).ok();
-    let ui = lifecycle::Ui { quiet: false };
+    let ui = ctx.ui();
     for name in &names {
         if let Err(e) = lifecycle::remove(dirs, podman.as_ref(), name, true, ui) {
             eprintln!("warning: {e:#}");

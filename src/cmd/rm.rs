@@ -8,10 +8,7 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::RmArgs;
 use crate::podman::Podman;
-use crate::sandbox::{
-    self, PortRegistry,
-    lifecycle::{self, Ui},
-};
+use crate::sandbox::{self, PortRegistry, lifecycle};
 
 /// Run `ppp rm`.
 pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -53,7 +50,7 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
         Err(e) => return Err(e),
     };
     for name in &names {
-        lifecycle::remove(dirs, podman.as_ref(), name, args.force, Ui { quiet: false })?;
+        lifecycle::remove(dirs, podman.as_ref(), name, args.force, ctx.ui())?;
         crate::output::println(&format!("removed `{name}`"))?;
     }
     Ok(ExitCode::SUCCESS)
