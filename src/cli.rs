@@ -88,6 +88,40 @@ pub enum Command {
     Tui,
     /// Print the versions of ppp and the tools it drives
     Version(VersionArgs),
+    /// Print completion candidates; called by the completion scripts
+    #[command(name = "__complete", hide = true)]
+    Complete(CompleteArgs),
+    /// Write one man page per command into DIR; called by `make man`
+    #[command(name = "__man", hide = true)]
+    Man(ManArgs),
+}
+
+/// What `ppp __complete` completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompleteKind {
+    /// Sandbox names
+    Sandboxes,
+}
+
+/// `ppp __complete`.
+#[derive(Debug, Args)]
+pub struct CompleteArgs {
+    /// What to complete
+    #[arg(value_enum)]
+    pub kind: CompleteKind,
+
+    /// The command line so far, program name first and the word being
+    /// completed last; without it, every sandbox name is printed
+    #[arg(last = true, value_name = "WORDS")]
+    pub words: Vec<String>,
+}
+
+/// `ppp __man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Directory to write the pages into (created if missing)
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 /// Flags shared by `run` and `create`.

@@ -24,6 +24,8 @@ pub const PPP_SECRET_BACKEND: &str = "PPP_SECRET_BACKEND";
 pub const PPP_AGE_IDENTITY: &str = "PPP_AGE_IDENTITY";
 /// Log filter for ppp's own diagnostics (tracing `EnvFilter` syntax).
 pub const PPP_LOG: &str = "PPP_LOG";
+/// The conventional Rust log filter, honoured when `PPP_LOG` is unset.
+pub const RUST_LOG: &str = "RUST_LOG";
 /// Disables colour when set to anything (<https://no-color.org>).
 pub const NO_COLOR: &str = "NO_COLOR";
 
@@ -40,5 +42,6 @@ pub const ALL: &[&str] = &[
     PPP_SECRET_BACKEND,
     PPP_AGE_IDENTITY,
     PPP_LOG,
+    RUST_LOG,
     NO_COLOR,
 ];

@@ -8,6 +8,7 @@ use anyhow::Result;
 use crate::cli::Command;
 use crate::dirs::Dirs;
 
+pub mod complete;
 pub mod completion;
 pub mod cp;
 pub mod create;
@@ -16,6 +17,7 @@ pub mod diagnose;
 pub mod exec;
 pub mod kit;
 pub mod ls;
+pub mod man;
 pub mod policy;
 pub mod ports;
 pub mod reset;
@@ -102,5 +104,7 @@ pub fn dispatch(command: Command, ctx: &Ctx) -> Result<ExitCode> {
         Command::Template(a) => template::run(&a, ctx),
         Command::Tui => tui::run(ctx),
         Command::Version(a) => version::run(&a, ctx),
+        Command::Complete(a) => complete::run(&a, ctx),
+        Command::Man(a) => man::run(&a),
     }
 }
