@@ -38,7 +38,12 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
         crate::output::println("no sandboxes to remove")?;
         return Ok(ExitCode::SUCCESS);
     }
-    if !args.force && !crate::output::confirm(&format!("remove {}?", names.join(", ")))? {
+    if !args.force
+        && !crate::output::confirm_or(
+            &format!("remove {}?", names.join(", ")),
+            &format!("`ppp rm -f {}`", if args.all { "--all".to_owned() } else { names.join(" ") }),
+        )?
+    {
         return Ok(ExitCode::from(1));
     }
     let podman = match Podman::detect() {

@@ -96,7 +96,14 @@ impl Request {
         let mut workspace = Vec::new();
         for p in &spec.paths {
             let abs = std::fs::canonicalize(p).map_err(|e| {
-                fail(format!("workspace `{}` cannot be used: {e}", p.display()))
+                // "No such file or directory (os error 2)" is the usual
+                // case; said in words, the OS text for anything else.
+                let why = if e.kind() == std::io::ErrorKind::NotFound {
+                    "it does not exist".to_owned()
+                } else {
+                    e.to_string()
+                };
+                fail(format!("workspace `{}` cannot be used: {why}", p.display()))
                     .hint("pass a directory that exists, e.g. `.`")
                     .code(2)
             })?;
