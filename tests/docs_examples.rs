@@ -1,4 +1,4 @@
-//! Every `ppp …` command in the user guide's ```sh blocks parses with the
+//! Every `ppp …` command in the user guide's `sh` code blocks parses with the
 //! real clap definition, so the docs cannot show a flag that does not
 //! exist or an argument order clap rejects. A line ending in
 //! `# not parsed` is skipped (for examples that are deliberately wrong).
@@ -7,7 +7,7 @@ use std::path::Path;
 
 use clap::{CommandFactory, Parser};
 
-/// The ```sh blocks' lines of `text`, with their line numbers.
+/// The lines of the `sh` code blocks in `text`, with their line numbers.
 fn sh_lines(text: &str) -> Vec<(usize, &str)> {
     let mut out = Vec::new();
     let mut inside = false;
@@ -42,7 +42,8 @@ fn invocations(line: &str) -> Vec<Vec<String>> {
                 argv.push(w.clone());
             }
         }
-        let first = argv.iter().position(|w| !(w.contains('=') && !w.starts_with('-')));
+        // The first word that is not a `VAR=value` assignment is the program.
+        let first = argv.iter().position(|w| !w.contains('=') || w.starts_with('-'));
         let argv = first.map_or_else(Vec::new, |i| argv.split_off(i));
         if argv.first().is_some_and(|w| w == "ppp") {
             out.push(argv);
