@@ -30,7 +30,7 @@ pub struct Cli {
     #[arg(short = 'D', long, global = true)]
     pub debug: bool,
 
-    /// Print no progress; commands that list things print only names
+    /// Print no progress; `create` and `ls` print only names
     // `ls -q` and `policy log -q` declare their own `quiet` with a more
     // precise help line. Sharing the id makes clap skip the global copy
     // there and carry the value both ways, so `ppp -q ls` and `ppp ls -q`
