@@ -22,7 +22,9 @@ fn main() {
         watched.push(r);
     }
     for p in watched {
-        if let Some(path) = git(&["rev-parse", "--git-path", &p]) {
+        // A path that does not exist would make cargo rerun this script,
+        // and rebuild ppp, on every build.
+        if let Some(path) = git(&["rev-parse", "--git-path", &p]).filter(|p| std::path::Path::new(p).exists()) {
             println!("cargo:rerun-if-changed={path}");
         }
     }
