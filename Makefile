@@ -22,11 +22,12 @@ export PPP_TEST_VENV PPP_TEST_MITMDUMP
 
 SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh fuzz/*.sh assets/*.sh) tests/fake-podman/guest-bin/sudo .ci/run
 
-.PHONY: help build install test-deps test check check-versions lint clippy fmt fmt-check bench fuzz clean
+.PHONY: help build install man test-deps test check check-versions lint clippy fmt fmt-check bench fuzz clean
 
 help:
 	@echo 'make build       release build (cargo build --release --locked)'
 	@echo 'make install     ppp to $$PREFIX (default ~/.cargo) and the mitmproxy venv to $$PPP_DATA/venv, then `ppp version`'
+	@echo 'make man         one man page per command into target/man (ppp.1, ppp-policy-allow.1, ...)'
 	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
 	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
 	@echo 'make check       fmt-check, clippy -D warnings, lint, then test'
@@ -40,6 +41,10 @@ build:
 
 install:
 	PREFIX="$(PREFIX)" scripts/install.sh
+
+# Generated from the clap tree by the hidden `ppp __man DIR`, like --help.
+man:
+	$(CARGO) run --locked --quiet -- __man target/man
 
 test-deps:
 	scripts/install-test-deps.sh

@@ -33,12 +33,14 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 #   age                             stock `age` decrypts secrets.age in the store
 #                                   tests, proving the file is plain age format
 #   tmux                            drives `ppp tui` on a real terminal in e2e_tui
+#   groff-base, man-db              render the generated man pages in the tests
+#                                   (`groff -man`, `man -l`)
 #   (linter) shellcheck             `make check` runs it on scripts/ and .ci/run
 APT_PACKAGES=(
   gnome-keyring dbus dbus-daemon dbus-bin libsecret-tools
   wireguard-tools wireguard-go iproute2 nftables bind9-dnsutils
   curl ca-certificates openssl procps util-linux qemu-utils
-  hyperfine shellcheck age tmux
+  hyperfine shellcheck age tmux groff-base man-db
 )
 
 export DEBIAN_FRONTEND=noninteractive

@@ -30,6 +30,14 @@ pub struct Cli {
     #[arg(short = 'D', long, global = true)]
     pub debug: bool,
 
+    /// Print no progress; `create` and `ls` print only names
+    // `ls -q` and `policy log -q` declare their own `quiet` with a more
+    // precise help line. Sharing the id makes clap skip the global copy
+    // there and carry the value both ways, so `ppp -q ls` and `ppp ls -q`
+    // mean the same.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -80,6 +88,40 @@ pub enum Command {
     Tui,
     /// Print the versions of ppp and the tools it drives
     Version(VersionArgs),
+    /// Print completion candidates; called by the completion scripts
+    #[command(name = "__complete", hide = true)]
+    Complete(CompleteArgs),
+    /// Write one man page per command into DIR; called by `make man`
+    #[command(name = "__man", hide = true)]
+    Man(ManArgs),
+}
+
+/// What `ppp __complete` completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompleteKind {
+    /// Sandbox names
+    Sandboxes,
+}
+
+/// `ppp __complete`.
+#[derive(Debug, Args)]
+pub struct CompleteArgs {
+    /// What to complete
+    #[arg(value_enum)]
+    pub kind: CompleteKind,
+
+    /// The command line so far, program name first and the word being
+    /// completed last; without it, every sandbox name is printed
+    #[arg(last = true, value_name = "WORDS")]
+    pub words: Vec<String>,
+}
+
+/// `ppp __man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Directory to write the pages into (created if missing)
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 /// Flags shared by `run` and `create`.
@@ -143,10 +185,7 @@ pub struct RunArgs {
 pub struct CreateArgs {
     #[command(flatten)]
     pub spec: SandboxSpec,
-
-    /// Print only the sandbox name
-    #[arg(short, long)]
-    pub quiet: bool,
+    // `-q` (print only the name, no progress) is the global flag.
 }
 
 /// `ppp ls`.
@@ -881,6 +920,21 @@ mod tests {
         assert_eq!(a.spec.agent, "opencode");
         assert_eq!(a.spec.memory.as_deref(), Some("8g"));
         assert_eq!(a.agent_args, ["--model", "x"]);
+    }
+
+    #[test]
+    fn quiet_is_one_flag_everywhere() {
+        for argv in [&["ppp", "-q", "ls"][..], &["ppp", "ls", "-q"], &["ppp", "create", "-q", "opencode", "."]] {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            assert!(cli.quiet, "{argv:?}");
+        }
+        let cli = Cli::try_parse_from(["ppp", "-q", "ls"]).unwrap();
+        let Command::Ls(a) = cli.command else { panic!() };
+        assert!(a.quiet, "`ppp -q ls` lists only names, like `ppp ls -q`");
+        let cli = Cli::try_parse_from(["ppp", "-q", "policy", "log"]).unwrap();
+        let Command::Policy(PolicyCommand::Log { quiet, .. }) = cli.command else { panic!() };
+        assert!(quiet);
+        assert!(!Cli::try_parse_from(["ppp", "ls"]).unwrap().quiet);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const PPP_LOG: &str = "PPP_LOG";
 /// Seconds `ppp diagnose` waits for each external probe (podman, mitmdump,
 /// Python, the keychain) before reporting it as timed out; default 10.
 pub const PPP_PROBE_TIMEOUT: &str = "PPP_PROBE_TIMEOUT";
+/// The conventional Rust log filter, honoured when `PPP_LOG` is unset.
+pub const RUST_LOG: &str = "RUST_LOG";
 /// Disables colour when set to anything (<https://no-color.org>).
 pub const NO_COLOR: &str = "NO_COLOR";
 
@@ -49,5 +51,6 @@ pub const ALL: &[&str] = &[
     PPP_AGE_IDENTITY,
     PPP_LOG,
     PPP_PROBE_TIMEOUT,
+    RUST_LOG,
     NO_COLOR,
 ];

@@ -48,6 +48,35 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
+/// An error that keeps its own message and causes and gains a `hint:`
+/// line, for errors whose text is already right (a parse error naming the
+/// file and line) but whose fix needs saying. See [`hinted`].
+#[derive(Debug)]
+struct Hinted {
+    inner: anyhow::Error,
+    hint: String,
+}
+
+impl fmt::Display for Hinted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl std::error::Error for Hinted {
+    // The inner error's own message is shown as this one's, so the chain
+    // continues with its causes, not with it.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner.source()
+    }
+}
+
+/// `err` unchanged on screen, plus a `hint:` line (unless a hint further
+/// out in the chain already says more).
+pub fn hinted(err: impl Into<anyhow::Error>, hint: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Hinted { inner: err.into(), hint: hint.into() })
+}
+
 /// Shorthand: `return Err(fail("…").hint("…").into())`.
 pub fn fail(message: impl Into<String>) -> Failure {
     Failure::new(message)
@@ -56,14 +85,24 @@ pub fn fail(message: impl Into<String>) -> Failure {
 /// Render `err` as the lines ppp prints on stderr, and pick the exit code.
 pub fn render(err: &anyhow::Error) -> (String, u8) {
     let mut out = String::new();
-    let mut hint = None;
-    let mut code = 1;
+    // A Failure given as context (`.context(fail("…").hint("…"))`) is not
+    // reachable by downcasting the chain's items, which are anyhow's
+    // context wrappers; `anyhow::Error::downcast_ref` sees through them and
+    // finds the outermost one.
+    let outer = err.downcast_ref::<Failure>();
+    let mut hint = outer.and_then(|f| f.hint.clone());
+    let mut code = outer.map_or(1, |f| f.code);
     for (i, cause) in err.chain().enumerate() {
         if let Some(f) = cause.downcast_ref::<Failure>() {
             if hint.is_none() {
                 hint.clone_from(&f.hint);
             }
             code = f.code;
+        }
+        if let Some(h) = cause.downcast_ref::<Hinted>()
+            && hint.is_none()
+        {
+            hint = Some(h.hint.clone());
         }
         if i == 0 {
             let _ = writeln!(out, "error: {cause}");
@@ -93,5 +132,16 @@ mod tests {
             "error: could not add rule\n  caused by: port 70000 is out of range\nhint: ports run from 1 to 65535\n"
         );
         assert_eq!(code, 2);
+    }
+
+    #[test]
+    fn hinted_keeps_the_message_and_causes() {
+        let inner = anyhow::anyhow!("disk full").context("could not write `x`");
+        let (text, code) = render(&hinted(inner, "free some space"));
+        assert_eq!(text, "error: could not write `x`\n  caused by: disk full\nhint: free some space\n");
+        assert_eq!(code, 1);
+        // A hint from further out wins: it knows more about what was asked.
+        let outer = hinted(anyhow::anyhow!("x"), "inner hint").context(fail("outer").hint("outer hint"));
+        assert!(render(&outer).0.ends_with("hint: outer hint\n"));
     }
 }

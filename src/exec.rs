@@ -151,6 +151,9 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
 /// number when a signal ended it) with what it printed; a non-zero exit is
 /// not an error here.
 pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
+    // Arguments are shown in error messages already; env values (which
+    // may hold secrets) are not logged.
+    tracing::debug!("running `{inv}`");
     let command = inv.to_string();
     let mut child = spawn_retrying(|| {
         inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
@@ -202,6 +205,7 @@ pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
 /// code (128 + the signal number when a signal ended it). A non-zero code
 /// is not an error here: the caller reads the log to say what failed.
 pub fn run_to_log(inv: &Invocation, log: &std::fs::File) -> Result<i32, ExecError> {
+    tracing::debug!("running `{inv}`");
     let command = inv.to_string();
     let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
     let (out, err) = (io(log)?, io(log)?);
@@ -217,6 +221,7 @@ pub fn run_to_log(inv: &Invocation, log: &std::fs::File) -> Result<i32, ExecErro
 /// the terminal sends SIGINT to the whole foreground process group, and ppp
 /// must outlive the child to pass its exit code on.
 pub fn run_attached(inv: &Invocation) -> Result<i32, ExecError> {
+    tracing::debug!("running `{inv}`");
     let command = inv.to_string();
     // A handler (not SIG_IGN, which exec would pass on) keeps ppp alive;
     // exec resets handlers, so the child still dies on Ctrl-C.
@@ -271,6 +276,7 @@ fn wait_with_timeout(
 /// `log`, in a process group of its own so a terminal's Ctrl-C reaches only
 /// its supervisor, which stops it in order. Killed if the handle is dropped.
 pub fn spawn_logged(inv: &Invocation, log: &std::fs::File) -> Result<tokio::process::Child, ExecError> {
+    tracing::debug!("running `{inv}`");
     let command = inv.to_string();
     let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
     let mut c = tokio::process::Command::from(inv.command());
@@ -285,6 +291,7 @@ pub fn spawn_logged(inv: &Invocation, log: &std::fs::File) -> Result<tokio::proc
 /// stdin, output appended to `log`. Used for `ppp daemon start -d`.
 pub fn spawn_detached(inv: &Invocation, log: &std::fs::File) -> Result<std::process::Child, ExecError> {
     use std::os::unix::process::CommandExt;
+    tracing::debug!("running `{inv}`");
     let command = inv.to_string();
     let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
     let mut c = inv.command();

@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 
 pub mod agent;
 pub mod assets;
@@ -22,6 +22,7 @@ pub mod exec;
 pub mod output;
 pub mod podman;
 pub mod policy;
+pub mod progress;
 pub mod proxy;
 pub mod sandbox;
 pub mod secret;
@@ -32,9 +33,17 @@ pub mod versions;
 
 /// Parse the command line, run the command, render any error.
 pub fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let matches = cli::Cli::command().get_matches();
+    let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_tracing(cli.debug);
-    let ctx = cmd::Ctx::from_env(cli.debug);
+    // Only the command's name: its arguments may hold a secret (`-t KEY`).
+    tracing::debug!(
+        "ppp {} ({}), command `{}`",
+        env!("CARGO_PKG_VERSION"),
+        versions::GIT_REVISION,
+        command_path(&matches)
+    );
+    let ctx = cmd::Ctx::from_env(cli.debug).with_quiet(cli.quiet);
     match cmd::dispatch(cli.command, &ctx) {
         Ok(code) => code,
         // `ppp ls | head -1` closing the pipe is not an error.
@@ -47,14 +56,26 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `secret set`, `daemon log-level set`: the subcommand names only.
+fn command_path(matches: &clap::ArgMatches) -> String {
+    let mut names = Vec::new();
+    let mut m = matches;
+    while let Some((name, sub)) = m.subcommand() {
+        names.push(name);
+        m = sub;
+    }
+    names.join(" ")
+}
+
 /// Changes ppp's own log filter after start-up (`daemon log-level`).
 static FILTER: std::sync::OnceLock<
     tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
 > = std::sync::OnceLock::new();
 
-/// Set ppp's own log level in this process, unless `PPP_LOG` pins it.
+/// Set ppp's own log level in this process, unless `PPP_LOG` or
+/// `RUST_LOG` pins it.
 pub fn set_log_level(level: cli::LogLevel) {
-    if std::env::var_os(env::PPP_LOG).is_some() {
+    if std::env::var_os(env::PPP_LOG).is_some() || std::env::var_os(env::RUST_LOG).is_some() {
         return;
     }
     if let Some(h) = FILTER.get() {
@@ -62,7 +83,8 @@ pub fn set_log_level(level: cli::LogLevel) {
     }
 }
 
-/// `-D` wins, then `PPP_LOG`, then the level in config.yaml.
+/// `-D` wins, then `PPP_LOG`, then `RUST_LOG` (the variable Rust users
+/// reach for first), then the level in config.yaml.
 fn init_tracing(debug: bool) {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -74,6 +96,7 @@ fn init_tracing(debug: bool) {
         tracing_subscriber::EnvFilter::new("ppp=debug")
     } else {
         tracing_subscriber::EnvFilter::try_from_env(env::PPP_LOG)
+            .or_else(|_| tracing_subscriber::EnvFilter::try_from_env(env::RUST_LOG))
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(configured()))
     };
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);

@@ -32,10 +32,16 @@ pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
 /// Ask a yes/no question on the terminal. Without a terminal there is no
 /// one to ask, so it is an error telling the user to pass `-f`.
 pub fn confirm(question: &str) -> Result<bool> {
+    confirm_or(question, "the same command with -f")
+}
+
+/// [`confirm`], whose error names `unattended`, the exact command that
+/// runs without asking (`ppp rm -f red-fox`).
+pub fn confirm_or(question: &str, unattended: &str) -> Result<bool> {
     use std::io::IsTerminal;
     if !std::io::stdin().is_terminal() {
-        return Err(crate::error::fail("refusing to continue without confirmation")
-            .hint("pass -f to confirm")
+        return Err(crate::error::fail(format!("cannot ask \"{question}\": standard input is not a terminal"))
+            .hint(format!("to go ahead without asking, run {unattended}"))
             .code(2)
             .into());
     }

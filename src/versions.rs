@@ -38,6 +38,10 @@ pub fn agent_image(agent: &str) -> Option<&'static str> {
     get(&format!("{}_IMAGE", agent.to_ascii_uppercase()))
 }
 
+/// The git revision ppp was built from (`git rev-parse --short HEAD`), or
+/// `unknown`; set by `build.rs`.
+pub const GIT_REVISION: &str = env!("PPP_GIT_REVISION");
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -91,6 +91,6 @@ fn unknown_sandboxes_are_named() {
     ppp::sandbox::save_locked(&dirs, &rec).unwrap();
     let (code, _, err) = output(&mut w.ppp(["rm", "red"]));
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("pass -f to confirm"), "{err}");
+    assert!(err.contains("hint: to go ahead without asking, run `ppp rm -f red`"), "{err}");
     assert!(dirs.sandbox_record("red").exists());
 }

@@ -12,7 +12,9 @@ use common::{World, ok, output};
 /// Every command path in the tree, e.g. `["policy", "allow"]`.
 fn command_paths() -> Vec<Vec<String>> {
     fn walk(cmd: &clap::Command, prefix: &[String], out: &mut Vec<Vec<String>>) {
-        for sub in cmd.get_subcommands() {
+        // Hidden commands (`__complete`, `__man`) are plumbing for the
+        // completion scripts and `make man`, not surface.
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
             let mut p = prefix.to_vec();
             p.push(sub.get_name().to_owned());
             out.push(p.clone());
@@ -41,7 +43,7 @@ fn help_texts() {
 #[test]
 fn top_level_surface_is_complete() {
     let cmd = ppp::cli::Cli::command();
-    let names: Vec<&str> = cmd.get_subcommands().map(clap::Command::get_name).collect();
+    let names: Vec<&str> = cmd.get_subcommands().filter(|s| !s.is_hide_set()).map(clap::Command::get_name).collect();
     assert_eq!(
         names,
         [
@@ -117,12 +119,35 @@ fn usage_errors_exit_2() {
 
 /// Source the bash script and ask it for completions, as bash would.
 fn bash_complete(script: &str, words: &[&str]) -> Vec<String> {
+    bash_complete_in(&World::new(), script, words)
+}
+
+/// Complete `words` (the last being the word under the cursor) with the
+/// function the script registers for `ppp`, as bash would on TAB, with
+/// `w`'s environment and the built `ppp` first on PATH.
+fn bash_complete_in(w: &World, script: &str, words: &[&str]) -> Vec<String> {
     let line = words.join(" ");
+    let quoted: Vec<String> = words.iter().map(|x| format!("'{x}'")).collect();
     let program = format!(
-        "{script}\nCOMP_WORDS=({line})\nCOMP_CWORD={cword}\nCOMP_LINE='{line}'\nCOMP_POINT=${{#COMP_LINE}}\n_ppp ppp \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+        "{script}\nCOMP_WORDS=({words})\nCOMP_CWORD={cword}\nCOMP_LINE='{line}'\nCOMP_POINT=${{#COMP_LINE}}\nf=$(complete -p ppp | sed 's/.*-F \\([^ ]*\\).*/\\1/')\n\"$f\" ppp \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+        words = quoted.join(" "),
         cword = words.len() - 1,
     );
-    let out = std::process::Command::new("bash").arg("-c").arg(program).output().unwrap();
+    let ppp_dir = std::path::Path::new(env!("CARGO_BIN_EXE_ppp")).parent().unwrap().to_owned();
+    let mut cmd = w.ppp(Vec::<String>::new());
+    let path = format!(
+        "{}:{}",
+        ppp_dir.display(),
+        cmd.get_envs().find(|(k, _)| *k == "PATH").unwrap().1.unwrap().to_string_lossy()
+    );
+    let out = cmd.env("PATH", path).env_remove("COLUMNS");
+    let out = std::process::Command::new("bash")
+        .envs(out.get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))))
+        .env_remove("BASH_ENV")
+        .arg("-c")
+        .arg(program)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
 }
@@ -137,6 +162,38 @@ fn bash_completion_completes() {
     assert_eq!(verbs, ["init", "inspect"]);
     let presets = bash_complete(&script, &["ppp", "policy", "init", ""]);
     assert!(presets.contains(&"balanced".to_owned()), "{presets:?}");
+}
+
+/// Sandbox names come from `ppp __complete` where a SANDBOX goes, and the
+/// static completions everywhere else.
+#[test]
+fn bash_completes_sandbox_names() {
+    let w = World::new();
+    for name in ["red-fox", "blue-owl"] {
+        let dir = w.data().join("sandboxes").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = serde_json::json!({
+            "name": name, "agent": "opencode", "workspace": ["/src"], "status": "stopped",
+            "created_at": "2026-11-29T10:00:00Z", "cpus": 2, "memory": 4096, "port": 51820,
+            "inner_ip": "10.0.0.1", "kit_refs": [], "template_tag": null, "machine_name": format!("ppp-{name}"),
+        });
+        std::fs::write(dir.join("sandbox.json"), rec.to_string()).unwrap();
+    }
+    let mut names = ok(&mut w.ppp(["__complete", "sandboxes"])).lines().map(str::to_owned).collect::<Vec<_>>();
+    names.sort();
+    assert_eq!(names, ["blue-owl", "red-fox"]);
+
+    let script = ok(&mut w.ppp(["completion", "bash"]));
+    let mut got = bash_complete_in(&w, &script, &["ppp", "stop", ""]);
+    got.sort();
+    assert_eq!(got, ["blue-owl", "red-fox"]);
+    assert_eq!(bash_complete_in(&w, &script, &["ppp", "rm", "-f", "r"]), ["red-fox"]);
+    assert_eq!(bash_complete_in(&w, &script, &["ppp", "exec", "b"]), ["blue-owl"]);
+    assert_eq!(bash_complete_in(&w, &script, &["ppp", "run", "--name", "r"]), ["red-fox"]);
+    assert_eq!(bash_complete_in(&w, &script, &["ppp", "cp", "red"]), ["red-fox:"]);
+    // Elsewhere the static completion answers as before.
+    assert_eq!(bash_complete_in(&w, &script, &["ppp", "policy", "i"]), ["init", "inspect"]);
+    assert_eq!(bash_complete_in(&w, &script, &["ppp", "stop", "--h"]), ["--help"]);
 }
 
 #[test]
@@ -166,9 +223,45 @@ fn version_reports_tools() {
     assert_eq!(v["platform"]["os"], std::env::consts::OS);
     assert_eq!(v["provider"], "qemu");
     let text = ok(&mut w.ppp(["version"]));
-    assert!(text.starts_with(&format!("ppp {}\npodman:   5.8.1 (", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(text.starts_with(&format!("ppp {}\nrevision: ", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(text.contains("\npodman:   5.8.1 ("), "{text}");
+    let rev = v["revision"].as_str().unwrap();
+    assert!(rev == "unknown" || (rev.len() >= 7 && rev.chars().all(|c| c.is_ascii_hexdigit())), "{rev}");
+
+    // The keys are the contract; values that vary by host are redacted.
+    let mut shown = v.clone();
+    shown["ppp"] = "[VERSION]".into();
+    shown["revision"] = "[REVISION]".into();
+    shown["platform"]["os"] = "[OS]".into();
+    shown["platform"]["arch"] = "[ARCH]".into();
+    insta::assert_snapshot!("version-json", w.redact(&serde_json::to_string_pretty(&shown).unwrap()));
 
     let bare = World::new();
     let v: serde_json::Value = serde_json::from_str(&ok(&mut bare.ppp(["version", "--json"]))).unwrap();
     assert!(v["podman"].is_null() && v["mitmdump"].is_null(), "{v}");
+}
+
+/// `make man`: one page per visible command, and a page that really renders.
+#[test]
+fn man_pages_are_generated_and_render() {
+    let w = World::new();
+    let dir = w.path().join("man");
+    let out = ok(&mut w.ppp([std::ffi::OsStr::new("__man"), dir.as_os_str()]));
+    assert_eq!(out, format!("wrote 49 man pages to `{}`\n", dir.display()), "one per help text");
+    for page in ["ppp.1", "ppp-policy.1", "ppp-policy-allow.1", "ppp-daemon-log-level-set.1", "ppp-version.1"] {
+        assert!(dir.join(page).is_file(), "{page} missing");
+    }
+    assert!(!dir.join("ppp-__complete.1").exists(), "hidden commands get no page");
+
+    // `make test-deps` installs groff-base (scripts/install-test-deps.sh).
+    let rendered = std::process::Command::new("groff")
+        .args(["-man", "-Tutf8", "-P", "-cbou"])
+        .arg(dir.join("ppp-policy-allow.1"))
+        .env("LANG", "C.UTF-8")
+        .output()
+        .expect("groff is missing: run `make test-deps` (it installs groff-base)");
+    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    let text = String::from_utf8_lossy(&rendered.stdout);
+    assert!(text.contains("ppp-policy-allow - Allow connections to hosts, IPs or CIDR ranges"), "{text}");
+    assert!(text.contains("--sandbox"), "{text}");
 }

@@ -8,15 +8,15 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::CreateArgs;
 use crate::podman::Podman;
-use crate::sandbox::lifecycle::{self, Request, Ui};
+use crate::sandbox::lifecycle::{self, Request};
 
 /// Run `ppp create`.
 pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
     let req = Request::new(&args.spec)?;
     let podman = Podman::detect()?;
-    let rec = lifecycle::create(dirs, &podman, &req, Ui { quiet: args.quiet })?;
-    if args.quiet {
+    let rec = lifecycle::create(dirs, &podman, &req, ctx.ui())?;
+    if ctx.quiet {
         crate::output::println(&rec.name)?;
     } else {
         crate::output::println(&format!(

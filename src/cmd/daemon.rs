@@ -27,14 +27,14 @@ const STOP_DEADLINE: Duration = Duration::from_secs(30);
 pub fn run(cmd: &DaemonCommand, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
     match cmd {
-        DaemonCommand::Start(a) => start(dirs, a),
+        DaemonCommand::Start(a) => start(dirs, a, ctx),
         DaemonCommand::Stop => stop(dirs),
         DaemonCommand::Status(a) => status(dirs, a.json),
         DaemonCommand::LogLevel(a) => log_level(dirs, a),
     }
 }
 
-fn start(dirs: &Dirs, args: &DaemonStartArgs) -> Result<ExitCode> {
+fn start(dirs: &Dirs, args: &DaemonStartArgs, ctx: &Ctx) -> Result<ExitCode> {
     if let Some(preset) = args.policy
         && policy::load_global(&dirs.global_policy())?.is_none()
     {
@@ -49,7 +49,10 @@ fn start(dirs: &Dirs, args: &DaemonStartArgs) -> Result<ExitCode> {
         output::println(&format!("the ppp daemon is already running (pid {pid})"))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let mitm = mitmdump::ensure(dirs, |msg| eprintln!("{msg}"))?;
+    // Each message from ensure() starts the next step of the venv install.
+    let mut steps = ctx.progress().sequence();
+    let mitm = mitmdump::ensure(dirs, |msg| steps.next(msg))?;
+    steps.finish();
     if args.detach {
         return start_detached(dirs);
     }

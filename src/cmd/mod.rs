@@ -8,6 +8,7 @@ use anyhow::Result;
 use crate::cli::Command;
 use crate::dirs::Dirs;
 
+pub mod complete;
 pub mod completion;
 pub mod cp;
 pub mod create;
@@ -16,6 +17,7 @@ pub mod diagnose;
 pub mod exec;
 pub mod kit;
 pub mod ls;
+pub mod man;
 pub mod policy;
 pub mod ports;
 pub mod reset;
@@ -33,18 +35,38 @@ pub mod version;
 pub struct Ctx {
     dirs: Option<Dirs>,
     pub debug: bool,
+    /// `-q`: no progress, terse output.
+    pub quiet: bool,
 }
 
 impl Ctx {
     /// Resolve the context from the environment. Path resolution failing is
     /// not fatal here: `version` and `completion` work without a HOME.
     pub fn from_env(debug: bool) -> Self {
-        Self { dirs: Dirs::from_env().ok(), debug }
+        Self { dirs: Dirs::from_env().ok(), debug, quiet: false }
     }
 
     /// A context with explicit directories.
     pub fn with_dirs(dirs: Dirs, debug: bool) -> Self {
-        Self { dirs: Some(dirs), debug }
+        Self { dirs: Some(dirs), debug, quiet: false }
+    }
+
+    /// The same context with `-q` set as given.
+    #[must_use]
+    pub fn with_quiet(mut self, quiet: bool) -> Self {
+        self.quiet = quiet;
+        self
+    }
+
+    /// How to show progress for this command: nothing with `-q`, else
+    /// spinners on a terminal and plain lines elsewhere.
+    pub fn progress(&self) -> crate::progress::Progress {
+        crate::progress::Progress::detect(self.quiet)
+    }
+
+    /// The sandbox lifecycle's progress switch.
+    pub fn ui(&self) -> crate::sandbox::lifecycle::Ui {
+        crate::sandbox::lifecycle::Ui { quiet: self.quiet }
     }
 
     /// ppp's directories; an error if they cannot be located.
@@ -82,5 +104,7 @@ pub fn dispatch(command: Command, ctx: &Ctx) -> Result<ExitCode> {
         Command::Template(a) => template::run(&a, ctx),
         Command::Tui => tui::run(ctx),
         Command::Version(a) => version::run(&a, ctx),
+        Command::Complete(a) => complete::run(&a, ctx),
+        Command::Man(a) => man::run(&a),
     }
 }

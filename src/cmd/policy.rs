@@ -519,7 +519,9 @@ fn log(
 }
 
 fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
-    if !force && !output::confirm("remove every rule you added, globally and in every sandbox?")? {
+    if !force
+        && !output::confirm_or("remove every rule you added, globally and in every sandbox?", "`ppp policy reset -f`")?
+    {
         output::println("nothing changed")?;
         return Ok(ExitCode::SUCCESS);
     }

@@ -86,6 +86,19 @@ fn ephemeral(ip: IpAddr, protocol: &str) -> Result<u16> {
     Ok(port)
 }
 
+/// Whether another program already holds `ip:port`. Checked now because
+/// podman would only fail when the agent next starts, far from the command
+/// that caused it. Only "in use" counts: a privileged port refused to a
+/// normal user may still work for podman's port forwarder.
+fn in_use(ip: IpAddr, port: u16, protocol: &str) -> bool {
+    let bound = if protocol.starts_with("udp") {
+        std::net::UdpSocket::bind((ip, port)).map(drop)
+    } else {
+        std::net::TcpListener::bind((ip, port)).map(drop)
+    };
+    matches!(bound, Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
+}
+
 /// Run `ppp ports`.
 pub fn run(args: &PortsArgs, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
@@ -122,8 +135,23 @@ pub fn run(args: &PortsArgs, ctx: &Ctx) -> Result<ExitCode> {
             if let Some(clash) = rec.published.iter().find(|q| q.host_port == host_port && q.protocol == entry.protocol)
             {
                 return Err(fail(format!("host port {host_port}/{} is already published as {clash}", entry.protocol))
+                    .hint(format!(
+                        "remove it first with `ppp ports {} --unpublish {}:{}/{}`",
+                        rec.name, clash.host_port, clash.sandbox_port, clash.protocol
+                    ))
                     .code(2)
                     .into());
+            }
+            if p.host_port.is_some() && in_use(ip, host_port, &entry.protocol) {
+                return Err(fail(format!(
+                    "host port {host_port}/{} on {ip} is already in use by another program",
+                    entry.protocol
+                ))
+                .hint(format!(
+                    "choose another host port, or give only the sandbox port to get a free one: `ppp ports {} --publish {}`",
+                    rec.name, p.sandbox_port
+                ))
+                .into());
             }
             rec.published.push(entry);
         }

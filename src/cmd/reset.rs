@@ -29,11 +29,16 @@ pub fn run(args: &ResetArgs, ctx: &Ctx) -> Result<ExitCode> {
         names.len(),
         if args.preserve_secrets { "" } else { ", every stored secret" }
     );
-    if !args.force && !output::confirm(&format!("This will {what}. Continue?"))? {
+    if !args.force
+        && !output::confirm_or(
+            &format!("This will {what}. Continue?"),
+            if args.preserve_secrets { "`ppp reset -f --preserve-secrets`" } else { "`ppp reset -f`" },
+        )?
+    {
         return Ok(ExitCode::from(1));
     }
     let podman = Podman::detect().map_err(|e| eprintln!("warning: {e:#}; removing state only")).ok();
-    let ui = lifecycle::Ui { quiet: false };
+    let ui = ctx.ui();
     for name in &names {
         if let Err(e) = lifecycle::remove(dirs, podman.as_ref(), name, true, ui) {
             eprintln!("warning: {e:#}");

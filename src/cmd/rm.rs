@@ -8,10 +8,7 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::RmArgs;
 use crate::podman::Podman;
-use crate::sandbox::{
-    self, PortRegistry,
-    lifecycle::{self, Ui},
-};
+use crate::sandbox::{self, PortRegistry, lifecycle};
 
 /// Run `ppp rm`.
 pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -41,7 +38,12 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
         crate::output::println("no sandboxes to remove")?;
         return Ok(ExitCode::SUCCESS);
     }
-    if !args.force && !crate::output::confirm(&format!("remove {}?", names.join(", ")))? {
+    if !args.force
+        && !crate::output::confirm_or(
+            &format!("remove {}?", names.join(", ")),
+            &format!("`ppp rm -f {}`", if args.all { "--all".to_owned() } else { names.join(" ") }),
+        )?
+    {
         return Ok(ExitCode::from(1));
     }
     let podman = match Podman::detect() {
@@ -53,7 +55,7 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
         Err(e) => return Err(e),
     };
     for name in &names {
-        lifecycle::remove(dirs, podman.as_ref(), name, args.force, Ui { quiet: false })?;
+        lifecycle::remove(dirs, podman.as_ref(), name, args.force, ctx.ui())?;
         crate::output::println(&format!("removed `{name}`"))?;
     }
     Ok(ExitCode::SUCCESS)

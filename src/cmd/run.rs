@@ -10,13 +10,13 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::RunArgs;
 use crate::podman::Podman;
-use crate::sandbox::lifecycle::{self, Request, Ui};
+use crate::sandbox::lifecycle::{self, Request};
 use crate::{agent, exec, sandbox};
 
 /// Run `ppp run`.
 pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
-    let ui = Ui { quiet: false };
+    let ui = ctx.ui();
     // Validated first: an unknown agent or a missing path is an error
     // before anything is created or started.
     let req = Request::new(&args.spec)?;

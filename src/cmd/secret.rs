@@ -259,7 +259,17 @@ fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
                 .into());
         }
     };
-    if !a.force && !output::confirm(&format!("remove `{name}` {}?", scope_words(&scope)))? {
+    if !a.force
+        && !output::confirm_or(
+            &format!("remove `{name}` {}?", scope_words(&scope)),
+            &format!(
+                "`ppp secret rm -f{}{} {}`",
+                if a.global { " -g" } else { "" },
+                if a.custom { " --custom" } else { "" },
+                a.names.join(" ")
+            ),
+        )?
+    {
         output::println("nothing changed")?;
         return Ok(ExitCode::SUCCESS);
     }

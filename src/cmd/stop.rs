@@ -8,7 +8,7 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::StopArgs;
 use crate::podman::Podman;
-use crate::sandbox::lifecycle::{self, Ui};
+use crate::sandbox::lifecycle;
 
 /// Run `ppp stop`.
 pub fn run(args: &StopArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -24,7 +24,7 @@ pub fn run(args: &StopArgs, ctx: &Ctx) -> Result<ExitCode> {
     }
     let podman = Podman::detect()?;
     for name in &args.sandboxes {
-        lifecycle::stop(dirs, &podman, name, Ui { quiet: false })?;
+        lifecycle::stop(dirs, &podman, name, ctx.ui())?;
         crate::output::println(&format!("stopped `{name}`"))?;
     }
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,6 @@
-//! `ppp version`: ppp's own version, the podman and mitmdump it would
-//! drive, and the host platform and machine provider.
+//! `ppp version`: ppp's own version and git revision, the podman and
+//! mitmdump it would drive, and the host platform and machine provider.
+//! Each probe has a timeout, so a hung podman cannot hang `ppp version`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +26,8 @@ pub struct Tool {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub ppp: &'static str,
+    /// The git revision ppp was built from, or `unknown`.
+    pub revision: &'static str,
     pub podman: Option<Tool>,
     pub mitmdump: Option<Tool>,
     pub platform: Platform,
@@ -73,6 +76,7 @@ pub fn collect(ctx: &Ctx) -> Report {
     );
     Report {
         ppp: env!("CARGO_PKG_VERSION"),
+        revision: crate::versions::GIT_REVISION,
         podman,
         mitmdump,
         platform: Platform { os: std::env::consts::OS, arch: std::env::consts::ARCH },
@@ -110,8 +114,9 @@ pub fn render(r: &Report) -> String {
         Some(Tool { path, version: None }) => format!("unknown version ({})", path.display()),
     };
     format!(
-        "ppp {}\npodman:   {}\nmitmdump: {}\nplatform: {}/{}\nprovider: {}\n",
+        "ppp {}\nrevision: {}\npodman:   {}\nmitmdump: {}\nplatform: {}/{}\nprovider: {}\n",
         r.ppp,
+        r.revision,
         tool(&r.podman),
         tool(&r.mitmdump),
         r.platform.os,

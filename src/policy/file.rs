@@ -338,7 +338,12 @@ fn is_blank_yaml(text: &str) -> bool {
 /// Read the global policy; `None` when the file does not exist.
 pub fn load_global(path: &Path) -> Result<Option<GlobalFile>> {
     match state::read_optional(path)? {
-        Some(text) => Ok(Some(parse_global(path, &text)?)),
+        Some(text) => Ok(Some(parse_global(path, &text).map_err(|e| {
+            crate::error::hinted(
+                e,
+                "fix that line (docs/policy.md shows the format), or move the file away and run `ppp policy init balanced`",
+            )
+        })?)),
         None => Ok(None),
     }
 }

@@ -122,7 +122,9 @@ impl Resource {
             return Err(err("resource is empty").with_hint("use `**` to match everything"));
         }
         if s.chars().any(char::is_whitespace) {
-            return Err(err(format!("`{}` contains whitespace", s.escape_debug())));
+            // Almost always `a.com, b.com` or two words where one was meant.
+            return Err(err(format!("`{}` contains whitespace", s.escape_debug()))
+                .with_hint("separate resources with commas and no spaces, e.g. `api.example.com,cdn.example.com`"));
         }
         if let Some(c) = s.chars().find(|c| c.is_control()) {
             return Err(err(format!("`{}` contains control character `{}`", s.escape_debug(), c.escape_debug())));

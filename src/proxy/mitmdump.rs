@@ -417,8 +417,8 @@ pub fn ensure_with(dirs: &Dirs, lookup: &Lookup, mut progress: impl FnMut(&str))
             .hint("pip must reach PyPI (or the index pip is configured for); check the network, then run again")
             .into());
     }
+    // No closing message: the caller ends the last step as done.
     check_version(&mitmdump, want).context("the fresh venv is not usable")?;
-    progress(&format!("installed mitmproxy {want} in `{}`", venv.display()));
     Ok(mitmdump)
 }
 

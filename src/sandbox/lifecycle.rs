@@ -23,6 +23,7 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Invocation, Stdin};
 use crate::podman::{self, InitSpec, Machine, Podman};
+use crate::progress;
 use crate::proxy::{self, supervisor};
 use crate::state;
 
@@ -40,17 +41,32 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(3 * 60);
 const PROBE_HOST: &str = "ppp-verify.invalid";
 const PROBE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(192, 0, 2, 1);
 
-/// Progress lines on stderr, one per step; silent with `-q`.
+/// Progress on stderr: a spinner (or plain lines off a terminal) per long
+/// step; silent with `-q`. See [`crate::progress`].
 #[derive(Debug, Clone, Copy)]
 pub struct Ui {
     pub quiet: bool,
 }
 
 impl Ui {
-    fn step(self, what: &str) {
-        if !self.quiet {
-            eprintln!("ppp: {what}");
+    /// Start a timed step; the caller ends it with `.done()` on success.
+    fn step(self, what: &str) -> progress::Step {
+        progress::Progress::detect(self.quiet).start(what)
+    }
+
+    /// Run `f` as one timed step, ended as done when it succeeds.
+    fn timed<T>(self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let step = self.step(what);
+        let result = f();
+        if result.is_ok() {
+            step.done();
         }
+        result
+    }
+
+    /// An untimed line.
+    fn note(self, what: &str) {
+        progress::Progress::detect(self.quiet).note(what);
     }
 }
 
@@ -80,7 +96,14 @@ impl Request {
         let mut workspace = Vec::new();
         for p in &spec.paths {
             let abs = std::fs::canonicalize(p).map_err(|e| {
-                fail(format!("workspace `{}` cannot be used: {e}", p.display()))
+                // "No such file or directory (os error 2)" is the usual
+                // case; said in words, the OS text for anything else.
+                let why = if e.kind() == std::io::ErrorKind::NotFound {
+                    "it does not exist".to_owned()
+                } else {
+                    e.to_string()
+                };
+                fail(format!("workspace `{}` cannot be used: {why}", p.display()))
                     .hint("pass a directory that exists, e.g. `.`")
                     .code(2)
             })?;
@@ -223,7 +246,7 @@ pub fn clone_url(podman: &Podman, machine: &str, guest: &str) -> String {
 /// needs no access to the host's remotes), and add the host remote
 /// `sandbox-<name>` pointing back at it.
 fn clone_into(dirs: &Dirs, podman: &Podman, rec: &Record, host: &std::path::Path, guest: &str, ui: Ui) -> Result<()> {
-    ui.step(&format!("cloning `{}` into the sandbox at `{guest}`", host.display()));
+    ui.timed(&format!("cloning `{}` into the sandbox at `{guest}`", host.display()), || {
     let bundle = dirs.sandbox(&rec.name).join("workspace.bundle");
     let git =
         |args: &[&str]| Invocation::new("git").arg("-C").arg(host).args(args).timeout(Duration::from_secs(10 * 60));
@@ -253,6 +276,7 @@ fn clone_into(dirs: &Dirs, podman: &Podman, rec: &Record, host: &std::path::Path
     // configured, never for URLs that submodules bring in.
     exec::run(&git(&["config", "protocol.ext.allow", "user"]))?;
     Ok(())
+    })
 }
 
 /// Half the host's memory, at most 32 GiB, at least podman's floor.
@@ -318,7 +342,7 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     ensure_can_start(podman, "", &all)?;
     let claim = claim(dirs, req, &all)?;
     let name = claim.record.name.clone();
-    ui.step(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
+    ui.note(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
     let mut made_machine = false;
     // Ctrl-C reaches podman (same process group) and ends the step it is
     // in; ppp itself stays alive to roll back, and stops between steps.
@@ -328,7 +352,6 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         interrupt.check()?;
         wait_for_wg0(dirs, &name, claim.record.port)?;
         let machine = &claim.record.machine_name;
-        ui.step(&format!("initialising machine `{machine}`"));
         let spec = InitSpec {
             name: machine.clone(),
             cpus: req.cpus,
@@ -353,7 +376,9 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
                 .collect(),
         };
         interrupt.check()?;
-        run_logged(dirs, &name, &podman.init(&spec), "podman machine init")?;
+        ui.timed(&format!("initialising machine `{machine}`"), || {
+            run_logged(dirs, &name, &podman.init(&spec), "podman machine init")
+        })?;
         made_machine = true;
         interrupt.check()?;
         start_machine(dirs, podman, &name, machine, ui)?;
@@ -372,7 +397,7 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     match result {
         Ok(rec) => Ok(rec),
         Err(e) => {
-            ui.step(&format!("creating `{name}` failed; removing what was made"));
+            ui.note(&format!("creating `{name}` failed; removing what was made"));
             rollback(dirs, podman, &claim, made_machine);
             // Said even with -q: the name was printed nowhere else.
             eprintln!("ppp: sandbox `{name}` was not created");
@@ -530,13 +555,15 @@ fn ensure_daemon(dirs: &Dirs, ui: Ui) -> Result<()> {
         }
         return Ok(());
     }
-    ui.step("starting the ppp daemon");
-    let me = std::env::current_exe().context("could not find the ppp executable")?;
-    let inv = Invocation::new(me).args(["daemon", "start", "-d"]).timeout(Duration::from_secs(15 * 60));
-    exec::run(&inv).map(drop).map_err(|e| {
-        anyhow::Error::new(e).context("could not start the ppp daemon").context(
-            fail("the sandbox needs the ppp daemon").hint("see `ppp daemon status` and `ppp daemon start` for details"),
-        )
+    ui.timed("starting the ppp daemon", || {
+        let me = std::env::current_exe().context("could not find the ppp executable")?;
+        let inv = Invocation::new(me).args(["daemon", "start", "-d"]).timeout(Duration::from_secs(15 * 60));
+        exec::run(&inv).map(drop).map_err(|e| {
+            anyhow::Error::new(e).context("could not start the ppp daemon").context(
+                fail("the sandbox needs the ppp daemon")
+                    .hint("see `ppp daemon status` and `ppp daemon start` for details"),
+            )
+        })
     })
 }
 
@@ -563,66 +590,73 @@ fn wait_for_wg0(dirs: &Dirs, name: &str, port: u16) -> Result<()> {
 
 /// Start a machine, turning podman's one-VM refusal into ppp's message.
 fn start_machine(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui: Ui) -> Result<()> {
-    ui.step(&format!("starting machine `{machine}`"));
-    let log = open_log(dirs, name)?;
-    let (code, out) = exec::output(&podman.start(machine))?;
-    let _ = writeln!(&log, "$ {}\n{}{}", podman.start(machine), out.stdout, out.stderr);
-    if code == 0 {
-        return Ok(());
-    }
-    if podman::is_one_vm_refusal(&out.stderr) {
-        let running = machines(podman)
-            .ok()
-            .and_then(|all| all.into_iter().find(|m| m.name != machine && (m.running || m.starting)))
-            .map_or_else(|| "another machine".to_owned(), |m| m.name);
-        return Err(one_vm_error(podman, &running));
-    }
-    Err(fail(format!("`{}` failed: {}", podman.start(machine), last_line(&out.stderr)))
-        .hint(format!("see `{}`", dirs.sandbox_machine_log(name).display()))
-        .into())
+    ui.timed(&format!("starting machine `{machine}`"), || {
+        let log = open_log(dirs, name)?;
+        let (code, out) = exec::output(&podman.start(machine))?;
+        let _ = writeln!(&log, "$ {}\n{}{}", podman.start(machine), out.stdout, out.stderr);
+        if code == 0 {
+            return Ok(());
+        }
+        if podman::is_one_vm_refusal(&out.stderr) {
+            let running = machines(podman)
+                .ok()
+                .and_then(|all| all.into_iter().find(|m| m.name != machine && (m.running || m.starting)))
+                .map_or_else(|| "another machine".to_owned(), |m| m.name);
+            return Err(one_vm_error(podman, &running));
+        }
+        Err(fail(format!("`{}` failed: {}", podman.start(machine), last_line(&out.stderr)))
+            .hint(format!("see `{}`", dirs.sandbox_machine_log(name).display()))
+            .into())
+    })
 }
 
 /// Copy provision.sh and wg0.conf into the VM and run it; its output goes
 /// to the sandbox's machine.log.
 pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
-    ui.step(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name));
-    let machine = &rec.machine_name;
-    let script = dirs.sandbox(&rec.name).join("provision.sh");
-    state::write_atomic(&script, &crate::assets::provision())?;
-    // Private: wg0.conf carries the guest's WireGuard key.
-    run_logged(dirs, &rec.name, &podman.ssh(machine, &["mkdir", "-p", "-m", "0700", GUEST_DIR]), "preparing the VM")?;
-    run_logged(
-        dirs,
-        &rec.name,
-        &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
-        "copying provision.sh",
-    )?;
-    run_logged(
-        dirs,
-        &rec.name,
-        &podman.copy_in(&dirs.sandbox_wg_conf(&rec.name), machine, &format!("{GUEST_DIR}/wg0.conf")),
-        "copying wg0.conf",
-    )?;
-    let up = podman
-        .ssh(machine, &provision_argv("up", &["--wg-conf", &format!("{GUEST_DIR}/wg0.conf"), "--image", image]))
-        .timeout(PROVISION_TIMEOUT);
-    let log = open_log(dirs, &rec.name)?;
-    let _ = writeln!(&log, "$ {up}");
-    let code = exec::run_to_log(&up, &log)?;
-    if code != 0 {
-        let text = std::fs::read_to_string(dirs.sandbox_machine_log(&rec.name)).unwrap_or_default();
-        let why = text
-            .lines()
-            .rev()
-            .find_map(|l| {
-                l.split_once("ppp-provision: FAILED").map(|(_, r)| r.trim_start_matches([' ', ':']).to_owned())
-            })
-            .unwrap_or_else(|| format!("provision.sh exited with status {code}"));
-        return Err(fail(format!("provisioning failed: {why}"))
-            .hint(format!("see `{}`", dirs.sandbox_machine_log(&rec.name).display()))
-            .into());
-    }
-    Ok(())
+    ui.timed(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name), || {
+        let machine = &rec.machine_name;
+        let script = dirs.sandbox(&rec.name).join("provision.sh");
+        state::write_atomic(&script, &crate::assets::provision())?;
+        // Private: wg0.conf carries the guest's WireGuard key.
+        run_logged(
+            dirs,
+            &rec.name,
+            &podman.ssh(machine, &["mkdir", "-p", "-m", "0700", GUEST_DIR]),
+            "preparing the VM",
+        )?;
+        run_logged(
+            dirs,
+            &rec.name,
+            &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
+            "copying provision.sh",
+        )?;
+        run_logged(
+            dirs,
+            &rec.name,
+            &podman.copy_in(&dirs.sandbox_wg_conf(&rec.name), machine, &format!("{GUEST_DIR}/wg0.conf")),
+            "copying wg0.conf",
+        )?;
+        let up = podman
+            .ssh(machine, &provision_argv("up", &["--wg-conf", &format!("{GUEST_DIR}/wg0.conf"), "--image", image]))
+            .timeout(PROVISION_TIMEOUT);
+        let log = open_log(dirs, &rec.name)?;
+        let _ = writeln!(&log, "$ {up}");
+        let code = exec::run_to_log(&up, &log)?;
+        if code != 0 {
+            let text = std::fs::read_to_string(dirs.sandbox_machine_log(&rec.name)).unwrap_or_default();
+            let why = text
+                .lines()
+                .rev()
+                .find_map(|l| {
+                    l.split_once("ppp-provision: FAILED").map(|(_, r)| r.trim_start_matches([' ', ':']).to_owned())
+                })
+                .unwrap_or_else(|| format!("provision.sh exited with status {code}"));
+            return Err(fail(format!("provisioning failed: {why}"))
+                .hint(format!("see `{}`", dirs.sandbox_machine_log(&rec.name).display()))
+                .into());
+        }
+        Ok(())
+    })
 }
 
 /// `sudo bash /tmp/ppp/provision.sh VERB ARGS…`.
@@ -672,39 +706,40 @@ pub const CHECKS: &[&str] = &["handshake", "no-direct-egress", "policy-denies", 
 
 /// Verify the sandbox from inside before the agent gets it.
 pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> {
-    ui.step(&format!("verifying `{}` before handover", rec.name));
-    let salt = uuid::Uuid::new_v4().simple().to_string();
-    let digests = secret_digests(dirs, &salt);
-    let mut args: Vec<String> = vec!["--salt".into(), salt, "--digests".into(), digests.join(",")];
-    if probe_is_denied(dirs, &rec.name) {
-        args.extend([
-            "--denied-url".into(),
-            format!("http://{PROBE_HOST}/"),
-            "--denied-connect-to".into(),
-            format!("{PROBE_HOST}:80:{PROBE_IP}:80"),
-        ]);
-    }
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let inv = podman.ssh(&rec.machine_name, &provision_argv("verify", &refs)).timeout(VERIFY_TIMEOUT);
-    let (code, out) = exec::output(&inv)?;
-    let log = open_log(dirs, &rec.name)?;
-    let _ = writeln!(&log, "$ provision.sh verify\n{}{}", out.stdout, out.stderr);
-    let checks = parse_checks(&out.stdout);
-    let failed: Vec<&Check> = checks.iter().filter(|c| c.outcome == Outcome::Fail).collect();
-    let missing: Vec<&&str> = CHECKS.iter().filter(|n| !checks.iter().any(|c| c.name == **n)).collect();
-    if code == 0 && failed.is_empty() && missing.is_empty() {
-        return Ok(());
-    }
-    let why = if let Some(c) = failed.first() {
-        format!("check `{}` failed: {}", c.name, c.detail)
-    } else if let Some(n) = missing.first() {
-        format!("check `{n}` did not report (verify exited with status {code})")
-    } else {
-        format!("verify exited with status {code}: {}", last_line(&out.stderr))
-    };
-    Err(fail(format!("sandbox `{}` failed its handover checks: {why}", rec.name))
-        .hint(format!("see `{}`; the agent was not started", dirs.sandbox_machine_log(&rec.name).display()))
-        .into())
+    ui.timed(&format!("verifying `{}` before handover", rec.name), || {
+        let salt = uuid::Uuid::new_v4().simple().to_string();
+        let digests = secret_digests(dirs, &salt);
+        let mut args: Vec<String> = vec!["--salt".into(), salt, "--digests".into(), digests.join(",")];
+        if probe_is_denied(dirs, &rec.name) {
+            args.extend([
+                "--denied-url".into(),
+                format!("http://{PROBE_HOST}/"),
+                "--denied-connect-to".into(),
+                format!("{PROBE_HOST}:80:{PROBE_IP}:80"),
+            ]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let inv = podman.ssh(&rec.machine_name, &provision_argv("verify", &refs)).timeout(VERIFY_TIMEOUT);
+        let (code, out) = exec::output(&inv)?;
+        let log = open_log(dirs, &rec.name)?;
+        let _ = writeln!(&log, "$ provision.sh verify\n{}{}", out.stdout, out.stderr);
+        let checks = parse_checks(&out.stdout);
+        let failed: Vec<&Check> = checks.iter().filter(|c| c.outcome == Outcome::Fail).collect();
+        let missing: Vec<&&str> = CHECKS.iter().filter(|n| !checks.iter().any(|c| c.name == **n)).collect();
+        if code == 0 && failed.is_empty() && missing.is_empty() {
+            return Ok(());
+        }
+        let why = if let Some(c) = failed.first() {
+            format!("check `{}` failed: {}", c.name, c.detail)
+        } else if let Some(n) = missing.first() {
+            format!("check `{n}` did not report (verify exited with status {code})")
+        } else {
+            format!("verify exited with status {code}: {}", last_line(&out.stderr))
+        };
+        Err(fail(format!("sandbox `{}` failed its handover checks: {why}", rec.name))
+            .hint(format!("see `{}`; the agent was not started", dirs.sandbox_machine_log(&rec.name).display()))
+            .into())
+    })
 }
 
 /// Whether the policy denies the handover probe for `sandbox`. A policy
@@ -817,13 +852,14 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
 /// Stop a sandbox's machine; its port stays its own.
 pub fn stop(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<()> {
     let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
-    ui.step(&format!("stopping `{name}`"));
-    let running = machines(podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
-    if running {
-        run_logged(dirs, name, &podman.stop(&rec.machine_name), "podman machine stop")?;
-    }
-    set_status(dirs, name, Status::Stopped)?;
-    Ok(())
+    ui.timed(&format!("stopping `{name}`"), || {
+        let running = machines(podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
+        if running {
+            run_logged(dirs, name, &podman.stop(&rec.machine_name), "podman machine stop")?;
+        }
+        set_status(dirs, name, Status::Stopped)?;
+        Ok(())
+    })
 }
 
 /// Remove a sandbox: its machine (even an unresponsive one with `force`),
@@ -834,34 +870,37 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
     if rec.is_none() && PortRegistry::load(dirs)?.port_of(name).is_none() {
         return Err(unknown(name));
     }
-    ui.step(&format!("removing `{name}`"));
-    if let Some(podman) = podman {
-        // When podman cannot list machines, try removing anyway.
-        let exists = machines(podman).map_or(true, |all| all.iter().any(|m| m.name == machine));
-        if exists && let Err(e) = exec::run(&podman.rm(&machine)) {
-            if !force {
-                return Err(anyhow::Error::new(e).context(fail(format!("could not remove machine `{machine}`")).hint(
-                    format!("`ppp rm -f {name}` removes the sandbox's state even when its machine does not answer"),
-                )));
+    ui.timed(&format!("removing `{name}`"), || {
+        if let Some(podman) = podman {
+            // When podman cannot list machines, try removing anyway.
+            let exists = machines(podman).map_or(true, |all| all.iter().any(|m| m.name == machine));
+            if exists && let Err(e) = exec::run(&podman.rm(&machine)) {
+                if !force {
+                    return Err(anyhow::Error::new(e).context(
+                        fail(format!("could not remove machine `{machine}`")).hint(format!(
+                            "`ppp rm -f {name}` removes the sandbox's state even when its machine does not answer"
+                        )),
+                    ));
+                }
+                eprintln!("warning: could not remove machine `{machine}`: {e}; removing the sandbox's state anyway");
             }
-            eprintln!("warning: could not remove machine `{machine}`: {e}; removing the sandbox's state anyway");
+        } else if !force {
+            return Err(fail("podman was not found, so the sandbox's machine cannot be removed")
+                .hint(format!("`ppp rm -f {name}` removes the sandbox's state anyway"))
+                .into());
         }
-    } else if !force {
-        return Err(fail("podman was not found, so the sandbox's machine cannot be removed")
-            .hint(format!("`ppp rm -f {name}` removes the sandbox's state anyway"))
-            .into());
-    }
-    if let Some(r) = rec.as_ref().filter(|r| r.clone.is_some())
-        && let Some(ws) = r.workspace.first()
-    {
-        let inv = Invocation::new("git").args(["-C", ws, "remote", "remove", &clone_remote(name)]);
-        if let Err(e) = exec::run(&inv.timeout(Duration::from_secs(30))) {
-            eprintln!("warning: could not remove the remote `{}` from `{ws}`: {e}", clone_remote(name));
+        if let Some(r) = rec.as_ref().filter(|r| r.clone.is_some())
+            && let Some(ws) = r.workspace.first()
+        {
+            let inv = Invocation::new("git").args(["-C", ws, "remote", "remove", &clone_remote(name)]);
+            if let Err(e) = exec::run(&inv.timeout(Duration::from_secs(30))) {
+                eprintln!("warning: could not remove the remote `{}` from `{ws}`: {e}", clone_remote(name));
+            }
         }
-    }
-    forget(dirs, name, Keep::Nothing)?;
-    let _ = proxy::notify_reload(dirs);
-    Ok(())
+        forget(dirs, name, Keep::Nothing)?;
+        let _ = proxy::notify_reload(dirs);
+        Ok(())
+    })
 }
 
 fn unknown(name: &str) -> anyhow::Error {
