@@ -84,7 +84,7 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
         return Err(Failure::not_available("secret set --oauth").into());
     }
     if a.registry {
-        return Err(Failure::not_available("secret set --registry").into());
+        return set_registry(dirs, a);
     }
     let (scope, service) = match (&a.sandbox, a.names.as_slice()) {
         (Some(sb), [name]) => {
@@ -119,6 +119,61 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
     store.set_service(&scope, &service, &a.hosts, &value)?;
     proxy::reload_or_warn(dirs);
     output::println(&format!("stored `{service}` {} ({})", scope_words(&scope), store.backend()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ppp secret set --registry HOST`: credentials `ppp kit push/pull` send to
+/// that registry, `user:password` or a bearer token. Global only.
+fn set_registry(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
+    let [host] = a.names.as_slice() else {
+        return Err(fail("`--registry` takes one registry, such as `ppp secret set --registry localhost:5000`")
+            .code(2)
+            .into());
+    };
+    if a.sandbox.is_some() || !a.hosts.is_empty() {
+        return Err(fail("registry credentials are global and name no hosts")
+            .hint(format!("drop --sandbox and --host: `ppp secret set --registry {host}`"))
+            .code(2)
+            .into());
+    }
+    let host = secret::validate::registry(host)?;
+    let value = read_value(
+        a.token.as_deref(),
+        a.password_stdin,
+        &format!("registry `{host}` (user:password or token)"),
+        "--password-stdin",
+    )?;
+    let store = Store::open(dirs)?;
+    store.set_registry(&host, &value)?;
+    output::println(&format!("stored credentials for registry `{host}` ({})", store.backend()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ppp secret rm --registry HOST`.
+fn rm_registry(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
+    let [host] = a.names.as_slice() else {
+        return Err(fail("`--registry` takes one registry, such as `ppp secret rm --registry localhost:5000`")
+            .code(2)
+            .into());
+    };
+    let host = secret::validate::registry(host)?;
+    let store = Store::open(dirs)?;
+    if !store.exists(&Scope::Global, &host, Kind::Registry)? {
+        return Err(fail(format!("no credentials are stored for registry `{host}`"))
+            .hint("list secrets with `ppp secret ls`")
+            .into());
+    }
+    if !a.force
+        && !output::confirm_or(
+            &format!("remove the credentials for registry `{host}`?"),
+            &format!("`ppp secret rm -f --registry {host}`"),
+        )?
+    {
+        output::println("nothing changed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    store.remove(&Scope::Global, &host, Kind::Registry)?;
+    output::println(&format!("removed the credentials for registry `{host}`"))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -241,7 +296,7 @@ fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&st
 
 fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
     if a.registry {
-        return Err(Failure::not_available("secret rm --registry").into());
+        return rm_registry(dirs, a);
     }
     let (scope, name) = scope_and_name(&a.names, a.global)?;
     let store = Store::open(dirs)?;

@@ -103,6 +103,11 @@ fn check(e: &Entry) -> Result<()> {
     }
     match e.kind {
         Kind::Service => validate::service(&e.name)?,
+        Kind::Registry => {
+            if e.scope != Scope::Global || validate::registry(&e.name)? != e.name {
+                return Err(fail(format!("registry entry `{}` must be global and in canonical form", e.name)).into());
+            }
+        }
         Kind::Custom => {
             validate::placeholder(&e.name)?;
             if e.placeholder.as_deref() != Some(e.name.as_str()) {

@@ -124,6 +124,10 @@ pub enum Kind {
     Service,
     /// A value substituted for a placeholder in headers to its hosts.
     Custom,
+    /// Credentials ppp itself sends to an OCI registry (`ppp kit push/pull`):
+    /// `user:password` or a bearer token. Always global, never injected
+    /// into a sandbox's traffic. The name is the registry `host[:port]`.
+    Registry,
 }
 
 impl fmt::Display for Kind {
@@ -131,6 +135,7 @@ impl fmt::Display for Kind {
         f.write_str(match self {
             Kind::Service => "service",
             Kind::Custom => "custom",
+            Kind::Registry => "registry",
         })
     }
 }
@@ -245,6 +250,9 @@ pub fn key(scope: &Scope, name: &str, kind: Kind) -> String {
         (Scope::Sandbox(s), Kind::Service) => format!("ppp.{s}.{name}"),
         (Scope::Global, Kind::Custom) => format!("ppp.custom.{name}"),
         (Scope::Sandbox(s), Kind::Custom) => format!("ppp.{s}.custom.{name}"),
+        // Registry credentials are global only ([`Store::set_registry`]); the
+        // sandbox name `registry` is reserved so this key has one reading.
+        (_, Kind::Registry) => format!("ppp.registry.{name}"),
     }
 }
 
@@ -461,6 +469,30 @@ impl Store {
             created_at: now(),
         };
         self.put(entry, value).with_context(|| format!("could not store custom secret `{placeholder}` ({scope} scope)"))
+    }
+
+    /// Store credentials for the OCI registry `host` (`host[:port]`):
+    /// `user:password`, or a bearer token. Takes `state.lock`.
+    pub fn set_registry(&self, host: &str, value: &Value) -> Result<()> {
+        let host = validate::registry(host)?;
+        let entry = Entry {
+            scope: Scope::Global,
+            name: host.clone(),
+            kind: Kind::Registry,
+            hosts: Vec::new(),
+            header: None,
+            placeholder: None,
+            env: None,
+            backend: self.backend,
+            created_at: now(),
+        };
+        self.put(entry, value).with_context(|| format!("could not store credentials for registry `{host}`"))
+    }
+
+    /// The credentials stored for the OCI registry `host`, if any.
+    pub fn registry(&self, host: &str) -> Result<Option<Value>> {
+        let host = validate::registry(host)?;
+        self.get(&Scope::Global, &host, Kind::Registry)
     }
 
     /// The value of one secret in exactly `scope`; `None` when it is not set.
@@ -690,6 +722,10 @@ fn check_name(scope: &Scope, name: &str, kind: Kind) -> Result<()> {
     match kind {
         Kind::Service => validate::service(name),
         Kind::Custom => validate::placeholder(name),
+        Kind::Registry if *scope != Scope::Global => {
+            Err(fail("registry credentials are global; they cannot belong to one sandbox").into())
+        }
+        Kind::Registry => validate::registry(name).map(drop),
     }
 }
 

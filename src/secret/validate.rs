@@ -147,6 +147,35 @@ pub fn host(h: &str) -> Result<String> {
     Ok(canonical)
 }
 
+/// An OCI registry as `ppp kit push/pull` and `ppp secret set --registry`
+/// name it: a host name or IPv4 address, optionally with `:port`, returned
+/// in canonical form (lower case, no trailing dot). This is also the store
+/// key's last part, `ppp.registry.<host[:port]>`.
+pub fn registry(r: &str) -> Result<String> {
+    let bad = || {
+        let hint = if r.contains("://") || r.contains('/') {
+            "give the registry alone, such as `registry.example.com` or `localhost:5000`, not a URL or reference"
+        } else {
+            "a registry is a host name with an optional `:port`, such as `localhost:5000`"
+        };
+        anyhow::Error::from(fail(format!("`{r}` is not a valid registry")).hint(hint).code(2))
+    };
+    let (name, port) = match r.trim().rsplit_once(':') {
+        Some((n, p)) => {
+            if p.is_empty() || p.len() > 5 || !p.chars().all(|c| c.is_ascii_digit()) || p.parse::<u16>().is_err() {
+                return Err(bad());
+            }
+            (n, Some(p))
+        }
+        None => (r.trim(), None),
+    };
+    let name = host(name).map_err(|_| bad())?;
+    Ok(match port {
+        Some(p) => format!("{name}:{p}"),
+        None => name,
+    })
+}
+
 /// [`host`] for each of `hosts`, dropping duplicates but keeping order.
 pub fn hosts(hosts: &[String]) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::with_capacity(hosts.len());
