@@ -35,12 +35,17 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 #   tmux                            drives `ppp tui` on a real terminal in e2e_tui
 #   groff-base, man-db              render the generated man pages in the tests
 #                                   (`groff -man`, `man -l`)
+#   docker-registry                 a real OCI registry (distribution 2.8) on
+#                                   loopback for `ppp kit push/pull` (kit_oci);
+#                                   the tests run the binary, never its service
+#   apache2-utils                   htpasswd -B: the registry's auth file in kit_oci
 #   (linter) shellcheck             `make check` runs it on scripts/ and .ci/run
 APT_PACKAGES=(
   gnome-keyring dbus dbus-daemon dbus-bin libsecret-tools
   wireguard-tools wireguard-go iproute2 nftables bind9-dnsutils
   curl ca-certificates openssl procps util-linux qemu-utils
   hyperfine shellcheck age tmux groff-base man-db
+  docker-registry apache2-utils
 )
 
 export DEBIAN_FRONTEND=noninteractive
@@ -74,6 +79,13 @@ else
   "${APT[@]}" update >&2
   "${APT[@]}" install -y --no-install-recommends "${missing[@]}" >&2
   note apt "installed ${missing[*]} ($((SECONDS - start)) s)"
+fi
+# On a host with systemd, installing docker-registry enables and starts its
+# service on :5000. The tests start their own registry on a free port; a
+# system-wide one is not wanted, so switch it off (idempotent, quiet).
+if [ -d /run/systemd/system ] && systemctl is-enabled docker-registry.service >/dev/null 2>&1; then
+  systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+  note registry "disabled docker-registry.service (tests run their own)"
 fi
 
 # --- mitmproxy venv ----------------------------------------------------------
