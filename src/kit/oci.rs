@@ -150,6 +150,9 @@ fn auth(credentials: Option<&Value>) -> RegistryAuth {
 }
 
 fn client(target: &Target) -> Client {
+    // reqwest is built without a default provider (ADR 0014); an `Err` means
+    // one is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let protocol = if target.is_loopback() {
         ClientProtocol::HttpsExcept(vec![target.registry().to_owned()])
     } else {
