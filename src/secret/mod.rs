@@ -744,6 +744,13 @@ fn scopes(sandbox: Option<&str>) -> Result<Vec<Scope>> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn registry_keys_are_global_and_keep_the_port() {
+        assert_eq!(key(&Scope::Global, "localhost:5000", Kind::Registry), "ppp.registry.localhost:5000");
+        assert!(check_name(&Scope::Global, "ghcr.io", Kind::Registry).is_ok());
+        assert!(check_name(&Scope::Sandbox("red-fox".into()), "ghcr.io", Kind::Registry).is_err());
+    }
+
     fn sb(s: &str) -> Scope {
         Scope::Sandbox(s.to_owned())
     }

@@ -193,6 +193,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn registries_are_host_and_optional_port() {
+        assert_eq!(registry("Registry.Example.com.").unwrap(), "registry.example.com");
+        assert_eq!(registry("localhost:5000").unwrap(), "localhost:5000");
+        assert_eq!(registry("127.0.0.1:65535").unwrap(), "127.0.0.1:65535");
+        for bad in ["", "https://ghcr.io", "ghcr.io/me", "host:", "host:99999", "host:5x", "*.example.com", "a b"] {
+            assert!(registry(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn key_shaped_names_are_not_echoed() {
         for key in ["sk-ant-api03-AbCdEf_123", "ghp_ABCdef123", "A1b2c3d4e5f6g7h8i9j0k1l2m3"] {
             let msg = format!("{:#}", service(key).unwrap_err());
