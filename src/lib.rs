@@ -19,6 +19,7 @@ pub mod dirs;
 pub mod env;
 pub mod error;
 pub mod exec;
+pub mod kit;
 pub mod output;
 pub mod podman;
 pub mod policy;
