@@ -13,7 +13,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "== installing cargo-fuzz from crates.io" >&2
   cargo install cargo-fuzz --locked
 fi
-for target in resource_parse policy_yaml; do
+for target in resource_parse policy_yaml kit_yaml; do
   mkdir -p "fuzz/corpus/$target"
   echo "== $target for ${secs}s"
   cargo fuzz run -O "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \

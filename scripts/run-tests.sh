@@ -9,7 +9,7 @@ trap 'rm -f "$log"' EXIT
 status=0
 # --all-targets runs unit, integration and bench targets (criterion runs each
 # benchmark once as a smoke test) but skips doctests, hence the second run.
-cargo test --locked --all-targets 2>&1 | tee -a "$log" || status=$?
+cargo test --locked --all-targets --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 if [ "$status" -eq 0 ]; then
   cargo test --locked --doc 2>&1 | tee -a "$log" || status=$?
 fi

@@ -85,8 +85,8 @@ pub struct Host {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ppp {
     pub version: String,
-    /// The git revision the binary was built from, when the build recorded
-    /// one in `PPP_GIT_REVISION`.
+    /// The git revision the binary was built from (build.rs); none when it
+    /// was not built from a git checkout.
     pub git_revision: Option<String>,
 }
 
@@ -313,7 +313,7 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
         host: Host { os: std::env::consts::OS.to_owned(), arch: std::env::consts::ARCH.to_owned() },
         ppp: Ppp {
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            git_revision: option_env!("PPP_GIT_REVISION").map(str::to_owned),
+            git_revision: Some(crate::versions::GIT_REVISION).filter(|r| *r != "unknown").map(str::to_owned),
         },
         podman: podman_tool,
         mitmdump: mitm,

@@ -135,6 +135,10 @@ fn diagnose(w: &World, python: &std::path::Path, format: &str) -> String {
 /// The fields that differ by host or run, replaced for the snapshot.
 fn stable(w: &World, mut v: Value) -> String {
     v["generated_at"] = "[time]".into();
+    // The build's git revision (build.rs), or none outside a checkout.
+    let rev = ppp::versions::GIT_REVISION;
+    assert_eq!(v["ppp"]["git_revision"], if rev == "unknown" { Value::Null } else { Value::from(rev) });
+    v["ppp"]["git_revision"] = "[revision]".into();
     for k in ["available", "probe", "error"] {
         v["keychain"][k] = "[host]".into();
     }

@@ -23,6 +23,7 @@ fn sandbox(w: &World) -> ppp::dirs::Dirs {
         port,
         inner_ip: ppp::sandbox::inner_ip(port),
         kit_refs: Vec::new(),
+        kit_env: std::collections::BTreeMap::new(),
         template_tag: None,
         machine_name: "ppp-red".into(),
         published: Vec::new(),

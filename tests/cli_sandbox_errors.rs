@@ -83,6 +83,7 @@ fn unknown_sandboxes_are_named() {
         port,
         inner_ip: ppp::sandbox::inner_ip(port),
         kit_refs: Vec::new(),
+        kit_env: std::collections::BTreeMap::new(),
         template_tag: None,
         machine_name: "ppp-red".into(),
         published: Vec::new(),

@@ -241,7 +241,7 @@ fn missing_venv_is_installed_with_yes() {
     let (code, out, err) = s.setup(&["--yes"]);
     assert_eq!(code, 0, "{out}\n{err}");
     let said = at(&out, &format!("mitmproxy: will create the Python venv `{}`", venv.display()));
-    assert!(said < at(&out, "installed mitmproxy 12.2.3"), "the statement comes first:\n{out}");
+    assert!(said < at(&out, "installing mitmproxy 12.2.3"), "the statement comes first:\n{out}");
     assert!(venv.join("bin/mitmdump").is_file());
     let pip = std::fs::read_to_string(s.w.path().join("pip.log")).unwrap();
     assert!(pip.contains("-m pip install") && pip.contains("mitmproxy==12.2.3"), "{pip}");

@@ -94,10 +94,13 @@ impl Drop for Registry {
 /// A small kit directory in `w`.
 fn kit_dir(w: &World) -> PathBuf {
     let d = w.path().join("mykit");
-    std::fs::create_dir_all(d.join("files/bin")).unwrap();
-    std::fs::write(d.join("kit.yaml"), "name: mykit\nversion: 0.1.0\n").unwrap();
-    std::fs::write(d.join("files/bin/hello"), "#!/bin/sh\necho hello\n").unwrap();
-    std::fs::write(d.join("README.md"), "a test kit\n").unwrap();
+    std::fs::create_dir_all(d.join("bin")).unwrap();
+    std::fs::write(
+        d.join("kit.yaml"),
+        "apiVersion: ppp.kit/v1\nkind: Kit\nmetadata:\n  name: mykit\n  version: 0.1.0\nspec:\n  env:\n    MYKIT_HOME: /opt/mykit\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("bin/tool"), "#!/bin/sh\necho tool\n").unwrap();
     d
 }
 
@@ -127,6 +130,9 @@ fn push_then_pull_round_trips_the_packed_zip() {
     let pulled = std::fs::read(w.path().join("mykit-0.1.0.zip")).unwrap();
     assert_eq!(pulled, packed, "pulled bytes equal the packed zip");
     assert!(out.contains("mykit-0.1.0.zip"), "{out}");
+    // …and the kit module reads it back as the same kit.
+    let out = ok(&mut ppp(&w, &["kit", "validate", "mykit-0.1.0.zip"]));
+    assert!(out.contains("mykit"), "{out}");
 
     let target = w.path().join("out/kit.zip");
     std::fs::create_dir_all(target.parent().unwrap()).unwrap();

@@ -36,7 +36,12 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
                 .code(2)
                 .into());
             }
-            lifecycle::reattach(dirs, &podman, &rec.name, ui)?
+            let mut rec = lifecycle::reattach(dirs, &podman, &rec.name, ui)?;
+            // `--kit` on an existing sandbox applies like `ppp kit add`.
+            for k in &req.kits {
+                rec = crate::kit::apply(dirs, &podman, &rec, k)?;
+            }
+            rec
         }
         None => lifecycle::create(dirs, &podman, &req, ui)?,
     };

@@ -332,73 +332,18 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A deterministic zip of `dir`: entries sorted by path, fixed mtime
-/// (1980-01-01), mode 0644 for files and 0755 for directories and
-/// executables, deflate. Symlinks are refused rather than followed.
-///
-/// TEMPORARY: replaced at merge by the kit module's packer (`kit pack`),
-/// which also validates `kit.yaml`; `ppp kit push` should call that one.
+/// Load and check the kit in `dir`, and pack it with the kit module's
+/// deterministic packer ([`crate::kit::pack::pack`]): the bytes `ppp kit
+/// pack` writes are the bytes pushed.
 pub fn pack_dir(dir: &Path) -> Result<Vec<u8>> {
-    use std::os::unix::fs::PermissionsExt as _;
-    use zip::write::SimpleFileOptions;
-
-    let Ok(meta) = std::fs::metadata(dir) else {
-        return Err(fail(format!("`{}` does not exist", dir.display()))
-            .hint("`ppp kit push` takes the kit's directory, the one holding kit.yaml")
-            .code(2)
-            .into());
-    };
-    if !meta.is_dir() {
+    if !dir.is_dir() {
         return Err(fail(format!("`{}` is not a directory", dir.display()))
             .hint("`ppp kit push` takes the kit's directory, the one holding kit.yaml")
             .code(2)
             .into());
     }
-    if !dir.join("kit.yaml").is_file() {
-        return Err(fail(format!("`{}` has no kit.yaml", dir.display()))
-            .hint("a kit directory holds kit.yaml at its top")
-            .code(2)
-            .into());
-    }
-    let mut entries = Vec::new();
-    collect(dir, Path::new(""), &mut entries)?;
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    let base = SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Deflated)
-        .last_modified_time(zip::DateTime::default());
-    for (name, path, is_dir) in entries {
-        if is_dir {
-            out.add_directory(name, base.unix_permissions(0o755))?;
-        } else {
-            let exec = fs_err::metadata(&path)?.permissions().mode() & 0o111 != 0;
-            out.start_file(name, base.unix_permissions(if exec { 0o755 } else { 0o644 }))?;
-            out.write_all(&fs_err::read(&path)?)?;
-        }
-    }
-    Ok(out.finish().context("could not finish the kit zip")?.into_inner())
-}
-
-/// Every entry below `dir` as `(zip name, path, is_dir)`.
-fn collect(dir: &Path, rel: &Path, out: &mut Vec<(String, PathBuf, bool)>) -> Result<()> {
-    for entry in fs_err::read_dir(dir.join(rel))? {
-        let entry = entry?;
-        let rel = rel.join(entry.file_name());
-        let name = rel
-            .to_str()
-            .ok_or_else(|| fail(format!("`{}` is not valid UTF-8, which a kit zip cannot hold", rel.display())))?
-            .to_owned();
-        let kind = entry.file_type()?;
-        if kind.is_symlink() {
-            return Err(fail(format!("`{name}` is a symbolic link; kits hold only files and directories")).into());
-        } else if kind.is_dir() {
-            out.push((format!("{name}/"), entry.path(), true));
-            collect(dir, &rel, out)?;
-        } else {
-            out.push((name, entry.path(), false));
-        }
-    }
-    Ok(())
+    let kit = crate::kit::manifest::load_dir(dir)?;
+    crate::kit::pack::pack(&kit)
 }
 
 #[cfg(test)]
@@ -443,18 +388,5 @@ mod tests {
         assert_eq!(json["config"]["digest"], digest(b"{}"));
         assert_eq!(json["layers"][0]["mediaType"], LAYER_MEDIA_TYPE);
         assert_eq!(json["layers"][0]["digest"], digest(b"zip bytes"));
-    }
-
-    #[test]
-    fn pack_dir_is_deterministic() {
-        let d = tempfile::tempdir().unwrap();
-        fs_err::write(d.path().join("kit.yaml"), "name: t\n").unwrap();
-        fs_err::create_dir(d.path().join("files")).unwrap();
-        fs_err::write(d.path().join("files/b"), "b").unwrap();
-        fs_err::write(d.path().join("files/a"), "a").unwrap();
-        let one = pack_dir(d.path()).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1100));
-        fs_err::write(d.path().join("files/a"), "a").unwrap();
-        assert_eq!(one, pack_dir(d.path()).unwrap());
     }
 }

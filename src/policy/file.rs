@@ -240,6 +240,7 @@ mod fast {
         resource: Option<&'a str>,
         created_at: Option<&'a str>,
         source: Option<&'a str>,
+        kit: Option<&'a str>,
     }
 
     impl<'a> Fields<'a> {
@@ -252,6 +253,7 @@ mod fast {
                 "resource" => &mut self.resource,
                 "created_at" => &mut self.created_at,
                 "source" => &mut self.source,
+                "kit" => &mut self.kit,
                 _ => return None,
             };
             if slot.is_some() {
@@ -276,6 +278,10 @@ mod fast {
                     "kit" => Source::Kit,
                     "preset" => Source::Preset,
                     _ => return None,
+                },
+                kit: match self.kit {
+                    Some(k) => Some(plain(k)?.to_owned()),
+                    None => None,
                 },
             })
         }

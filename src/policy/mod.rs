@@ -127,6 +127,10 @@ pub struct Rule {
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: time::OffsetDateTime,
     pub source: Source,
+    /// Which kit added the rule (`kit:<name>`), for `source: kit` rules:
+    /// re-adding the kit replaces exactly these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kit: Option<String>,
 }
 
 impl Rule {
@@ -137,7 +141,7 @@ impl Rule {
         // and nothing orders rules by time.
         let now = time::OffsetDateTime::now_utc();
         let created_at = now.replace_nanosecond(0).unwrap_or(now);
-        Rule { id: uuid::Uuid::new_v4(), decision, kind: RuleType::Network, resource, created_at, source }
+        Rule { id: uuid::Uuid::new_v4(), decision, kind: RuleType::Network, resource, created_at, source, kit: None }
     }
 }
 

@@ -82,7 +82,8 @@ pub struct Request {
     pub disk_gib: u64,
     pub image: String,
     pub template: Option<String>,
-    pub kits: Vec<String>,
+    /// `--kit`: loaded and checked here, applied after verify.
+    pub kits: Vec<crate::kit::Loaded>,
     /// `--clone`: clone the (single) workspace repository into the VM
     /// instead of mounting it.
     pub clone: bool,
@@ -118,14 +119,13 @@ impl Request {
         if let Some(name) = &spec.name {
             super::validate_name(name)?;
         }
-        // Said plainly rather than ignored: a sandbox without the kit or
+        // Said plainly rather than ignored: a sandbox without the
         // template the user asked for is not what they asked for.
         if spec.clone && spec.paths.len() != 1 {
             return Err(fail("`--clone` takes exactly one PATH: the repository to clone").code(2).into());
         }
-        if !spec.kits.is_empty() {
-            return Err(fail("`--kit` is not available yet").hint("create the sandbox without it").code(2).into());
-        }
+        // Every kit is loaded and checked before anything is created.
+        let kits = spec.kits.iter().map(|r| crate::kit::load(r)).collect::<Result<Vec<_>>>()?;
         if spec.template.is_some() {
             return Err(fail("`--template` is not available yet")
                 .hint(format!("the agent image can be chosen with `{}`", agent.image_var()))
@@ -180,7 +180,7 @@ impl Request {
             disk_gib,
             image,
             template: spec.template.clone(),
-            kits: spec.kits.clone(),
+            kits,
             clone: spec.clone,
         })
     }
@@ -340,6 +340,7 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     let all = machines(podman)?;
     // Checked before anything is created: the machine would not start.
     ensure_can_start(podman, "", &all)?;
+    crate::kit::apply::check_secrets(dirs, req.name.as_deref(), &req.kits.iter().collect::<Vec<_>>())?;
     let claim = claim(dirs, req, &all)?;
     let name = claim.record.name.clone();
     ui.note(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
@@ -390,6 +391,12 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         }
         interrupt.check()?;
         verify(dirs, podman, &claim.record, ui)?;
+        for k in &req.kits {
+            interrupt.check()?;
+            ui.timed(&format!("applying kit `{}` {}", k.kit.name(), k.kit.version()), || {
+                crate::kit::apply(dirs, podman, &claim.record, k).map(drop)
+            })?;
+        }
         interrupt.check()?;
         set_status(dirs, &name, Status::Running)
     })();
@@ -470,7 +477,8 @@ fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
         memory: req.memory_mib,
         port,
         inner_ip: super::inner_ip(port),
-        kit_refs: req.kits.clone(),
+        kit_refs: Vec::new(),
+        kit_env: std::collections::BTreeMap::new(),
         template_tag: req.template.clone(),
         machine_name: super::machine_name(&name),
         published: Vec::new(),
@@ -803,7 +811,11 @@ pub fn agent_invocation(
     if let Some(first) = guest_workspaces(rec).first() {
         line.extend(["-w".into(), first.clone()]);
     }
-    for (k, v) in agent.container_env(extra_env) {
+    // Kit variables first: the agent's own and the secrets' placeholders
+    // win over a kit's, so a kit cannot unset a key placeholder.
+    let mut env: Vec<(String, String)> = rec.kit_env.values().flat_map(Clone::clone).collect();
+    env.extend(extra_env.iter().cloned());
+    for (k, v) in agent.container_env(&env) {
         line.extend(["-e".into(), format!("{k}={v}")]);
     }
     line.push(image.to_owned());
@@ -928,7 +940,7 @@ fn open_log(dirs: &Dirs, name: &str) -> Result<std::fs::File> {
 
 /// Run `inv` with its output in machine.log; a failure names `what` and
 /// quotes the last line it printed.
-fn run_logged(dirs: &Dirs, name: &str, inv: &Invocation, what: &str) -> Result<()> {
+pub(crate) fn run_logged(dirs: &Dirs, name: &str, inv: &Invocation, what: &str) -> Result<()> {
     let log = open_log(dirs, name)?;
     let _ = writeln!(&log, "$ {inv}");
     let code = exec::run_to_log(inv, &log)?;

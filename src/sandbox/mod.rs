@@ -93,6 +93,10 @@ pub struct Record {
     pub inner_ip: Ipv4Addr,
     #[serde(default)]
     pub kit_refs: Vec<String>,
+    /// Environment for the agent container from applied kits, by kit name
+    /// (so re-adding a kit replaces its own variables only).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kit_env: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     #[serde(default)]
     pub template_tag: Option<String>,
     pub machine_name: String,

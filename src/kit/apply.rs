@@ -1,0 +1,166 @@
+//! Apply a checked kit to a sandbox: check its secrets, then record its
+//! rules and environment (under `state.lock`, atomically), then install its
+//! files and run its startup commands in the VM, then restart a running
+//! agent container.
+//!
+//! Applying is idempotent: a kit's rules carry `kit: kit:<name>` and are
+//! kept as they are when the kit asks for the same rules again (same ids,
+//! same times, so the file does not change), else replaced; its variables
+//! are stored under its name; files are installed with `install -m`, which
+//! overwrites. Startup commands run every time: a kit must write them to
+//! be safe to repeat (docs/kits.md says so).
+
+use std::io::Write as _;
+
+use anyhow::Result;
+
+use super::Loaded;
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::podman::Podman;
+use crate::policy::{self, Rule, SandboxFile, Source};
+use crate::sandbox::{self, Record};
+use crate::state;
+
+/// Where kit files wait in the VM before `install` puts them in place.
+const GUEST_STAGING: &str = "/tmp/ppp/kit";
+
+/// Check every secret `kits` need for `sandbox` (which may not exist yet:
+/// then only global secrets count). The error names the first missing one.
+pub fn check_secrets(dirs: &Dirs, sandbox: Option<&str>, kits: &[&Loaded]) -> Result<()> {
+    let needed: Vec<(&str, &str)> = kits
+        .iter()
+        .flat_map(|l| l.kit.manifest.spec.secrets.iter().map(move |s| (l.kit.name(), s.service.as_str())))
+        .collect();
+    if needed.is_empty() {
+        return Ok(());
+    }
+    let store = crate::secret::Store::open(dirs)?;
+    for (kit, service) in needed {
+        if store.lookup(sandbox, service)?.is_none() {
+            let scope = sandbox.map_or_else(|| "-g ".to_owned(), |s| format!("--sandbox {s} "));
+            return Err(fail(format!("kit `{kit}` needs the secret `{service}`, which is not stored"))
+                .hint(format!("store it with `ppp secret set {scope}{service}`; nothing was applied"))
+                .into());
+        }
+    }
+    Ok(())
+}
+
+/// Apply `kit` to the sandbox `rec` on its running machine.
+pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Result<Record> {
+    let kit = &loaded.kit;
+    check_secrets(dirs, Some(&rec.name), &[loaded])?;
+    let running =
+        crate::sandbox::lifecycle::machines(podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);
+    if !running && (!kit.files.is_empty() || !kit.manifest.spec.startup.is_empty()) {
+        return Err(fail(format!(
+            "sandbox `{}` is not running, so kit `{}` cannot install its files",
+            rec.name,
+            kit.name()
+        ))
+        .hint(format!("start it with `ppp run --name {} {} …`, then add the kit again", rec.name, rec.agent))
+        .into());
+    }
+    let rec = record(dirs, &rec.name, loaded)?;
+    let _ = crate::proxy::notify_reload(dirs);
+    install_files(dirs, podman, &rec, loaded)?;
+    for (i, s) in kit.manifest.spec.startup.iter().enumerate() {
+        crate::sandbox::lifecycle::run_logged(
+            dirs,
+            &rec.name,
+            &podman.ssh(&rec.machine_name, &s.command).timeout(std::time::Duration::from_secs(10 * 60)),
+            &format!("kit `{}` startup command {}", kit.name(), i + 1),
+        )?;
+    }
+    if running {
+        restart_agent(dirs, podman, &rec)?;
+    }
+    Ok(rec)
+}
+
+/// Under `state.lock`: the kit's rules into the sandbox policy, its
+/// environment and reference into `sandbox.json`. Files that would not
+/// change are not written.
+fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<Record> {
+    let kit = &loaded.kit;
+    let id = kit.id();
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut rec = sandbox::load(dirs, name)?
+        .ok_or_else(|| fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2))?;
+    let path = dirs.sandbox_policy(name);
+    let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
+    let mine = |r: &Rule| r.source == Source::Kit && r.kit.as_deref() == Some(id.as_str());
+    let current: Vec<_> = file.rules.iter().filter(|r| mine(r)).map(|r| (r.decision, r.resource.clone())).collect();
+    if current != kit.rules {
+        file.rules.retain(|r| !mine(r));
+        for (decision, resource) in &kit.rules {
+            let mut rule = Rule::new(*decision, resource.clone(), Source::Kit);
+            rule.kit = Some(id.clone());
+            file.rules.push(rule);
+        }
+        save_policy(&path, &file)?;
+    }
+    let before = rec.clone();
+    if kit.env().is_empty() {
+        rec.kit_env.remove(kit.name());
+    } else {
+        rec.kit_env.insert(kit.name().to_owned(), kit.env().clone());
+    }
+    if !rec.kit_refs.contains(&loaded.reference) {
+        rec.kit_refs.push(loaded.reference.clone());
+    }
+    if rec != before {
+        sandbox::save_locked(dirs, &rec)?;
+    }
+    Ok(rec)
+}
+
+fn save_policy(path: &std::path::Path, file: &SandboxFile) -> Result<()> {
+    policy::save_sandbox(path, file)
+}
+
+/// Copy each file to the VM's staging directory, then `sudo install` it
+/// in place with its mode (creating parent directories).
+fn install_files(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Result<()> {
+    let kit = &loaded.kit;
+    if kit.files.is_empty() {
+        return Ok(());
+    }
+    let machine = &rec.machine_name;
+    let run = |inv: &crate::exec::Invocation, what: &str| {
+        crate::sandbox::lifecycle::run_logged(dirs, &rec.name, inv, &format!("kit `{}`: {what}", kit.name()))
+    };
+    run(&podman.ssh(machine, &["mkdir", "-p", "-m", "0700", GUEST_STAGING]), "preparing the VM")?;
+    let staging = tempfile::Builder::new()
+        .prefix("kit-")
+        .tempdir_in(dirs.sandbox(&rec.name))
+        .map_err(|e| fail(format!("could not make a temporary directory: {e}")))?;
+    for (i, f) in kit.files.iter().enumerate() {
+        let local = staging.path().join(format!("{i}"));
+        let mut out = std::fs::File::create(&local)?;
+        out.write_all(&f.bytes)?;
+        out.sync_all()?;
+        let guest = format!("{GUEST_STAGING}/{}-{i}", kit.name());
+        run(&podman.copy_in(&local, machine, &guest), &format!("copying `{}`", f.path))?;
+        let mode = format!("{:04o}", f.mode);
+        run(
+            &podman.ssh(machine, &["sudo", "install", "-D", "-m", &mode, &guest, &f.path]),
+            &format!("installing `{}`", f.path),
+        )?;
+        run(&podman.ssh(machine, &["rm", "-f", &guest]), "cleaning up")?;
+    }
+    Ok(())
+}
+
+/// Restart the agent container if one runs, so it sees the kit's changes.
+fn restart_agent(dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()> {
+    let container = format!("ppp-agent-{}", rec.name);
+    let script = "if podman container exists \"$1\" 2>/dev/null; then podman restart \"$1\" >/dev/null; fi";
+    crate::sandbox::lifecycle::run_logged(
+        dirs,
+        &rec.name,
+        &podman.ssh(&rec.machine_name, &["sh", "-c", script, "sh", &container]),
+        "restarting the agent container",
+    )
+}
