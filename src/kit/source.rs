@@ -70,8 +70,8 @@ pub fn load(reference: &str) -> Result<Loaded> {
         Reference::Zip(file) => load_zip(&file)?,
         Reference::Git(url) => load_git(&url)?,
         Reference::Oci(r) => {
-            return Err(fail(format!("kit `{r}` looks like an OCI reference, and OCI kits are not available yet"))
-                .hint("`ppp kit pull` will fetch them; for now pass a directory, a .zip or a git URL")
+            return Err(fail(format!("kit `{r}` looks like an OCI reference, which is not loaded directly yet"))
+                .hint(format!("fetch it with `ppp kit pull {r}`, then pass the .zip it writes"))
                 .code(2)
                 .into());
         }
