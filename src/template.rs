@@ -151,11 +151,7 @@ pub fn parse_image_path(inspect_json: &str) -> Option<PathBuf> {
 
 /// `qemu-img convert -c -O qcow2 SRC DST`: a compressed copy of the disk.
 pub fn convert(src: &Path, dst: &Path) -> Invocation {
-    Invocation::new(qemu_img())
-        .args(["convert", "-c", "-O", "qcow2"])
-        .arg(src)
-        .arg(dst)
-        .timeout(DISK_TIMEOUT)
+    Invocation::new(qemu_img()).args(["convert", "-c", "-O", "qcow2"]).arg(src).arg(dst).timeout(DISK_TIMEOUT)
 }
 
 /// `qemu-img check FILE`: the disk is a sound qcow2.
@@ -171,14 +167,7 @@ fn qemu_img() -> PathBuf {
 /// writes the multi-GiB disk sparse-aware and streaming, needs no new
 /// dependency, and is on every host podman machines run on.
 pub fn pack(out: &Path, dir: &Path, members: &[&str]) -> Invocation {
-    Invocation::new("tar")
-        .arg("--sparse")
-        .arg("-cf")
-        .arg(out)
-        .arg("-C")
-        .arg(dir)
-        .args(members)
-        .timeout(DISK_TIMEOUT)
+    Invocation::new("tar").arg("--sparse").arg("-cf").arg(out).arg("-C").arg(dir).args(members).timeout(DISK_TIMEOUT)
 }
 
 /// `tar -tf FILE`: the members, checked before anything is extracted.

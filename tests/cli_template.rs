@@ -81,8 +81,7 @@ impl T {
     /// Files in the templates directory other than the index and disks
     /// the index lists.
     fn strays(&self) -> Vec<String> {
-        let listed: Vec<String> =
-            self.ls().iter().map(|t| format!("{}.qcow2", t["id"].as_str().unwrap())).collect();
+        let listed: Vec<String> = self.ls().iter().map(|t| format!("{}.qcow2", t["id"].as_str().unwrap())).collect();
         std::fs::read_dir(self.templates_dir())
             .map(|d| {
                 d.flatten()
@@ -267,27 +266,8 @@ impl Drop for Tmpfs {
 #[test]
 fn a_full_disk_leaves_no_half_template() {
     let t = T::new();
-    // Grow the source disk's content so its compressed copy cannot fit.
-    let disk = t.w.path().join("fake/machines/ppp-red/disk.qcow2");
-    let st = Command::new("qemu-io")
-        .args(["-f", "qcow2", "-c", "write -P 0x5a 0 1M"])
-        .arg(&disk)
-        .output();
-    if !st.is_ok_and(|o| o.status.success()) {
-        // Without qemu-io, fill the disk with random data through qemu-img.
-        let raw = t.w.path().join("noise.raw");
-        let noise: Vec<u8> = (0..(2u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        std::fs::write(&raw, noise).unwrap();
-        assert!(
-            Command::new("qemu-img")
-                .args(["convert", "-f", "raw", "-O", "qcow2"])
-                .arg(&raw)
-                .arg(&disk)
-                .status()
-                .unwrap()
-                .success()
-        );
-    }
+    // Even an empty disk's compressed copy (about 190 KiB of qcow2
+    // metadata) does not fit in 64 KiB, so qemu-img fails part way.
     let _full = Tmpfs::mount(&t.templates_dir(), "64k");
     let (code, _, err) = output(&mut t.ppp(&["template", "save", "red", "base"]));
     assert_ne!(code, 0);

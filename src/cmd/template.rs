@@ -37,13 +37,11 @@ pub fn run(cmd: &TemplateCommand, ctx: &Ctx) -> Result<ExitCode> {
 
 fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force: bool) -> Result<ExitCode> {
     template::validate_tag(tag)?;
-    let rec = sandbox::load(dirs, name)?.ok_or_else(|| {
-        fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2)
-    })?;
+    let rec = sandbox::load(dirs, name)?
+        .ok_or_else(|| fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2))?;
     let podman = Podman::detect()?;
-    let running = lifecycle::machines(&podman)?
-        .into_iter()
-        .any(|m| m.name == rec.machine_name && (m.running || m.starting));
+    let running =
+        lifecycle::machines(&podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
     if running {
         // A running machine's disk changes under qemu-img: stop it first.
         if !force
@@ -61,9 +59,9 @@ fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force
         fail(format!("`podman machine inspect {}` does not say where the machine's disk is", rec.machine_name))
             .hint("this podman does not report `ImagePath`; templates need a podman that does")
     })?;
-    let src_size = fs_err::metadata(&src).map(|m| m.len()).with_context(|| {
-        fail(format!("the disk of machine `{}` cannot be read", rec.machine_name))
-    })?;
+    let src_size = fs_err::metadata(&src)
+        .map(|m| m.len())
+        .with_context(|| fail(format!("the disk of machine `{}` cannot be read", rec.machine_name)))?;
 
     let staged = Staged::new(dirs, "save")?;
     let step = ctx.progress().transfer(&format!("saving `{name}` as template `{tag}`"), src_size);
@@ -143,8 +141,8 @@ fn load(dirs: &Dirs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
     exec::run(&template::unpack(file, dir.path(), &[template::META, template::DISK]))
         .map_err(|e| not_template(e.to_string()))?;
     let meta_path = dir.path().join(template::META);
-    let meta: Template =
-        serde_json::from_slice(&fs_err::read(&meta_path)?).map_err(|e| not_template(format!("`{}`: {e}", template::META)))?;
+    let meta: Template = serde_json::from_slice(&fs_err::read(&meta_path)?)
+        .map_err(|e| not_template(format!("`{}`: {e}", template::META)))?;
     template::validate_tag(&meta.tag)?;
     let disk = dir.path().join(template::DISK);
     let size = fs_err::metadata(&disk)?.len();
