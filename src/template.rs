@@ -149,6 +149,21 @@ pub fn parse_image_path(inspect_json: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// Where podman 5 and 6 keep the machine's disk, whose `inspect` does not
+/// report it: the machine config `<ConfigDir.Path>/<Name>.json` that
+/// inspect points at holds `ImagePath.Path` (podman's `MachineConfig`).
+pub fn image_path_from_config(inspect_json: &str) -> Option<PathBuf> {
+    let v: serde_json::Value = serde_json::from_str(inspect_json.trim()).ok()?;
+    let first = if v.is_array() { v.get(0)? } else { &v };
+    let dir = first.pointer("/ConfigDir/Path")?.as_str()?;
+    let name = first.get("Name")?.as_str()?;
+    if name.contains('/') {
+        return None;
+    }
+    let text = std::fs::read_to_string(Path::new(dir).join(format!("{name}.json"))).ok()?;
+    parse_image_path(&text)
+}
+
 /// `qemu-img convert -c -O qcow2 SRC DST`: a compressed copy of the disk.
 pub fn convert(src: &Path, dst: &Path) -> Invocation {
     Invocation::new(qemu_img()).args(["convert", "-c", "-O", "qcow2"]).arg(src).arg(dst).timeout(DISK_TIMEOUT)
@@ -334,6 +349,17 @@ mod tests {
         );
         assert_eq!(parse_image_path(r#"[{"Name":"m","ConfigDir":{"Path":"/c"}}]"#), None);
         assert_eq!(parse_image_path("not json"), None);
+    }
+
+    #[test]
+    fn image_path_from_podman5_machine_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("m.json"), r#"{"Name":"m","ImagePath":{"Path":"/disks/m-amd64.qcow2"}}"#)
+            .unwrap();
+        let inspect = format!(r#"[{{"Name":"m","ConfigDir":{{"Path":"{}"}}}}]"#, dir.path().display());
+        assert_eq!(image_path_from_config(&inspect), Some(PathBuf::from("/disks/m-amd64.qcow2")));
+        let missing = format!(r#"[{{"Name":"x","ConfigDir":{{"Path":"{}"}}}}]"#, dir.path().display());
+        assert_eq!(image_path_from_config(&missing), None);
     }
 
     #[test]

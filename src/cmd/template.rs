@@ -55,10 +55,12 @@ fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force
         lifecycle::stop(dirs, &podman, name, ctx.ui())?;
     }
     let inspect = exec::run(&podman.inspect(&rec.machine_name))?;
-    let src = template::parse_image_path(&inspect.stdout).ok_or_else(|| {
-        fail(format!("`podman machine inspect {}` does not say where the machine's disk is", rec.machine_name))
-            .hint("this podman does not report `ImagePath`; templates need a podman that does")
-    })?;
+    let src = template::parse_image_path(&inspect.stdout)
+        .or_else(|| template::image_path_from_config(&inspect.stdout))
+        .ok_or_else(|| {
+            fail(format!("`podman machine inspect {}` does not say where the machine's disk is", rec.machine_name))
+                .hint("neither inspect's `ImagePath` nor the machine config under its `ConfigDir` names the disk")
+        })?;
     let src_size = fs_err::metadata(&src)
         .map(|m| m.len())
         .with_context(|| fail(format!("the disk of machine `{}` cannot be read", rec.machine_name)))?;
