@@ -303,3 +303,26 @@ fn save_errors_name_what_to_do() {
     assert!(err.contains("hint: "), "{err}");
     assert!(t.ls().is_empty());
 }
+
+#[test]
+fn saving_a_running_sandbox_without_a_terminal_needs_force() {
+    let t = T::new();
+    // `machine list` says the machine runs; everything else is the fake.
+    let running = t.w.fake(
+        "podman",
+        &format!(
+            "if [ \"$1 $2\" = 'machine list' ]; then echo '[{{\"Name\":\"ppp-red\",\"Running\":true}}]'; exit 0; fi\n\
+             exec {} \"$@\"",
+            fake_podman().display()
+        ),
+    );
+    let mut c = t.ppp(&["template", "save", "red", "base"]);
+    c.env("PPP_PODMAN", &running).stdin(std::process::Stdio::null());
+    let (code, _, err) = output(&mut c);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("standard input is not a terminal"), "{err}");
+    assert!(err.contains("hint: to go ahead without asking, run `ppp template save -f red base`"), "{err}");
+    assert!(t.ls().is_empty());
+    let calls = std::fs::read_to_string(t.w.path().join("fake/calls.jsonl")).unwrap();
+    assert!(!calls.contains("\"stop\""), "nothing stopped: {calls}");
+}
