@@ -140,8 +140,12 @@ fn load(dirs: &Dirs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
     }
     let dir = Staged::new(dirs, "load")?;
     state_dir(dir.path())?;
-    exec::run(&template::unpack(file, dir.path(), &[template::META, template::DISK]))
-        .map_err(|e| not_template(e.to_string()))?;
+    exec::run(&template::unpack(file, dir.path(), &[template::META, template::DISK])).map_err(|e| {
+        anyhow::Error::new(e).context(
+            fail(format!("could not unpack `{}`", file.display()))
+                .hint(format!("check the free space in `{}`", dirs.templates().display())),
+        )
+    })?;
     let meta_path = dir.path().join(template::META);
     let meta: Template = serde_json::from_slice(&fs_err::read(&meta_path)?)
         .map_err(|e| not_template(format!("`{}`: {e}", template::META)))?;
