@@ -871,6 +871,9 @@ pub enum TemplateCommand {
         /// Also export it to this file
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Stop the sandbox without asking if it is running
+        #[arg(short, long)]
+        force: bool,
     },
     /// Import a template from a file
     Load {

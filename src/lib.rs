@@ -29,6 +29,7 @@ pub mod sandbox;
 pub mod secret;
 pub mod setup;
 pub mod state;
+pub mod template;
 pub mod tui;
 pub mod versions;
 

@@ -36,6 +36,10 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
                 .code(2)
                 .into());
             }
+            if let Some(t) = &args.spec.template {
+                // The machine exists already; its disk is what it is.
+                eprintln!("warning: `-t {t}` is ignored: sandbox `{}` exists and keeps its own disk", rec.name);
+            }
             let mut rec = lifecycle::reattach(dirs, &podman, &rec.name, ui)?;
             // `--kit` on an existing sandbox applies like `ppp kit add`.
             for k in &req.kits {

@@ -126,11 +126,8 @@ impl Request {
         }
         // Every kit is loaded and checked before anything is created.
         let kits = spec.kits.iter().map(|r| crate::kit::load(r)).collect::<Result<Vec<_>>>()?;
-        if spec.template.is_some() {
-            return Err(fail("`--template` is not available yet")
-                .hint(format!("the agent image can be chosen with `{}`", agent.image_var()))
-                .code(2)
-                .into());
+        if spec.template.as_deref().is_some_and(str::is_empty) {
+            return Err(fail("`--template` needs a tag, an id or an image").code(2).into());
         }
         let memory_mib = match &spec.memory {
             Some(m) => podman::parse_mib(m).ok_or_else(|| {
@@ -337,6 +334,12 @@ fn one_vm_error(podman: &Podman, running: &str) -> anyhow::Error {
 
 /// Create a sandbox and hand it over verified; returns its record.
 pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Record> {
+    // A saved template's disk, or (a tag ppp does not know) an image
+    // reference passed to podman as it is. Resolved before anything is made.
+    let image = match &req.template {
+        Some(t) => Some(crate::template::resolve(dirs, t)?.0),
+        None => None,
+    };
     let all = machines(podman)?;
     // Checked before anything is created: the machine would not start.
     ensure_can_start(podman, "", &all)?;
@@ -358,7 +361,7 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
             cpus: req.cpus,
             memory_mib: req.memory_mib,
             disk_gib: req.disk_gib,
-            image: None,
+            image,
             // A cloned workspace is not mounted: the VM works on its own copy.
             volumes: req
                 .workspace

@@ -1,0 +1,328 @@
+//! `ppp template save|load|ls|rm` on the fake podman's machine disks (small
+//! qcow2 files made by the real `qemu-img`), without booting anything: a
+//! machine that was only `init`ed is stopped, so save needs no namespaces.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{World, ok, output};
+use serde_json::Value;
+
+fn fake_podman() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/podman")
+}
+
+fn require_qemu_img() {
+    assert!(
+        Path::new("/usr/bin/qemu-img").is_file() || which("qemu-img"),
+        "qemu-img is missing: run `make test-deps` (package qemu-utils)"
+    );
+}
+
+fn which(p: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {p}")]).output().is_ok_and(|o| o.status.success())
+}
+
+/// A world with the fake podman and one sandbox `red` whose machine exists
+/// (stopped) with a qcow2 disk.
+struct T {
+    w: World,
+}
+
+impl T {
+    fn new() -> T {
+        require_qemu_img();
+        let t = T { w: World::new() };
+        t.sandbox("red");
+        t
+    }
+
+    fn ppp(&self, args: &[&str]) -> Command {
+        let mut c = self.w.ppp(args);
+        c.env("PPP_PODMAN", fake_podman()).env("FAKE_PODMAN_ROOT", self.w.path().join("fake"));
+        c
+    }
+
+    fn podman(&self, args: &[&str]) -> String {
+        let out = Command::new(fake_podman())
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("HOME", self.w.home())
+            .env("FAKE_PODMAN_ROOT", self.w.path().join("fake"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn sandbox(&self, name: &str) {
+        let dir = self.w.data().join("sandboxes").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = serde_json::json!({
+            "name": name, "agent": "opencode", "workspace": ["/src"], "status": "stopped",
+            "created_at": "2026-11-29T10:00:00Z", "cpus": 2, "memory": 4096, "port": 51820,
+            "inner_ip": "10.0.0.1", "kit_refs": [], "template_tag": null, "machine_name": format!("ppp-{name}"),
+        });
+        std::fs::write(dir.join("sandbox.json"), rec.to_string()).unwrap();
+        self.podman(&["machine", "init", &format!("ppp-{name}"), "--memory", "2048"]);
+    }
+
+    fn ls(&self) -> Vec<Value> {
+        serde_json::from_str(&ok(&mut self.ppp(&["template", "ls", "--json"]))).unwrap()
+    }
+
+    fn templates_dir(&self) -> PathBuf {
+        self.w.cache().join("templates")
+    }
+
+    /// Files in the templates directory other than the index and disks
+    /// the index lists.
+    fn strays(&self) -> Vec<String> {
+        let listed: Vec<String> = self.ls().iter().map(|t| format!("{}.qcow2", t["id"].as_str().unwrap())).collect();
+        std::fs::read_dir(self.templates_dir())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n != "templates.json" && !listed.contains(n))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[test]
+fn save_ls_export_load_rm() {
+    let t = T::new();
+    let out = ok(&mut t.ppp(&["template", "save", "red", "base"]));
+    assert!(out.starts_with("saved template `base` ("), "{out}");
+    let ls = t.ls();
+    assert_eq!(ls.len(), 1);
+    let tpl = &ls[0];
+    for key in ["tag", "id", "source", "agent", "size", "sha256", "created_at", "path"] {
+        assert!(!tpl[key].is_null(), "`{key}` in {tpl}");
+    }
+    assert_eq!(tpl["tag"], "base");
+    assert_eq!(tpl["source"], "red");
+    assert_eq!(tpl["agent"], "opencode");
+    let sha = tpl["sha256"].as_str().unwrap();
+    assert_eq!(sha.len(), 64);
+    assert_eq!(tpl["id"].as_str().unwrap(), &sha[..12]);
+    let disk = PathBuf::from(tpl["path"].as_str().unwrap());
+    assert_eq!(std::fs::metadata(&disk).unwrap().len(), tpl["size"].as_u64().unwrap());
+    assert_eq!(&std::fs::read(&disk).unwrap()[..4], b"QFI\xfb", "a qcow2");
+    let info = Command::new("qemu-img").args(["info", "--output=json"]).arg(&disk).output().unwrap();
+    let info: Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["format"], "qcow2");
+    assert!(t.strays().is_empty(), "{:?}", t.strays());
+    // The table.
+    let table = ok(&mut t.ppp(&["template", "ls"]));
+    assert!(table.starts_with("TAG   ID"), "{table}");
+    assert!(table.contains("base  "), "{table}");
+
+    // Export, then load into a fresh cache.
+    let file = t.w.path().join("base.tar");
+    ok(&mut t.ppp(&["template", "save", "red", "base", "-o", file.to_str().unwrap()]));
+    assert_eq!(t.ls().len(), 1, "saving the same tag again replaces it");
+    let fresh = t.w.path().join("cache2");
+    let load = |file: &Path| {
+        let mut c = t.ppp(&["template", "load", file.to_str().unwrap()]);
+        c.env("PPP_CACHE", &fresh);
+        output(&mut c)
+    };
+    let (code, out, err) = load(&file);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("loaded template `base` ("), "{out}");
+    let mut c = t.ppp(&["template", "ls", "--json"]);
+    c.env("PPP_CACHE", &fresh);
+    let loaded: Vec<Value> = serde_json::from_str(&ok(&mut c)).unwrap();
+    assert_eq!(loaded.len(), 1);
+    assert_eq!(loaded[0]["sha256"], t.ls()[0]["sha256"]);
+    assert_eq!(loaded[0]["source"], "red");
+    let names: Vec<String> = std::fs::read_dir(fresh.join("templates"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "index and disk only: {names:?}");
+
+    // rm by tag, and by id (prefix).
+    ok(&mut t.ppp(&["template", "save", "red", "second"]));
+    assert_eq!(t.ls().len(), 2);
+    ok(&mut t.ppp(&["template", "rm", "base"]));
+    let left = t.ls();
+    assert_eq!(left.len(), 1);
+    assert!(disk.exists(), "the disk `second` shares stays");
+    let id = left[0]["id"].as_str().unwrap().to_owned();
+    ok(&mut t.ppp(&["template", "rm", &id[..8]]));
+    assert!(t.ls().is_empty());
+    assert!(!disk.exists(), "the last tag's disk goes with it");
+    let (code, _, err) = output(&mut t.ppp(&["template", "rm", "base"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("error: no template with tag or id `base`"), "{err}");
+    assert!(err.contains("hint: list templates with `ppp template ls`"), "{err}");
+}
+
+/// Load `file` into a fresh cache and expect it refused with `needle`,
+/// with nothing registered and nothing left behind.
+fn refused(t: &T, file: &Path, needle: &str) {
+    let fresh = t.w.path().join(format!("cache-{}", file.file_name().unwrap().to_string_lossy()));
+    let mut c = t.ppp(&["template", "load", file.to_str().unwrap()]);
+    c.env("PPP_CACHE", &fresh);
+    let (code, out, err) = output(&mut c);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.lines().any(|l| l.starts_with("error: ")), "{err}");
+    assert!(err.contains(needle), "{err}");
+    let left: Vec<String> = std::fs::read_dir(fresh.join("templates"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "nothing registered or left: {left:?}");
+}
+
+#[test]
+fn damaged_files_are_refused_and_register_nothing() {
+    let t = T::new();
+    let file = t.w.path().join("good.tar");
+    ok(&mut t.ppp(&["template", "save", "red", "base", "-o", file.to_str().unwrap()]));
+    let bytes = std::fs::read(&file).unwrap();
+
+    // Cut short: tar itself cannot read it.
+    let cut = t.w.path().join("cut.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+    refused(&t, &cut, "is not a ppp template");
+
+    // Not a tar at all.
+    let junk = t.w.path().join("junk.tar");
+    std::fs::write(&junk, b"hello").unwrap();
+    refused(&t, &junk, "is not a ppp template");
+
+    // A sound tar whose disk was changed after it was saved.
+    let work = t.w.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    assert!(Command::new("tar").arg("-xf").arg(&file).arg("-C").arg(&work).status().unwrap().success());
+    let disk = work.join("disk.qcow2");
+    let mut d = std::fs::read(&disk).unwrap();
+    let last = d.len() - 1;
+    d[last] ^= 0xff;
+    std::fs::write(&disk, d).unwrap();
+    let bad = t.w.path().join("bad.tar");
+    let pack = |out: &Path| {
+        assert!(
+            Command::new("tar")
+                .arg("-cf")
+                .arg(out)
+                .arg("-C")
+                .arg(&work)
+                .args(["template.json", "disk.qcow2"])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    pack(&bad);
+    refused(&t, &bad, "does not match its checksum");
+
+    // Extra members are refused before anything is extracted.
+    std::fs::write(work.join("extra"), b"x").unwrap();
+    let extra = t.w.path().join("extra.tar");
+    assert!(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&extra)
+            .arg("-C")
+            .arg(&work)
+            .args(["template.json", "disk.qcow2", "extra"])
+            .status()
+            .unwrap()
+            .success()
+    );
+    refused(&t, &extra, "is not a ppp template");
+}
+
+/// A tmpfs mounted for the life of the value; unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "ppp-test-full"])
+            .arg(at)
+            .status()
+            .expect("mount runs (tests run as root)");
+        assert!(st.success(), "could not mount a tmpfs on {}: tests need root", at.display());
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_leaves_no_half_template() {
+    let t = T::new();
+    // Even an empty disk's compressed copy (about 190 KiB of qcow2
+    // metadata) does not fit in 64 KiB, so qemu-img fails part way.
+    let _full = Tmpfs::mount(&t.templates_dir(), "64k");
+    let (code, _, err) = output(&mut t.ppp(&["template", "save", "red", "base"]));
+    assert_ne!(code, 0);
+    assert!(err.contains("error: could not save template `base`"), "{err}");
+    assert!(err.contains("caused by: `qemu-img convert -c -O qcow2"), "{err}");
+    assert!(err.contains("hint: check the free space in"), "{err}");
+    assert!(t.ls().is_empty(), "nothing registered");
+    assert!(t.strays().is_empty(), "no temp file left: {:?}", t.strays());
+}
+
+#[test]
+fn save_errors_name_what_to_do() {
+    let t = T::new();
+    let (code, _, err) = output(&mut t.ppp(&["template", "save", "nope", "base"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("error: no sandbox named `nope`"), "{err}");
+    let (code, _, err) = output(&mut t.ppp(&["template", "save", "red", "a/b"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("error: invalid template tag `a/b`"), "{err}");
+    // A machine whose inspect does not say where its disk is.
+    let inspect = t.w.fake(
+        "podman",
+        &format!(
+            "if [ \"$1 $2\" = 'machine inspect' ]; then echo '[{{\"Name\":\"ppp-red\"}}]'; exit 0; fi\nexec {} \"$@\"",
+            fake_podman().display()
+        ),
+    );
+    let mut c = t.ppp(&["template", "save", "red", "base"]);
+    c.env("PPP_PODMAN", inspect);
+    let (code, _, err) = output(&mut c);
+    assert_ne!(code, 0);
+    assert!(err.contains("does not say where the machine's disk is"), "{err}");
+    assert!(err.contains("hint: "), "{err}");
+    assert!(t.ls().is_empty());
+}
+
+#[test]
+fn saving_a_running_sandbox_without_a_terminal_needs_force() {
+    let t = T::new();
+    // `machine list` says the machine runs; everything else is the fake.
+    let running = t.w.fake(
+        "podman",
+        &format!(
+            "if [ \"$1 $2\" = 'machine list' ]; then echo '[{{\"Name\":\"ppp-red\",\"Running\":true}}]'; exit 0; fi\n\
+             exec {} \"$@\"",
+            fake_podman().display()
+        ),
+    );
+    let mut c = t.ppp(&["template", "save", "red", "base"]);
+    c.env("PPP_PODMAN", &running).stdin(std::process::Stdio::null());
+    let (code, _, err) = output(&mut c);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("standard input is not a terminal"), "{err}");
+    assert!(err.contains("hint: to go ahead without asking, run `ppp template save -f red base`"), "{err}");
+    assert!(t.ls().is_empty());
+    let calls = std::fs::read_to_string(t.w.path().join("fake/calls.jsonl")).unwrap();
+    assert!(!calls.contains("\"stop\""), "nothing stopped: {calls}");
+}
