@@ -133,6 +133,16 @@ fn push_then_pull_round_trips_the_packed_zip() {
     // …and the kit module reads it back as the same kit.
     let out = ok(&mut ppp(&w, &["kit", "validate", "mykit-0.1.0.zip"]));
     assert!(out.contains("mykit"), "{out}");
+    // An OCI reference is a kit reference too: validate and inspect pull it
+    // into memory, and write nothing.
+    let before: Vec<_> = std::fs::read_dir(w.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    let out = ok(&mut ppp(&w, &["kit", "validate", &reference]));
+    assert!(out.contains("mykit"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&mut ppp(&w, &["kit", "inspect", &reference, "--json"]))).unwrap();
+    assert_eq!((json["name"].as_str(), json["version"].as_str()), (Some("mykit"), Some("0.1.0")), "{json}");
+    let after: Vec<_> = std::fs::read_dir(w.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(before, after);
 
     let target = w.path().join("out/kit.zip");
     std::fs::create_dir_all(target.parent().unwrap()).unwrap();

@@ -69,17 +69,28 @@ pub fn load(reference: &str) -> Result<Loaded> {
         Reference::Dir(dir) => manifest::load_dir(&dir)?,
         Reference::Zip(file) => load_zip(&file)?,
         Reference::Git(url) => load_git(&url)?,
-        Reference::Oci(r) => {
-            return Err(fail(format!("kit `{r}` looks like an OCI reference, which is not loaded directly yet"))
-                .hint(format!("fetch it with `ppp kit pull {r}`, then pass the .zip it writes"))
-                .code(2)
-                .into());
-        }
+        Reference::Oci(r) => load_oci(&r)?,
     };
     Ok(Loaded { reference: reference.to_owned(), kit })
 }
 
 /// Load a kit from a zip file, in memory.
+/// Pull an OCI kit (with the registry's credentials from ppp's secret
+/// store, when any) and load its zip from memory; nothing is written.
+fn load_oci(reference: &str) -> Result<Kit> {
+    let target = super::oci::Target::parse(reference)?;
+    // ppp's directories come from the environment, as for every command;
+    // a store that cannot be opened means anonymous access.
+    let credentials = crate::dirs::Dirs::from_env()
+        .ok()
+        .and_then(|dirs| crate::secret::Store::open(&dirs).ok())
+        .map(|store| store.registry(target.registry()))
+        .transpose()?
+        .flatten();
+    let pulled = super::oci::pull(&target, credentials.as_ref())?;
+    load_zip_bytes(Path::new(reference), &pulled.zip)
+}
+
 pub fn load_zip(file: &Path) -> Result<Kit> {
     let bytes = manifest::read_bounded(file, MAX_TOTAL_BYTES + MAX_MANIFEST_BYTES + 1024 * 1024, "kit archive")?;
     load_zip_bytes(file, &bytes)
