@@ -30,6 +30,7 @@ if [ "$1" = sleep-then ]; then exec sh -c "$2"; fi
 echo "stub-agent args: $*"
 echo "stub-agent key: $ANTHROPIC_API_KEY"
 echo "stub-agent cwd: $(pwd)"
+echo "stub-agent kit-env: ${TOOLS_HOME:-none}"
 code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" http://api.anthropic.com/from-agent)
 echo "stub-agent api: $code"
 code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' https://echo.test/agent-tls)
@@ -569,4 +570,47 @@ fn ctrl_c_stops_the_agent_and_keeps_the_vm() {
     assert_eq!(status.code(), Some(130), "ppp outlives Ctrl-C and reports the agent's end: {err}");
     assert_eq!(env.ls()[0]["state"], "running", "the VM keeps running");
     assert_eq!(env.ok(&["exec", "red", "--", "echo", "still here"]), "still here\n");
+}
+
+/// A kit applied to a running sandbox on the fake podman: its rule joins
+/// the sandbox's policy as a kit rule, its file lands in the VM with its
+/// mode, its startup command runs in the VM, and its environment reaches
+/// the agent container. Applying it again changes nothing.
+#[test]
+fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    let kit = env.root().join("tools-kit");
+    std::fs::create_dir_all(kit.join("bin")).unwrap();
+    std::fs::write(
+        kit.join("kit.yaml"),
+        "apiVersion: ppp.kit/v1\nkind: Kit\nmetadata:\n  name: tools\n  version: 0.1.0\nspec:\n  \
+         network:\n    allow: [\"registry.npmjs.org\"]\n  env:\n    TOOLS_HOME: /opt/tools\n  startup:\n    \
+         - command: [\"sh\", \"-c\", \"touch /tmp/kit-started\"]\n  files:\n    - path: /opt/tools/bin/tool\n      \
+         source: bin/tool\n      mode: 755\n",
+    )
+    .unwrap();
+    std::fs::write(kit.join("bin/tool"), "#!/bin/sh\necho tool ran\n").unwrap();
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let kit_ref = kit.display().to_string();
+    env.ok(&["kit", "add", "red", &kit_ref]);
+
+    assert_eq!(env.ok(&["exec", "red", "--", "/opt/tools/bin/tool"]), "tool ran\n");
+    assert_eq!(env.ok(&["exec", "red", "--", "stat", "-c", "%a", "/opt/tools/bin/tool"]), "755\n");
+    env.ok(&["exec", "red", "--", "test", "-f", "/tmp/kit-started"]);
+    let rules: Value = serde_json::from_str(&env.ok(&["policy", "ls", "red", "--json"])).unwrap();
+    let text = rules.to_string();
+    assert!(text.contains("registry.npmjs.org") && text.contains("kit:tools"), "{text}");
+
+    // Idempotent: a second apply leaves the policy and the record as they were.
+    let dirs = env.dirs();
+    let before =
+        (std::fs::read(dirs.sandbox_policy("red")).unwrap(), std::fs::read(dirs.sandbox_record("red")).unwrap());
+    env.ok(&["kit", "add", "red", &kit_ref]);
+    let after =
+        (std::fs::read(dirs.sandbox_policy("red")).unwrap(), std::fs::read(dirs.sandbox_record("red")).unwrap());
+    assert_eq!(before, after);
+
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stub-agent kit-env: /opt/tools"), "{}", describe(&out));
 }
