@@ -8,31 +8,6 @@ mod common;
 
 use common::{World, ok, output};
 
-/// A stopped sandbox `red` on disk, as `ppp create` leaves one.
-fn sandbox(w: &World) -> ppp::dirs::Dirs {
-    let dirs = ppp::dirs::Dirs { config: w.config(), data: w.data(), cache: w.cache() };
-    let port = ppp::sandbox::with_registry(&dirs, |r| r.allocate("red")).unwrap();
-    let rec = ppp::sandbox::Record {
-        name: "red".into(),
-        agent: "opencode".into(),
-        workspace: vec!["/tmp".into()],
-        status: ppp::sandbox::Status::Stopped,
-        created_at: time::OffsetDateTime::UNIX_EPOCH,
-        cpus: 1,
-        memory: 2048,
-        port,
-        inner_ip: ppp::sandbox::inner_ip(port),
-        kit_refs: Vec::new(),
-        kit_env: std::collections::BTreeMap::new(),
-        template_tag: None,
-        machine_name: "ppp-red".into(),
-        published: Vec::new(),
-        clone: None,
-    };
-    ppp::sandbox::save_locked(&dirs, &rec).unwrap();
-    dirs
-}
-
 /// Run and return (exit code, stderr with the temp root as `[ROOT]`).
 fn fails(w: &World, cmd: &mut std::process::Command) -> (i32, String) {
     let (code, out, err) = output(cmd);
@@ -44,7 +19,7 @@ fn fails(w: &World, cmd: &mut std::process::Command) -> (i32, String) {
 #[test]
 fn podman_missing() {
     let w = World::new();
-    sandbox(&w);
+    w.stopped_sandbox("red");
     let (code, err) = fails(&w, w.ppp(["stop", "red"]).env("PPP_PODMAN", w.path().join("nowhere/podman")));
     assert_eq!(code, 1);
     assert_eq!(
@@ -96,7 +71,7 @@ fn unknown_sandbox() {
 #[test]
 fn host_port_in_use() {
     let w = World::new();
-    let dirs = sandbox(&w);
+    let dirs = w.stopped_sandbox("red");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let spec = format!("{port}:80");

@@ -70,26 +70,7 @@ fn unknown_sandboxes_are_named() {
     }
     // Without -f and without a terminal, rm asks and cannot: it refuses,
     // and the sandbox stays.
-    let dirs = ppp::dirs::Dirs { config: w.config(), data: w.data(), cache: w.cache() };
-    let port = ppp::sandbox::with_registry(&dirs, |r| r.allocate("red")).unwrap();
-    let rec = ppp::sandbox::Record {
-        name: "red".into(),
-        agent: "opencode".into(),
-        workspace: vec!["/tmp".into()],
-        status: ppp::sandbox::Status::Stopped,
-        created_at: time::OffsetDateTime::UNIX_EPOCH,
-        cpus: 1,
-        memory: 2048,
-        port,
-        inner_ip: ppp::sandbox::inner_ip(port),
-        kit_refs: Vec::new(),
-        kit_env: std::collections::BTreeMap::new(),
-        template_tag: None,
-        machine_name: "ppp-red".into(),
-        published: Vec::new(),
-        clone: None,
-    };
-    ppp::sandbox::save_locked(&dirs, &rec).unwrap();
+    let dirs = w.stopped_sandbox("red");
     let (code, _, err) = output(&mut w.ppp(["rm", "red"]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("hint: to go ahead without asking, run `ppp rm -f red`"), "{err}");

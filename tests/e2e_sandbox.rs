@@ -65,22 +65,7 @@ fn a_sandbox_from_create_to_rm() {
         "http://api.anthropic.com/v1/messages",
     ]);
     assert!(body.contains(KEY), "the upstream saw the real key: {body}");
-    let code = env.ok(&[
-        "exec",
-        "red",
-        "--",
-        "curl",
-        "-s",
-        "-m",
-        "15",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "--connect-to",
-        "denied.test:80:203.0.113.9:80",
-        "http://denied.test/",
-    ]);
+    let code = env.denied_status("red");
     assert_eq!(code, "403");
 
     // cp: into the VM and back, following a link with -L.

@@ -9,94 +9,18 @@
 
 #[path = "support/netns.rs"]
 mod netns;
+#[path = "support/sandbox_env.rs"]
+mod sandbox_env;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use netns::{NetnsEtc, Topology, UPSTREAM_IP, Upstream, describe, wait_until};
+use netns::{describe, wait_until};
+use sandbox_env::Env;
 
-const IMAGE: &str = "localhost/agent:latest";
 /// Long enough for the first refresh of a debug build under load.
 const SCREEN_DEADLINE: Duration = Duration::from_secs(30);
-
-fn fake_podman() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/podman")
-}
-
-/// ppp's state, the fake's state and the upstream, in one topology, as in
-/// `e2e_sandbox.rs`. Dropping removes every sandbox and stops the daemon.
-struct Env {
-    upstream: Upstream,
-    _etc: NetnsEtc,
-    topo: Topology,
-}
-
-impl Env {
-    fn new() -> Env {
-        let topo = Topology::new(0);
-        let upstream = Upstream::start(&topo);
-        upstream.set_name("echo.test", UPSTREAM_IP);
-        let etc = NetnsEtc::new(&topo);
-        let bin = topo.path().join("images/localhost_agent_latest/bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::write(bin.join("opencode"), "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(bin.join("opencode"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        for d in ["ws", "home"] {
-            std::fs::create_dir_all(topo.path().join(d)).unwrap();
-        }
-        Env { upstream, _etc: etc, topo }
-    }
-
-    fn root(&self) -> &Path {
-        self.topo.path()
-    }
-
-    /// The environment ppp runs with, for a `Command` and for the script
-    /// tmux runs.
-    fn vars(&self) -> Vec<(&'static str, String)> {
-        let p = |rel: &str| self.root().join(rel).display().to_string();
-        vec![
-            ("HOME", p("home")),
-            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin".into()),
-            ("PPP_CONFIG", p("config")),
-            ("PPP_DATA", p("data")),
-            ("PPP_CACHE", p("cache")),
-            ("PPP_SECRET_BACKEND", "file".into()),
-            ("PPP_MITMDUMP", netns::mitmdump_path().display().to_string()),
-            ("PPP_PODMAN", fake_podman().display().to_string()),
-            ("PPP_UPSTREAM_CA", self.upstream.ca_cert.display().to_string()),
-            ("PPP_OPENCODE_IMAGE", IMAGE.into()),
-            ("FAKE_PODMAN_ROOT", p("fake")),
-            ("FAKE_PODMAN_IMAGES", p("images")),
-            ("FAKE_PODMAN_PROVIDER", "qemu".into()),
-        ]
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.topo.host_ns(), env!("CARGO_BIN_EXE_ppp")])
-            .args(args)
-            .env_clear()
-            .envs(self.vars())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(out.status.success(), "ppp {args:?}: {}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = self.run(&["rm", "--all", "-f"]);
-        let _ = self.run(&["daemon", "stop"]);
-    }
-}
 
 /// A private tmux server (its own socket, no config) with one 120x30 pane
 /// running `sh`. Dropping kills the server and everything in the pane.
@@ -180,29 +104,14 @@ impl Drop for Tmux {
 
 #[test]
 fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
-    let env = Env::new();
+    let env = Env::new("qemu");
     env.ok(&["policy", "init", "deny-all"]);
     env.ok(&["policy", "allow", "network", "--sandbox", "red", "echo.test,198.18.0.10"]);
     let ws = env.root().join("ws").display().to_string();
     let out = env.ok(&["create", "--name", "red", "opencode", &ws]);
     assert!(out.contains("created sandbox `red`"), "{out}");
     // One denial in the flow log for the dashboard to count and highlight.
-    let code = env.ok(&[
-        "exec",
-        "red",
-        "--",
-        "curl",
-        "-s",
-        "-m",
-        "15",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "--connect-to",
-        "denied.test:80:203.0.113.9:80",
-        "http://denied.test/",
-    ]);
+    let code = env.denied_status("red");
     assert_eq!(code, "403");
 
     // `ppp tui` with exactly the environment above, inside the host

@@ -41,6 +41,37 @@ impl World {
         self.path().join("cache")
     }
 
+    /// ppp's directories in this world.
+    pub fn dirs(&self) -> ppp::dirs::Dirs {
+        ppp::dirs::Dirs { config: self.config(), data: self.data(), cache: self.cache() }
+    }
+
+    /// A stopped sandbox `name` on disk (record and port), as `ppp create`
+    /// leaves one, for commands that need no VM.
+    pub fn stopped_sandbox(&self, name: &str) -> ppp::dirs::Dirs {
+        let dirs = self.dirs();
+        let port = ppp::sandbox::with_registry(&dirs, |r| r.allocate(name)).unwrap();
+        let rec = ppp::sandbox::Record {
+            name: name.into(),
+            agent: "opencode".into(),
+            workspace: vec!["/tmp".into()],
+            status: ppp::sandbox::Status::Stopped,
+            created_at: time::OffsetDateTime::UNIX_EPOCH,
+            cpus: 1,
+            memory: 2048,
+            port,
+            inner_ip: ppp::sandbox::inner_ip(port),
+            kit_refs: Vec::new(),
+            kit_env: std::collections::BTreeMap::new(),
+            template_tag: None,
+            machine_name: ppp::sandbox::machine_name(name),
+            published: Vec::new(),
+            clone: None,
+        };
+        ppp::sandbox::save_locked(&dirs, &rec).unwrap();
+        dirs
+    }
+
     /// `ppp` with the hermetic environment and `args`.
     pub fn ppp<I, S>(&self, args: I) -> Command
     where

@@ -81,28 +81,62 @@ impl Env {
         }
     }
 
+    /// The environment ppp runs with, for a `Command` and for scripts
+    /// (the tui test's tmux pane).
+    pub fn vars(&self) -> Vec<(String, String)> {
+        let p = |rel: &str| self.root().join(rel).display().to_string();
+        let mut vars: Vec<(String, String)> = [
+            ("HOME", p("home")),
+            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            ("PPP_CONFIG", p("config")),
+            ("PPP_DATA", p("data")),
+            ("PPP_CACHE", p("cache")),
+            ("PPP_SECRET_BACKEND", "file".into()),
+            ("PPP_MITMDUMP", netns::mitmdump_path().display().to_string()),
+            ("PPP_PODMAN", fake_podman().display().to_string()),
+            ("PPP_UPSTREAM_CA", self.upstream.ca_cert.display().to_string()),
+            ("PPP_OPENCODE_IMAGE", IMAGE.into()),
+            ("FAKE_PODMAN_ROOT", p("fake")),
+            ("FAKE_PODMAN_IMAGES", p("images")),
+            ("FAKE_PODMAN_PROVIDER", self.provider.into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        vars.extend(self.extra.iter().cloned());
+        vars
+    }
+
     /// `ppp ARGS` inside the test host namespace.
     pub fn ppp(&self, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.topo.host_ns(), env!("CARGO_BIN_EXE_ppp")])
             .args(args)
             .env_clear()
-            .env("HOME", self.root().join("home"))
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("PPP_CONFIG", self.root().join("config"))
-            .env("PPP_DATA", self.root().join("data"))
-            .env("PPP_CACHE", self.root().join("cache"))
-            .env("PPP_SECRET_BACKEND", "file")
-            .env("PPP_MITMDUMP", netns::mitmdump_path())
-            .env("PPP_PODMAN", fake_podman())
-            .env("PPP_UPSTREAM_CA", &self.upstream.ca_cert)
-            .env("PPP_OPENCODE_IMAGE", IMAGE)
-            .env("FAKE_PODMAN_ROOT", self.root().join("fake"))
-            .env("FAKE_PODMAN_IMAGES", self.root().join("images"))
-            .env("FAKE_PODMAN_PROVIDER", self.provider)
-            .envs(self.extra.iter().map(|(k, v)| (k, v)))
+            .envs(self.vars())
             .stdin(Stdio::null());
         c
+    }
+
+    /// The HTTP status the proxy gives `sandbox` for a host no policy
+    /// allows, asked from inside its VM (a 403 also lands in flows.jsonl).
+    pub fn denied_status(&self, sandbox: &str) -> String {
+        self.ok(&[
+            "exec",
+            sandbox,
+            "--",
+            "curl",
+            "-s",
+            "-m",
+            "15",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--connect-to",
+            "denied.test:80:203.0.113.9:80",
+            "http://denied.test/",
+        ])
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
