@@ -364,7 +364,8 @@ fn ctrl_c_stops_the_agent_and_keeps_the_vm() {
 /// A kit applied to a running sandbox on the fake podman: its rule joins
 /// the sandbox's policy as a kit rule, its file lands in the VM with its
 /// mode, its startup command runs in the VM, and its environment reaches
-/// the agent container. Applying it again changes nothing.
+/// the agent container. Applying it again changes nothing. A new version
+/// applied while the agent runs makes the agent start again with it.
 #[test]
 fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
     let env = Env::new("qemu");
@@ -402,4 +403,57 @@ fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
 
     let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("stub-agent kit-env: /opt/tools"), "{}", describe(&out));
+
+    // A new version of the kit while an agent runs: the agent container is
+    // made again, so it gets the new variable and sees the new file (under
+    // /home/core, which a container sees only through its mount), and the
+    // `ppp run` session carries on with it.
+    let log = env.root().join("ws/agent.log");
+    let script = format!(
+        "echo \"$TOOLS_HOME ${{EXTRA:-none}} $(cat /home/core/.config/tools/extra.conf 2>/dev/null || echo absent)\" \
+         >> {}; if [ -n \"$EXTRA\" ]; then exit 5; fi; exec sleep 120",
+        log.display()
+    );
+    let mut child = env
+        .ppp(&["run", "--name", "red", "opencode", &env.ws(), "--", "sleep-then", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    netns::wait_until("the agent to start", std::time::Duration::from_secs(60), || !lines().is_empty());
+    std::fs::write(
+        kit.join("kit.yaml"),
+        "apiVersion: ppp.kit/v1\nkind: Kit\nmetadata:\n  name: tools\n  version: 0.2.0\nspec:\n  \
+         env:\n    TOOLS_HOME: /opt/tools\n    EXTRA: \"yes\"\n  files:\n    - path: /opt/tools/bin/tool\n      \
+         source: bin/tool\n      mode: 755\n    - path: /home/core/.config/tools/extra.conf\n      \
+         content: \"forty-two\"\n",
+    )
+    .unwrap();
+    let calls_before = env.calls().len();
+    env.ok(&["kit", "add", "red", &kit_ref]);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(5), "the session ends with the restarted agent's code: {err}");
+    assert_eq!(lines(), "/opt/tools none absent\n/opt/tools yes forty-two\n", "{err}");
+    assert!(err.contains("a kit changed sandbox `red`; starting the agent again"), "{err}");
+    let calls = env.calls()[calls_before..].join("\n");
+    for want in [
+        "container exists ppp-agent-red",
+        "stop -t 10 ppp-agent-red",
+        "-v /home/core/.config/tools/extra.conf:/home/core/.config/tools/extra.conf:ro",
+        "-v /opt/tools/bin/tool:/opt/tools/bin/tool:ro",
+    ] {
+        assert!(calls.contains(want), "no `{want}` in the calls:\n{calls}");
+    }
+    // The version-0.2.0 kit has no network section: its rule is gone.
+    let rules = env.ok(&["policy", "ls", "red", "--json"]);
+    assert!(!rules.contains("registry.npmjs.org"), "{rules}");
+
+    // The same kit again, with no agent running: nothing to restart, and
+    // the record (with its generation) stays as it is.
+    let record = std::fs::read(dirs.sandbox_record("red")).unwrap();
+    env.ok(&["kit", "add", "red", &kit_ref]);
+    assert_eq!(std::fs::read(dirs.sandbox_record("red")).unwrap(), record);
 }

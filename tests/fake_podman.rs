@@ -444,8 +444,11 @@ fn containers_run_unprivileged_and_egress_through_forward() {
     let ps: Value = serde_json::from_str(&f.ssh("m1", "podman ps --format json")).unwrap();
     assert_eq!((ps[0]["Names"][0].as_str(), ps[0]["State"].as_str()), (Some("bg"), Some("running")));
     assert_eq!(f.ssh("m1", "podman exec bg opencode x"), "stub opencode x\n");
+    assert_eq!(f.ssh("m1", "podman container exists bg && echo yes"), "yes\n");
     f.ssh("m1", "podman stop -t 1 bg && podman rm bg");
     assert_eq!(f.ssh("m1", "podman ps -a --format json"), "[]\n");
+    let out = f.podman(&["machine", "ssh", "m1", "--", "podman", "container", "exists", "bg"]);
+    assert_eq!(out.status.code(), Some(1), "a removed container does not exist: {}", describe(&out));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `ppp run`: create a sandbox (or reattach to `--name`), then run the
 //! agent in it on this terminal. The agent's exit code is ppp's; Ctrl-C
-//! stops the agent and leaves the VM running.
+//! stops the agent and leaves the VM running. When `ppp kit add` changes
+//! the sandbox meanwhile, the agent starts again with the kit.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -51,9 +52,23 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
     };
     let agent = agent::find(&rec.agent)?;
     let image = agent.image(|k| std::env::var(k).ok());
-    let env = lifecycle::custom_env(dirs, &rec.name);
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let inv = lifecycle::agent_invocation(&podman, &rec, agent, &image, &env, &args.agent_args, tty);
-    let code = exec::run_attached(&inv)?;
-    Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)))
+    let mut rec = rec;
+    loop {
+        let env = lifecycle::custom_env(dirs, &rec.name);
+        let inv = lifecycle::agent_invocation(&podman, &rec, agent, &image, &env, &args.agent_args, tty);
+        let code = exec::run_attached(&inv)?;
+        // `ppp kit add` stops the agent after bumping the generation when
+        // the container must be made again (ADR 0015); any other end of
+        // the agent is the end of the session.
+        match sandbox::load(dirs, &rec.name)? {
+            Some(now) if now.agent_generation != rec.agent_generation => {
+                if !ctx.quiet {
+                    eprintln!("ppp: a kit changed sandbox `{}`; starting the agent again", rec.name);
+                }
+                rec = now;
+            }
+            _ => return Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))),
+        }
+    }
 }

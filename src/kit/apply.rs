@@ -1,14 +1,20 @@
 //! Apply a checked kit to a sandbox: check its secrets, then record its
-//! rules and environment (under `state.lock`, atomically), then install its
-//! files and run its startup commands in the VM, then restart a running
-//! agent container.
+//! rules, environment and files (under `state.lock`, atomically), then
+//! install the files and run its startup commands in the VM, then restart
+//! the agent container if what it is made from changed.
 //!
 //! Applying is idempotent: a kit's rules carry `kit: kit:<name>` and are
 //! kept as they are when the kit asks for the same rules again (same ids,
 //! same times, so the file does not change), else replaced; its variables
-//! are stored under its name; files are installed with `install -m`, which
-//! overwrites. Startup commands run every time: a kit must write them to
-//! be safe to repeat (docs/kits.md says so).
+//! and file digests are stored under its name; files are installed with
+//! `install -m`, which overwrites. Startup commands run every time: a kit
+//! must write them to be safe to repeat (docs/kits.md says so).
+//!
+//! The agent container cannot simply be `podman restart`ed: that keeps its
+//! old variables and mounts. Instead the record's `agent_generation` is
+//! bumped and the container stopped; the `ppp run` session attached to it
+//! sees the new generation and starts the agent again from the new record
+//! (ADR 0015).
 
 use std::io::Write as _;
 
@@ -62,7 +68,7 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
         .hint(format!("start it with `ppp run --name {} {} …`, then add the kit again", rec.name, rec.agent))
         .into());
     }
-    let rec = record(dirs, &rec.name, loaded)?;
+    let (rec, agent_changed) = record(dirs, &rec.name, loaded)?;
     let _ = crate::proxy::notify_reload(dirs);
     install_files(dirs, podman, &rec, loaded)?;
     for (i, s) in kit.manifest.spec.startup.iter().enumerate() {
@@ -73,16 +79,17 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
             &format!("kit `{}` startup command {}", kit.name(), i + 1),
         )?;
     }
-    if running {
+    if running && agent_changed {
         restart_agent(dirs, podman, &rec)?;
     }
     Ok(rec)
 }
 
 /// Under `state.lock`: the kit's rules into the sandbox policy, its
-/// environment and reference into `sandbox.json`. Files that would not
-/// change are not written.
-fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<Record> {
+/// environment, file digests and reference into `sandbox.json`. Files that
+/// would not change are not written. Also says whether the agent
+/// container's definition changed (and so `agent_generation` was bumped).
+fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<(Record, bool)> {
     let kit = &loaded.kit;
     let id = kit.id();
     let _lock = state::Lock::acquire(&dirs.state_lock())?;
@@ -107,13 +114,36 @@ fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<Record> {
     } else {
         rec.kit_env.insert(kit.name().to_owned(), kit.env().clone());
     }
+    let files = file_digests(&kit.files);
+    if files.is_empty() {
+        rec.kit_files.remove(kit.name());
+    } else {
+        rec.kit_files.insert(kit.name().to_owned(), files);
+    }
+    let agent_changed = rec.kit_env != before.kit_env || rec.kit_files != before.kit_files;
+    if agent_changed {
+        rec.agent_generation += 1;
+    }
     if !rec.kit_refs.contains(&loaded.reference) {
         rec.kit_refs.push(loaded.reference.clone());
     }
     if rec != before {
         sandbox::save_locked(dirs, &rec)?;
     }
-    Ok(rec)
+    Ok((rec, agent_changed))
+}
+
+/// Guest path to `sha256:<hex>` of the file's mode (four octal digits and
+/// a newline) and content: equal digests mean an identical installed file.
+fn file_digests(files: &[super::File]) -> std::collections::BTreeMap<String, String> {
+    files
+        .iter()
+        .map(|f| {
+            let mut buf = format!("{:04o}\n", f.mode).into_bytes();
+            buf.extend_from_slice(&f.bytes);
+            (f.path.clone(), super::oci::digest(&buf))
+        })
+        .collect()
 }
 
 fn save_policy(path: &std::path::Path, file: &SandboxFile) -> Result<()> {
@@ -153,10 +183,12 @@ fn install_files(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) ->
     Ok(())
 }
 
-/// Restart the agent container if one runs, so it sees the kit's changes.
+/// Stop the agent container if it exists; the `ppp run` session attached
+/// to it starts it again from the record, which now has a new
+/// `agent_generation` (see the module comment).
 fn restart_agent(dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()> {
-    let container = format!("ppp-agent-{}", rec.name);
-    let script = "if podman container exists \"$1\" 2>/dev/null; then podman restart \"$1\" >/dev/null; fi";
+    let container = crate::sandbox::lifecycle::agent_container(&rec.name);
+    let script = "if podman container exists \"$1\"; then podman stop -t 10 \"$1\" >/dev/null; fi";
     crate::sandbox::lifecycle::run_logged(
         dirs,
         &rec.name,

@@ -32,6 +32,9 @@ const GUEST_DIR: &str = "/tmp/ppp";
 /// The CA bundle provision.sh exports for containers (their own trust store
 /// does not know mitmproxy's CA).
 const GUEST_CA_BUNDLE: &str = "/var/lib/ppp/ca-bundle.pem";
+/// Where the agent container finds that bundle: the path Debian-family
+/// images read.
+const CONTAINER_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// How long a new WireGuard server may take to print its config.
 const WG0_DEADLINE: Duration = Duration::from_secs(60);
 const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
@@ -482,6 +485,8 @@ fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
         inner_ip: super::inner_ip(port),
         kit_refs: Vec::new(),
         kit_env: std::collections::BTreeMap::new(),
+        kit_files: std::collections::BTreeMap::new(),
+        agent_generation: 0,
         template_tag: req.template.clone(),
         machine_name: super::machine_name(&name),
         published: Vec::new(),
@@ -783,6 +788,26 @@ fn secret_digests(dirs: &Dirs, salt: &str) -> Vec<String> {
     out
 }
 
+/// The name of the container that runs a sandbox's agent in its VM.
+#[must_use]
+pub fn agent_container(sandbox: &str) -> String {
+    format!("ppp-agent-{sandbox}")
+}
+
+/// The kit files to bind into the agent container, read-only at their VM
+/// paths: every path a kit installed, except those the container sees
+/// already (inside a workspace) or that another mount owns (podman refuses
+/// two mounts on one destination).
+fn kit_mounts(rec: &Record, taken: &[String]) -> Vec<String> {
+    let under = |path: &str, dir: &str| {
+        path == dir || path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/') || dir.ends_with('/'))
+    };
+    let mut paths: Vec<&String> = rec.kit_files.values().flat_map(|files| files.keys()).collect();
+    paths.sort();
+    paths.dedup();
+    paths.into_iter().filter(|p| !taken.iter().any(|t| under(p, t))).map(|p| format!("{p}:{p}:ro")).collect()
+}
+
 /// The container that runs the agent, as an ssh invocation into the VM.
 pub fn agent_invocation(
     podman: &Podman,
@@ -797,7 +822,7 @@ pub fn agent_invocation(
     if tty {
         line.push("-t".into());
     }
-    line.extend(["--name".into(), format!("ppp-agent-{}", rec.name)]);
+    line.extend(["--name".into(), agent_container(&rec.name)]);
     // Nothing in the container may change the VM's network (the kill
     // switch lives there) or send raw packets.
     for cap in ["NET_ADMIN", "NET_RAW"] {
@@ -807,7 +832,12 @@ pub fn agent_invocation(
     for g in guest_workspaces(rec) {
         line.extend(["-v".into(), format!("{g}:{g}")]);
     }
-    line.extend(["-v".into(), format!("{GUEST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro")]);
+    line.extend(["-v".into(), format!("{GUEST_CA_BUNDLE}:{CONTAINER_CA_BUNDLE}:ro")]);
+    let mut taken = guest_workspaces(rec);
+    taken.push(CONTAINER_CA_BUNDLE.to_owned());
+    for m in kit_mounts(rec, &taken) {
+        line.extend(["-v".into(), m]);
+    }
     for p in &rec.published {
         line.extend(["-p".into(), crate::cmd::ports::podman_publish(p)]);
     }
@@ -963,6 +993,26 @@ fn last_line(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kit_files_are_mounted_once_unless_already_visible_or_taken() {
+        let rec: Record = serde_json::from_value(serde_json::json!({
+            "name": "red", "agent": "opencode", "workspace": ["/home/me/app"], "status": "running",
+            "created_at": "2026-01-01T00:00:00Z", "cpus": 1, "memory": 2048, "port": 51820,
+            "inner_ip": "10.0.0.1", "machine_name": "ppp-red",
+            "kit_files": {
+                "a": {"/opt/t/bin/tool": "sha256:1", "/home/me/app/.toolrc": "sha256:2",
+                      "/etc/ssl/certs/ca-certificates.crt": "sha256:3"},
+                "b": {"/opt/t/bin/tool": "sha256:4", "/home/me/application/x": "sha256:5"},
+            },
+        }))
+        .unwrap();
+        let taken = ["/home/me/app".to_owned(), CONTAINER_CA_BUNDLE.to_owned()];
+        assert_eq!(
+            kit_mounts(&rec, &taken),
+            ["/home/me/application/x:/home/me/application/x:ro", "/opt/t/bin/tool:/opt/t/bin/tool:ro"]
+        );
+    }
 
     #[test]
     fn workspaces_are_mirrored_when_they_can_be() {

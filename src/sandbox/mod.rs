@@ -97,6 +97,17 @@ pub struct Record {
     /// (so re-adding a kit replaces its own variables only).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub kit_env: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    /// Files applied kits installed in the VM, by kit name: guest path to a
+    /// digest of mode and content. They are bind-mounted into the agent
+    /// container; a changed digest means the container must start again
+    /// (`install` replaces the file, and a bind mount keeps the old one).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kit_files: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    /// Bumped whenever a kit changes what the agent container is made
+    /// from. A `ppp run` session whose agent stops sees the new value and
+    /// starts the agent again with the new definition.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub agent_generation: u64,
     #[serde(default)]
     pub template_tag: Option<String>,
     pub machine_name: String,
@@ -106,6 +117,11 @@ pub struct Record {
     /// host repository has a remote `sandbox-<name>` pointing at it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone: Option<String>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Check a sandbox name: lowercase letters, digits and `-`, starting with a

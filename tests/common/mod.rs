@@ -63,6 +63,8 @@ impl World {
             inner_ip: ppp::sandbox::inner_ip(port),
             kit_refs: Vec::new(),
             kit_env: std::collections::BTreeMap::new(),
+            kit_files: std::collections::BTreeMap::new(),
+            agent_generation: 0,
             template_tag: None,
             machine_name: ppp::sandbox::machine_name(name),
             published: Vec::new(),
