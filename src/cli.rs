@@ -8,9 +8,10 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
-use crate::policy::{Preset, Source, Verdict};
+use crate::error::{Failure, fail};
+use crate::policy::{Preset, Rule, Source, Verdict};
 
 /// Run AI coding agents in isolated microVM sandboxes.
 ///
@@ -573,6 +574,62 @@ impl SourceFilter {
     }
 }
 
+/// The rules `policy rm --source` removes. Unlike [`SourceFilter`] it
+/// names one kit too, and it refuses `org`: removing nothing on purpose is
+/// a mistake worth saying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSelector {
+    /// Every rule with this source (`local`, `kit`, `preset`).
+    Source(Source),
+    /// The rules one kit added: its name, without `kit:`.
+    Kit(String),
+}
+
+impl SourceSelector {
+    /// The accepted forms, for error messages.
+    const FORMS: &str = "`local`, `preset`, `kit` or `kit:NAME`";
+
+    /// Parse a `--source` value. Errors are usage errors (exit code 2).
+    pub fn parse(value: &str) -> Result<Self, Failure> {
+        match value {
+            "local" => Ok(Self::Source(Source::Local)),
+            "kit" => Ok(Self::Source(Source::Kit)),
+            "preset" => Ok(Self::Source(Source::Preset)),
+            "org" => Err(fail("cannot remove rules by source `org`: ppp has no org policy source")
+                .hint(format!("`ppp policy ls --source org` accepts it only for compatibility; use {}", Self::FORMS))
+                .code(2)),
+            _ => match value.strip_prefix("kit:") {
+                Some(name) => match crate::kit::manifest::check_name(name) {
+                    Ok(()) => Ok(Self::Kit(name.to_owned())),
+                    Err(why) => Err(fail(format!("invalid source `{value}`: the kit name {why}"))
+                        .hint("kit names are slugs such as `kit:my-tools`")
+                        .code(2)),
+                },
+                None => Err(fail(format!("invalid source `{value}`: expected {}", Self::FORMS)).code(2)),
+            },
+        }
+    }
+
+    /// Whether `rule` is one this selector removes.
+    pub fn matches(&self, rule: &Rule) -> bool {
+        match self {
+            Self::Source(s) => rule.source == *s,
+            Self::Kit(name) => {
+                rule.source == Source::Kit && rule.kit.as_deref().and_then(|k| k.strip_prefix("kit:")) == Some(name)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SourceSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Source(s) => f.write_str(s.as_str()),
+            Self::Kit(name) => write!(f, "kit:{name}"),
+        }
+    }
+}
+
 /// `ppp policy …`.
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
@@ -667,7 +724,11 @@ pub enum PolicyCommand {
         #[arg(short, long)]
         force: bool,
     },
-    /// Remove rules by id or by resource
+    /// Remove rules by id, resource or source
+    #[command(
+        group(ArgGroup::new("rules").args(["id", "resource", "source"]).required(true).multiple(false)),
+        after_help = "SOURCE is `local`, `preset`, `kit` (rules any kit added) or `kit:NAME` (the rules kit NAME added)"
+    )]
     Rm {
         /// Rule kind
         #[arg(value_enum)]
@@ -676,11 +737,14 @@ pub enum PolicyCommand {
         #[arg(long, value_name = "SANDBOX")]
         sandbox: Option<String>,
         /// The rule id, or a unique prefix of it
-        #[arg(long, value_name = "ID", required_unless_present = "resource", conflicts_with = "resource")]
+        #[arg(long, value_name = "ID")]
         id: Option<String>,
         /// Remove every rule with this resource
         #[arg(long, value_name = "RESOURCE")]
         resource: Option<String>,
+        /// Remove every rule from this source
+        #[arg(long, value_name = "SOURCE")]
+        source: Option<String>,
     },
 }
 
@@ -938,6 +1002,75 @@ mod tests {
         let Command::Policy(PolicyCommand::Log { quiet, .. }) = cli.command else { panic!() };
         assert!(quiet);
         assert!(!Cli::try_parse_from(["ppp", "ls"]).unwrap().quiet);
+    }
+
+    #[test]
+    fn source_selector_parses_sources_and_kits() {
+        assert_eq!(SourceSelector::parse("local").unwrap(), SourceSelector::Source(Source::Local));
+        assert_eq!(SourceSelector::parse("preset").unwrap(), SourceSelector::Source(Source::Preset));
+        assert_eq!(SourceSelector::parse("kit").unwrap(), SourceSelector::Source(Source::Kit));
+        assert_eq!(SourceSelector::parse("kit:tools").unwrap(), SourceSelector::Kit("tools".into()));
+        assert_eq!(SourceSelector::parse("kit:a-1").unwrap(), SourceSelector::Kit("a-1".into()));
+        for v in ["local", "preset", "kit", "kit:tools"] {
+            assert_eq!(SourceSelector::parse(v).unwrap().to_string(), v);
+        }
+    }
+
+    #[test]
+    fn source_selector_refuses_org_and_unknown_values_with_exit_code_2() {
+        let render = |v: &str| crate::error::render(&SourceSelector::parse(v).unwrap_err().into());
+        let (text, code) = render("org");
+        assert_eq!(code, 2);
+        assert!(text.contains("source `org`") && text.contains("hint: ") && text.contains("no org policy"), "{text}");
+        for bad in ["bogus", "", "Local", "KIT", "kit:", "kit:Tools", "kit:-x", "kit:a_b", "kit:a:b", "kits:x"] {
+            let (text, code) = render(bad);
+            assert_eq!(code, 2, "{bad}: {text}");
+            assert!(text.starts_with(&format!("error: invalid source `{bad}`")), "{bad}: {text}");
+        }
+        let (text, _) = render("bogus");
+        assert!(text.contains("`local`, `preset`, `kit` or `kit:NAME`"), "{text}");
+        let (text, _) = render("kit:Tools");
+        assert!(text.contains("lowercase"), "the kit slug rule says why: {text}");
+        assert!(SourceSelector::parse(&format!("kit:{}", "a".repeat(64))).is_err());
+    }
+
+    #[test]
+    fn source_selector_matches_by_source_and_kit() {
+        let kit_rule = |kit: Option<&str>| {
+            let mut r = Rule::new(Verdict::Allow, crate::policy::Resource::parse("x.example").unwrap(), Source::Kit);
+            r.kit = kit.map(str::to_owned);
+            r
+        };
+        let local = Rule::new(Verdict::Deny, crate::policy::Resource::parse("y.example").unwrap(), Source::Local);
+        let tools = SourceSelector::Kit("tools".into());
+        assert!(tools.matches(&kit_rule(Some("kit:tools"))));
+        assert!(!tools.matches(&kit_rule(Some("kit:other"))));
+        assert!(!tools.matches(&kit_rule(Some("tools"))), "the file says `kit:NAME`");
+        assert!(!tools.matches(&kit_rule(None)));
+        assert!(!tools.matches(&local));
+        let any_kit = SourceSelector::Source(Source::Kit);
+        assert!(any_kit.matches(&kit_rule(Some("kit:other"))) && any_kit.matches(&kit_rule(None)));
+        assert!(!any_kit.matches(&local));
+        assert!(SourceSelector::Source(Source::Local).matches(&local));
+    }
+
+    #[test]
+    fn policy_rm_needs_exactly_one_selector() {
+        let rm = |extra: &[&str]| {
+            let mut argv = vec!["ppp", "policy", "rm", "network"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+        };
+        let Command::Policy(PolicyCommand::Rm { source, .. }) = rm(&["--source", "kit:tools"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(source.as_deref(), Some("kit:tools"));
+        rm(&["--id", "3f2a"]).unwrap();
+        rm(&["--resource", "x.example", "--sandbox", "red"]).unwrap();
+        for bad in [&[][..], &["--id", "x", "--source", "kit"], &["--resource", "x", "--id", "y"]] {
+            let e = rm(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
     }
 
     #[test]

@@ -348,3 +348,94 @@ fn mutations_ask_a_running_daemon_to_reload() {
     ok(&mut w.ppp(["policy", "allow", "network", "x.example"]));
     assert_eq!(server.join().unwrap(), ["{\"op\":\"reload\"}\n", "{\"op\":\"reload\"}\n"]);
 }
+
+#[test]
+fn rm_by_source_removes_one_kits_rules_then_all_kits() {
+    let w = World::new();
+    let t1 = "11111111-1111-4111-8111-111111111111";
+    let t2 = "22222222-2222-4222-8222-222222222222";
+    let other = "33333333-3333-4333-8333-333333333333";
+    let local = "44444444-4444-4444-8444-444444444444";
+    let rule = |id: &str, decision: &str, resource: &str, source: &str, kit: Option<&str>| {
+        let kit = kit.map_or_else(String::new, |k| format!("  kit: {k}\n"));
+        format!(
+            "- id: {id}\n  decision: {decision}\n  type: network\n  resource: {resource}\n  \
+             created_at: 2026-01-02T03:04:05Z\n  source: {source}\n{kit}"
+        )
+    };
+    let text = format!(
+        "rules:\n{}{}{}{}",
+        rule(t1, "allow", "pypi.org", "kit", Some("kit:tools")),
+        rule(local, "deny", "evil.example", "local", None),
+        rule(other, "allow", "crates.io", "kit", Some("kit:other")),
+        rule(t2, "deny", "files.pythonhosted.org", "kit", Some("kit:tools")),
+    );
+    let path = w.data().join("sandboxes/red/policy.yaml");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, text).unwrap();
+    let ids = |f: &Value| -> Vec<String> {
+        f["rules"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&yaml(&path)), [t1, local, other, t2], "the hand-written file parses");
+
+    let rm = |source: &str| w.ppp(["policy", "rm", "network", "--sandbox", "red", "--source", source]);
+    assert_eq!(ok(&mut rm("kit:tools")), format!("{t1}\n{t2}\n"), "exactly kit:tools' rules");
+    let f = yaml(&path);
+    assert_eq!(ids(&f), [local, other]);
+    assert_eq!(
+        (f["rules"][1]["kit"].as_str(), f["rules"][1]["resource"].as_str()),
+        (Some("kit:other"), Some("crates.io"))
+    );
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "red", "--source", "kit", "--json"]))).unwrap();
+    let listed: Vec<&str> = v["rules"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, [other]);
+
+    let (code, out, err) = output(&mut rm("kit:tools"));
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(err.contains("error: no rule with source `kit:tools` in the policy of sandbox `red`"), "{err}");
+    assert!(err.contains("hint: list rules with `ppp policy ls`"), "{err}");
+    assert_eq!(ids(&yaml(&path)), [local, other], "a failed rm changes nothing");
+
+    assert_eq!(ok(&mut rm("kit")), format!("{other}\n"), "`kit` removes every kit's rules");
+    assert_eq!(ids(&yaml(&path)), [local]);
+
+    let (code, _, err) = output(&mut rm("org"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("source `org`") && err.contains("hint: ") && err.contains("no org policy source"), "{err}");
+    let (code, _, err) = output(&mut rm("bogus"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("invalid source `bogus`") && err.contains("`kit:NAME`"), "{err}");
+    let (code, _, err) = output(&mut rm("kit:Bad_Name"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("invalid source `kit:Bad_Name`"), "{err}");
+    let (code, _, err) =
+        output(&mut w.ppp(["policy", "rm", "network", "--sandbox", "red", "--id", local, "--source", "kit"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "clap refuses two selectors: {err}");
+    let (code, _, err) = output(&mut w.ppp(["policy", "rm", "network", "--sandbox", "red"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--id <ID>|--resource <RESOURCE>|--source <SOURCE>"), "clap names all three: {err}");
+    assert_eq!(ids(&yaml(&path)), [local], "refused commands change nothing");
+
+    assert_eq!(ok(&mut rm("local")), format!("{local}\n"));
+    assert!(yaml(&path)["rules"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn rm_by_source_in_the_global_policy() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "balanced"]));
+    let a = ok(&mut w.ppp(["policy", "allow", "network", "a.example,b.example"]));
+    let (code, _, err) = output(&mut w.ppp(["policy", "rm", "network", "--source", "kit"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no rule with source `kit` in the global policy"), "{err}");
+    assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--source", "local"])), a);
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--json"]))).unwrap();
+    let rules = v["rules"].as_array().unwrap();
+    assert!(!rules.is_empty() && rules.iter().all(|r| r["source"] == "preset"), "{v}");
+    let n = rules.len();
+    let out = ok(&mut w.ppp(["policy", "rm", "network", "--source", "preset"]));
+    assert_eq!(out.lines().count(), n, "{out}");
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--json"]))).unwrap();
+    assert!(v["rules"].as_array().unwrap().is_empty(), "{v}");
+}

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Ctx;
-use crate::cli::{FlowTypeFilter, PolicyAddArgs, PolicyCommand, RuleTypeFilter, SourceFilter};
+use crate::cli::{FlowTypeFilter, PolicyAddArgs, PolicyCommand, RuleTypeFilter, SourceFilter, SourceSelector};
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{
@@ -39,8 +39,8 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
             log(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind)
         }
         PolicyCommand::Reset { force } => reset(dirs, *force),
-        PolicyCommand::Rm { sandbox, id, resource, .. } => {
-            rm(dirs, sandbox.as_deref(), id.as_deref(), resource.as_deref())
+        PolicyCommand::Rm { sandbox, id, resource, source, .. } => {
+            rm(dirs, sandbox.as_deref(), id.as_deref(), resource.as_deref(), source.as_deref())
         }
     }
 }
@@ -553,25 +553,58 @@ fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn rm(dirs: &Dirs, sandbox_name: Option<&str>, id: Option<&str>, resource: Option<&str>) -> Result<ExitCode> {
+/// Which rules `policy rm` removes: clap lets exactly one selector through.
+enum Doomed<'a> {
+    Id(&'a str),
+    Resource(&'a str, Vec<Resource>),
+    Source(SourceSelector),
+}
+
+impl Doomed<'_> {
+    /// The ids of the rules in `rules` this selects.
+    fn ids(&self, rules: &[Rule]) -> Result<Vec<uuid::Uuid>> {
+        Ok(match self {
+            Doomed::Id(id) => by_id_prefix(rules, |r| r.id.to_string(), id)?.map(|r| r.id).into_iter().collect(),
+            Doomed::Resource(_, res) => rules.iter().filter(|r| res.contains(&r.resource)).map(|r| r.id).collect(),
+            Doomed::Source(sel) => rules.iter().filter(|r| sel.matches(r)).map(|r| r.id).collect(),
+        })
+    }
+
+    /// "id `3f2a`", for "no rule with … in …".
+    fn describe(&self) -> String {
+        match self {
+            Doomed::Id(id) => format!("id `{id}`"),
+            Doomed::Resource(r, _) => format!("resource `{r}`"),
+            Doomed::Source(sel) => format!("source `{sel}`"),
+        }
+    }
+}
+
+fn rm(
+    dirs: &Dirs,
+    sandbox_name: Option<&str>,
+    id: Option<&str>,
+    resource: Option<&str>,
+    source: Option<&str>,
+) -> Result<ExitCode> {
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
-    let wanted = resource.map(parse_resources).transpose()?;
+    let doomed = match (id, resource, source) {
+        (Some(id), _, _) => Doomed::Id(id),
+        (None, Some(r), _) => Doomed::Resource(r, parse_resources(r)?),
+        (None, None, Some(s)) => Doomed::Source(SourceSelector::parse(s)?),
+        (None, None, None) => unreachable!("clap requires one of --id, --resource and --source"),
+    };
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let place = sandbox_name.map_or_else(|| "the global policy".to_owned(), |s| format!("the policy of sandbox `{s}`"));
     let select = |rules: &mut Vec<Rule>| -> Result<Vec<Rule>> {
-        let doomed: Vec<uuid::Uuid> = match (&wanted, id) {
-            (Some(res), _) => rules.iter().filter(|r| res.contains(&r.resource)).map(|r| r.id).collect(),
-            (None, Some(id)) => by_id_prefix(rules, |r| r.id.to_string(), id)?.map(|r| r.id).into_iter().collect(),
-            (None, None) => unreachable!("clap requires --id or --resource"),
-        };
-        if doomed.is_empty() {
-            let what =
-                resource.map_or_else(|| format!("id `{}`", id.unwrap_or_default()), |r| format!("resource `{r}`"));
+        let doomed_ids = doomed.ids(rules)?;
+        if doomed_ids.is_empty() {
+            let what = doomed.describe();
             return Err(fail(format!("no rule with {what} in {place}")).hint("list rules with `ppp policy ls`").into());
         }
-        let (gone, kept) = std::mem::take(rules).into_iter().partition(|r| doomed.contains(&r.id));
+        let (gone, kept) = std::mem::take(rules).into_iter().partition(|r| doomed_ids.contains(&r.id));
         *rules = kept;
         Ok(gone)
     };

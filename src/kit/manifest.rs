@@ -316,8 +316,9 @@ pub fn check(
 }
 
 /// A slug: lowercase letters, digits and `-`, starting and ending with a
-/// letter or digit.
-fn check_name(name: &str) -> Result<(), &'static str> {
+/// letter or digit. `Err` says why, to follow the name. Also checks the
+/// NAME of `ppp policy rm --source kit:NAME`.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err("must be 1 to 63 characters");
     }
