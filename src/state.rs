@@ -131,6 +131,18 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     Ok(())
 }
 
+/// Move a file another program wrote (`qemu-img`, `tar`) to `dst`
+/// durably: fsync its data, rename it over `dst`, fsync the directory. A
+/// crash leaves either the old `dst` or the whole new file, never a
+/// truncated one that an index already lists.
+pub fn persist_file(staged: &Path, dst: &Path) -> Result<()> {
+    File::open(staged).and_then(|f| f.sync_all()).with_context(|| format!("could not sync `{}`", staged.display()))?;
+    std::fs::rename(staged, dst)
+        .with_context(|| format!("could not move `{}` to `{}`", staged.display(), dst.display()))?;
+    let dir = dst.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("could not sync directory `{}`", dir.display()))
+}
+
 /// [`write_atomic_mode`] with mode 0600: state files are private by default.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic_mode(path, bytes, 0o600)

@@ -136,32 +136,31 @@ pub fn resolve(dirs: &Dirs, value: &str) -> Result<(PathBuf, Option<Template>)> 
     }
 }
 
-/// The disk image path in `podman machine inspect NAME` output.
-/// Podman 4 put it at `Image.ImagePath.Path`; podman 5 and 6 leave it out
-/// of inspect altogether, so a top-level `ImagePath.Path` is read too.
-pub fn parse_image_path(inspect_json: &str) -> Option<PathBuf> {
-    let v: serde_json::Value = serde_json::from_str(inspect_json.trim()).ok()?;
-    let first = if v.is_array() { v.get(0)? } else { &v };
-    ["/ImagePath/Path", "/Image/ImagePath/Path"]
-        .iter()
-        .find_map(|p| first.pointer(p).and_then(serde_json::Value::as_str))
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
+/// Where a machine's disk is. `podman machine inspect` (podman 5 and 6)
+/// does not report it, but names the provider's `ConfigDir`, which holds
+/// the machine config `<Name>.json` (podman's `MachineConfig`) whose
+/// `ImagePath.Path` is the disk. The error says which step failed.
+pub fn image_path_from_config(inspect_json: &str) -> Result<PathBuf, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(inspect_json.trim()).map_err(|e| format!("its output is not JSON: {e}"))?;
+    let first = if v.is_array() { v.get(0).unwrap_or(&serde_json::Value::Null) } else { &v };
+    let dir = first.pointer("/ConfigDir/Path").and_then(serde_json::Value::as_str);
+    let name = first.get("Name").and_then(serde_json::Value::as_str);
+    let (Some(dir), Some(name)) = (dir, name) else {
+        return Err("it names no `ConfigDir.Path` and `Name`".into());
+    };
+    if name.contains('/') || name.starts_with('.') {
+        return Err(format!("it names the machine `{name}`, which is not a file name"));
+    }
+    let path = Path::new(dir).join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("`{}` cannot be read: {e}", path.display()))?;
+    config_image_path(&text).ok_or_else(|| format!("`{}` has no `ImagePath.Path`", path.display()))
 }
 
-/// Where podman 5 and 6 keep the machine's disk, whose `inspect` does not
-/// report it: the machine config `<ConfigDir.Path>/<Name>.json` that
-/// inspect points at holds `ImagePath.Path` (podman's `MachineConfig`).
-pub fn image_path_from_config(inspect_json: &str) -> Option<PathBuf> {
-    let v: serde_json::Value = serde_json::from_str(inspect_json.trim()).ok()?;
-    let first = if v.is_array() { v.get(0)? } else { &v };
-    let dir = first.pointer("/ConfigDir/Path")?.as_str()?;
-    let name = first.get("Name")?.as_str()?;
-    if name.contains('/') {
-        return None;
-    }
-    let text = std::fs::read_to_string(Path::new(dir).join(format!("{name}.json"))).ok()?;
-    parse_image_path(&text)
+/// `ImagePath.Path` of a podman machine config.
+fn config_image_path(config_json: &str) -> Option<PathBuf> {
+    let v: serde_json::Value = serde_json::from_str(config_json.trim()).ok()?;
+    v.pointer("/ImagePath/Path").and_then(serde_json::Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from)
 }
 
 /// `qemu-img convert -c -O qcow2 SRC DST`: a compressed copy of the disk.
@@ -169,9 +168,40 @@ pub fn convert(src: &Path, dst: &Path) -> Invocation {
     Invocation::new(qemu_img()).args(["convert", "-c", "-O", "qcow2"]).arg(src).arg(dst).timeout(DISK_TIMEOUT)
 }
 
-/// `qemu-img check FILE`: the disk is a sound qcow2.
+/// `qemu-img check -f qcow2 FILE`: the disk is a sound qcow2. The format
+/// is given, not probed, and [`info`] has ruled out a backing file first
+/// (check would open it).
 pub fn check(file: &Path) -> Invocation {
-    Invocation::new(qemu_img()).arg("check").arg(file).timeout(DISK_TIMEOUT)
+    Invocation::new(qemu_img()).args(["check", "-f", "qcow2"]).arg(file).timeout(DISK_TIMEOUT)
+}
+
+/// `qemu-img info --output=json FILE`, which does not open backing files.
+pub fn info(file: &Path) -> Invocation {
+    Invocation::new(qemu_img()).args(["info", "--output=json"]).arg(file).timeout(DISK_TIMEOUT)
+}
+
+/// Why `qemu-img info` output is not a disk ppp may hand to a VM, if it is
+/// not: it must be a qcow2 standing alone. A backing file or data file
+/// names a host path the VM would then read (an imported template could
+/// point it at `~/.ssh`).
+pub fn unsafe_disk(info_json: &str) -> Option<String> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(info_json) else {
+        return Some("`qemu-img info` printed no JSON".into());
+    };
+    match v.get("format").and_then(serde_json::Value::as_str) {
+        Some("qcow2") => {}
+        Some(other) => return Some(format!("the disk is {other}, not qcow2")),
+        None => return Some("`qemu-img info` names no format".into()),
+    }
+    for key in ["backing-filename", "full-backing-filename"] {
+        if let Some(b) = v.get(key).and_then(serde_json::Value::as_str) {
+            return Some(format!("the disk has a backing file `{b}`"));
+        }
+    }
+    if let Some(d) = v.pointer("/format-specific/data/data-file").and_then(serde_json::Value::as_str) {
+        return Some(format!("the disk has an external data file `{d}`"));
+    }
+    None
 }
 
 fn qemu_img() -> PathBuf {
@@ -238,13 +268,14 @@ pub fn register(dirs: &Dirs, staged: &Path, t: &Template) -> Result<Option<Templ
     let _lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut index = Index::load(dirs)?;
     let dst = t.disk(dirs);
-    fs_err::rename(staged, &dst)?;
+    // The id is the content's digest: a disk already at `dst` is this one,
+    // listed under some tag, and must outlive a failed index write.
+    let existed = dst.is_file();
+    state::persist_file(staged, &dst)?;
     let old = index.templates.iter().position(|o| o.tag == t.tag).map(|i| index.templates.remove(i));
     index.templates.push(t.clone());
     if let Err(e) = index.save_locked(dirs) {
-        // The disk is not listed: take it away again, unless another tag
-        // already shares it.
-        if !index.templates.iter().any(|o| o.id == t.id && o.tag != t.tag) {
+        if !existed {
             let _ = std::fs::remove_file(&dst);
         }
         return Err(e);
@@ -338,17 +369,31 @@ mod tests {
     }
 
     #[test]
-    fn image_path_from_inspect() {
+    fn only_a_standalone_qcow2_is_a_safe_disk() {
+        // Trimmed `qemu-img info --output=json` of qemu-img 7.2.
+        let plain = r#"{"format": "qcow2", "filename": "a.qcow2",
+            "format-specific": {"type": "qcow2", "data": {"compat": "1.1", "corrupt": false}}}"#;
+        assert_eq!(unsafe_disk(plain), None);
+        let backed = r#"{"format": "qcow2", "backing-filename-format": "raw",
+            "full-backing-filename": "/home/u/.ssh/id_ed25519", "backing-filename": "/home/u/.ssh/id_ed25519"}"#;
+        assert_eq!(unsafe_disk(backed).unwrap(), "the disk has a backing file `/home/u/.ssh/id_ed25519`");
+        let data = r#"{"format": "qcow2",
+            "format-specific": {"type": "qcow2", "data": {"data-file": "/etc/shadow", "data-file-raw": false}}}"#;
+        assert_eq!(unsafe_disk(data).unwrap(), "the disk has an external data file `/etc/shadow`");
+        assert_eq!(unsafe_disk(r#"{"format": "raw"}"#).unwrap(), "the disk is raw, not qcow2");
+        assert!(unsafe_disk("{}").is_some());
+        assert!(unsafe_disk("qemu-img: error").is_some());
+    }
+
+    #[test]
+    fn image_path_of_a_machine_config() {
         assert_eq!(
-            parse_image_path(r#"[{"Name":"m","ImagePath":{"Path":"/d/disk.qcow2"}}]"#),
+            config_image_path(r#"{"Name":"m","ImagePath":{"Path":"/d/disk.qcow2","Symlink":""}}"#),
             Some(PathBuf::from("/d/disk.qcow2"))
         );
-        assert_eq!(
-            parse_image_path(r#"[{"Image":{"ImagePath":{"Path":"/old.qcow2"}}}]"#),
-            Some(PathBuf::from("/old.qcow2"))
-        );
-        assert_eq!(parse_image_path(r#"[{"Name":"m","ConfigDir":{"Path":"/c"}}]"#), None);
-        assert_eq!(parse_image_path("not json"), None);
+        assert_eq!(config_image_path(r#"{"Name":"m","ImagePath":{"Path":""}}"#), None);
+        assert_eq!(config_image_path(r#"{"Name":"m"}"#), None);
+        assert_eq!(config_image_path("not json"), None);
     }
 
     #[test]
@@ -357,9 +402,14 @@ mod tests {
         std::fs::write(dir.path().join("m.json"), r#"{"Name":"m","ImagePath":{"Path":"/disks/m-amd64.qcow2"}}"#)
             .unwrap();
         let inspect = format!(r#"[{{"Name":"m","ConfigDir":{{"Path":"{}"}}}}]"#, dir.path().display());
-        assert_eq!(image_path_from_config(&inspect), Some(PathBuf::from("/disks/m-amd64.qcow2")));
+        assert_eq!(image_path_from_config(&inspect), Ok(PathBuf::from("/disks/m-amd64.qcow2")));
         let missing = format!(r#"[{{"Name":"x","ConfigDir":{{"Path":"{}"}}}}]"#, dir.path().display());
-        assert_eq!(image_path_from_config(&missing), None);
+        assert!(image_path_from_config(&missing).unwrap_err().contains("x.json` cannot be read"));
+        let escape = format!(r#"[{{"Name":"../m","ConfigDir":{{"Path":"{}/sub"}}}}]"#, dir.path().display());
+        assert!(image_path_from_config(&escape).unwrap_err().contains("not a file name"));
+        assert_eq!(image_path_from_config(r#"[{"Name":"m"}]"#).unwrap_err(), "it names no `ConfigDir.Path` and `Name`");
+        std::fs::write(dir.path().join("m.json"), r#"{"Name":"m"}"#).unwrap();
+        assert!(image_path_from_config(&inspect).unwrap_err().ends_with("m.json` has no `ImagePath.Path`"));
     }
 
     #[test]

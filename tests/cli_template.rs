@@ -241,6 +241,75 @@ fn damaged_files_are_refused_and_register_nothing() {
     refused(&t, &extra, "is not a ppp template");
 }
 
+/// Tars that pass the checksum but would make ppp or the VM read a host
+/// file: a disk with a backing file or an external data file, a disk that
+/// is not qcow2, and members that are links. Each is refused and nothing is
+/// registered.
+#[test]
+fn hostile_templates_are_refused_and_register_nothing() {
+    use sha2::Digest as _;
+    let t = T::new();
+    let file = t.w.path().join("good.tar");
+    ok(&mut t.ppp(&["template", "save", "red", "base", "-o", file.to_str().unwrap()]));
+    let good = t.w.path().join("good");
+    std::fs::create_dir_all(&good).unwrap();
+    assert!(Command::new("tar").arg("-xf").arg(&file).arg("-C").arg(&good).status().unwrap().success());
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(good.join("template.json")).unwrap()).unwrap();
+    let secret = t.w.path().join("host-secret");
+    std::fs::write(&secret, "not for the VM\n").unwrap();
+
+    // A tar of `disk` (made by `make` in a fresh directory) with metadata
+    // that matches it, so only the new checks can refuse it.
+    let tar_of = |name: &str, make: &dyn Fn(&Path)| -> PathBuf {
+        let work = t.w.path().join(format!("work-{name}"));
+        std::fs::create_dir_all(&work).unwrap();
+        let disk = work.join("disk.qcow2");
+        make(&disk);
+        let bytes = std::fs::read(&disk).unwrap();
+        let mut m = meta.clone();
+        m["sha256"] = format!("{:x}", sha2::Sha256::digest(&bytes)).into();
+        m["size"] = bytes.len().into();
+        std::fs::write(work.join("template.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let out = t.w.path().join(format!("{name}.tar"));
+        let st = Command::new("tar")
+            .arg("-cf")
+            .arg(&out)
+            .arg("-C")
+            .arg(&work)
+            .args(["template.json", "disk.qcow2"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        out
+    };
+    let qemu_img = |args: &[&str]| {
+        let st = Command::new("qemu-img").args(args).status().unwrap();
+        assert!(st.success(), "qemu-img {args:?}");
+    };
+    let backed = tar_of("backed", &|d| {
+        qemu_img(&["create", "-q", "-f", "qcow2", "-b", secret.to_str().unwrap(), "-F", "raw", d.to_str().unwrap()]);
+    });
+    refused(&t, &backed, &format!("the disk has a backing file `{}`", secret.display()));
+    let data = t.w.path().join("data.raw");
+    let external = tar_of("external", &|d| {
+        let opt = format!("data_file={}", data.display());
+        qemu_img(&["create", "-q", "-f", "qcow2", "-o", &opt, d.to_str().unwrap(), "1M"]);
+    });
+    refused(&t, &external, "the disk has an external data file");
+    let raw = tar_of("raw", &|d| std::fs::write(d, vec![0u8; 65536]).unwrap());
+    refused(&t, &raw, "the disk is raw, not qcow2");
+
+    // A symlink to a real qcow2 (whose digest the metadata carries).
+    let linked = tar_of("linked", &|d| std::os::unix::fs::symlink(good.join("disk.qcow2"), d).unwrap());
+    refused(&t, &linked, "`disk.qcow2` is not a regular file");
+
+    // The untouched export still loads: the checks refuse only what they should.
+    let fresh = t.w.path().join("cache-good");
+    let mut c = t.ppp(&["template", "load", file.to_str().unwrap()]);
+    c.env("PPP_CACHE", &fresh);
+    ok(&mut c);
+}
+
 /// A tmpfs mounted for the life of the value; unmounted on drop.
 struct Tmpfs(PathBuf);
 
@@ -299,7 +368,10 @@ fn save_errors_name_what_to_do() {
     c.env("PPP_PODMAN", inspect);
     let (code, _, err) = output(&mut c);
     assert_ne!(code, 0);
-    assert!(err.contains("does not say where the machine's disk is"), "{err}");
+    assert!(
+        err.contains("error: could not find the disk of machine `ppp-red`: it names no `ConfigDir.Path` and `Name`"),
+        "{err}"
+    );
     assert!(err.contains("hint: "), "{err}");
     assert!(t.ls().is_empty());
 }

@@ -95,6 +95,16 @@ impl Fake {
         self.ok(&["machine", "ssh", name, "--", script])
     }
 
+    /// The disk of machine `name`, found as ppp finds it on podman 5: the
+    /// machine config `<name>.json` in the `ConfigDir` inspect names.
+    fn disk(&self, name: &str) -> String {
+        let inspect = self.json(&["machine", "inspect", name]);
+        let dir = inspect[0]["ConfigDir"]["Path"].as_str().unwrap();
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(Path::new(dir).join(format!("{name}.json"))).unwrap()).unwrap();
+        config["ImagePath"]["Path"].as_str().unwrap().to_owned()
+    }
+
     fn up(&self, name: &str) {
         self.ok(&["machine", "init", name]);
         self.ok(&["machine", "start", name]);
@@ -207,7 +217,8 @@ fn lifecycle_init_start_list_inspect_stop_rm_leaves_nothing() {
     assert_eq!(inspect[0]["State"], "stopped");
     assert_eq!(inspect[0]["Resources"]["Memory"], 1024);
     assert_eq!(inspect[0]["SSHConfig"]["RemoteUsername"], "core");
-    let disk = inspect[0]["ImagePath"]["Path"].as_str().unwrap().to_owned();
+    assert!(inspect[0].get("ImagePath").is_none(), "podman 5's inspect does not say where the disk is");
+    let disk = f.disk("m1");
     assert!(Path::new(&disk).is_file(), "qemu-img made the disk at {disk}");
     let info = f.json(&["machine", "info", "--format", "json"]);
     assert_eq!(info["Host"]["VMType"], "qemu");
@@ -247,6 +258,7 @@ fn lifecycle_init_start_list_inspect_stop_rm_leaves_nothing() {
     f.ok(&["machine", "rm", "-f", "m1"]);
     assert_eq!(f.json(&["machine", "list", "--format", "json"]), serde_json::json!([]));
     assert!(!f.root.join("machines/m1").exists(), "rm deletes the state dir");
+    assert!(!f.root.join("config/qemu/m1.json").exists(), "rm deletes the machine config");
     assert!(f.leftovers().is_empty(), "{:?}", f.leftovers());
     let out = f.podman(&["machine", "inspect", "m1"]);
     assert_eq!(out.status.code(), Some(125));
@@ -281,7 +293,7 @@ fn init_rejects_bad_values_and_existing_names_like_podman() {
     let image = f.topo.path().join("custom.qcow2");
     netns::run_ok(&["qemu-img", "create", "-q", "-f", "qcow2", image.to_str().unwrap(), "1M"]);
     f.ok(&["machine", "init", "custom", "--image", image.to_str().unwrap()]);
-    let disk = f.json(&["machine", "inspect", "custom"])[0]["ImagePath"]["Path"].as_str().unwrap().to_owned();
+    let disk = f.disk("custom");
     assert_eq!(std::fs::read(disk).unwrap(), std::fs::read(&image).unwrap());
     // Without -f, rm asks; "n" keeps the machine.
     let out = f.podman_stdin(&["machine", "rm", "m1"], "n\n");

@@ -55,12 +55,13 @@ fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force
         lifecycle::stop(dirs, &podman, name, ctx.ui())?;
     }
     let inspect = exec::run(&podman.inspect(&rec.machine_name))?;
-    let src = template::parse_image_path(&inspect.stdout)
-        .or_else(|| template::image_path_from_config(&inspect.stdout))
-        .ok_or_else(|| {
-            fail(format!("`podman machine inspect {}` does not say where the machine's disk is", rec.machine_name))
-                .hint("neither inspect's `ImagePath` nor the machine config under its `ConfigDir` names the disk")
-        })?;
+    let src = template::image_path_from_config(&inspect.stdout).map_err(|why| {
+        fail(format!("could not find the disk of machine `{}`: {why}", rec.machine_name)).hint(format!(
+            "ppp reads `ImagePath` from the machine config `<ConfigDir>/<name>.json` that `podman machine inspect {}` \
+             points at (podman 5 and later)",
+            rec.machine_name
+        ))
+    })?;
     let src_size = fs_err::metadata(&src)
         .map(|m| m.len())
         .with_context(|| fail(format!("the disk of machine `{}` cannot be read", rec.machine_name)))?;
@@ -113,7 +114,7 @@ fn export(dirs: &Dirs, ctx: &Ctx, t: &Template, out: &Path) -> Result<()> {
     let tmp = parent.join(format!(".{}.{}.tmp", file.to_string_lossy(), uuid::Uuid::new_v4().simple()));
     let packed = exec::run(&template::pack(&tmp, dir.path(), &[template::META, template::DISK]))
         .map_err(anyhow::Error::new)
-        .and_then(|_| fs_err::rename(&tmp, out).map_err(anyhow::Error::new));
+        .and_then(|_| crate::state::persist_file(&tmp, out));
     if let Err(e) = packed {
         let _ = std::fs::remove_file(&tmp);
         return Err(e.context(fail(format!("could not export template `{}` to `{}`", t.tag, out.display()))));
@@ -146,6 +147,14 @@ fn load(dirs: &Dirs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
                 .hint(format!("check the free space in `{}`", dirs.templates().display())),
         )
     })?;
+    // Both must be plain files with one name: a symlink or hard link would
+    // make the checksum and the import read some other file.
+    for member in [template::META, template::DISK] {
+        let m = fs_err::symlink_metadata(dir.path().join(member))?;
+        if !m.file_type().is_file() || std::os::unix::fs::MetadataExt::nlink(&m) != 1 {
+            return Err(not_template(format!("`{member}` is not a regular file")));
+        }
+    }
     let meta_path = dir.path().join(template::META);
     let meta: Template = serde_json::from_slice(&fs_err::read(&meta_path)?)
         .map_err(|e| not_template(format!("`{}`: {e}", template::META)))?;
@@ -163,6 +172,10 @@ fn load(dirs: &Dirs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
         ))
         .hint("the file is damaged or was changed; export it again with `ppp template save -o`")
         .into());
+    }
+    let info = exec::run(&template::info(&disk)).map_err(|e| not_template(e.to_string()))?;
+    if let Some(why) = template::unsafe_disk(&info.stdout) {
+        return Err(not_template(why));
     }
     exec::run(&template::check(&disk)).map_err(|e| not_template(e.to_string()))?;
     let t = Template { id: template::id_of(&sha256), sha256, size, ..meta };
