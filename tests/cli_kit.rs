@@ -79,9 +79,14 @@ fn unknown_field_names_file_line_and_column() {
     assert!(err.contains("kit.yaml` line 10, column 3: spec: unknown field `envv`"), "{err}");
 }
 
+/// Every malicious kit is refused with an error saying why, by `validate`,
+/// `pack` and `kit add`, and `kit add` changes nothing: the record, the
+/// policy, the VM and podman are untouched.
 #[test]
 fn malicious_kits_are_refused() {
-    let w = World::new();
+    let w = sandbox_world();
+    let record = w.data().join("sandboxes/red/sandbox.json");
+    let before = std::fs::read(&record).unwrap();
     let cases: Vec<(String, &str)> = vec![
         (GOOD.replace("path: /etc/tools/config.toml", "path: ../x"), "must be an absolute path"),
         (GOOD.replace("path: /etc/tools/config.toml", "path: /etc/../x"), "must not contain `..`"),
@@ -94,6 +99,7 @@ fn malicious_kits_are_refused() {
         (GOOD.replace("name: tools", "name: Tools!"), "metadata.name"),
         (GOOD.replace("version: 0.1.0", "version: one"), "metadata.version"),
         (GOOD.replace("apiVersion: ppp.kit/v1", "apiVersion: ppp.kit/v9"), "apiVersion"),
+        (GOOD.replace("      mode: 755", "      mode: 755\n      owner: root"), "unknown field `owner`"),
     ];
     for (i, (manifest, want)) in cases.iter().enumerate() {
         let dir = write_kit(&w.path().join(format!("k{i}")), manifest);
@@ -105,8 +111,60 @@ fn malicious_kits_are_refused() {
         let err = ppp_err(&w, &["kit", "pack", dir.to_str().unwrap(), "-o", "out.zip"]);
         assert!(err.contains(want), "case {i}: {err}");
         assert!(!w.path().join("out.zip").exists());
+        let (code, _, err) = add(&w, &dir);
+        assert_ne!(code, 0, "case {i}");
+        assert!(err.contains(want), "case {i}: {err}");
+        assert_unchanged(&w, &before);
     }
-    assert_eq!(std::fs::read_dir(w.data()).unwrap().count(), 0, "nothing written");
+
+    // Archives whose entries would escape, or are links: refused the same way.
+    let good_kit = write_kit(&w.path().join("good"), GOOD);
+    for (i, (entry, want)) in [
+        ("../evil", "entry `../evil` is not a plain relative path"),
+        ("/etc/evil", "entry `/etc/evil` is not a plain relative path"),
+        ("bin/tool@symlink", "entry `bin/tool` is a symlink"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let zip = w.path().join(format!("evil{i}.zip"));
+        let st = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys, zipfile\n\
+                 z = zipfile.ZipFile(sys.argv[1], 'w')\n\
+                 z.write(sys.argv[2] + '/kit.yaml', 'kit.yaml')\n\
+                 name = sys.argv[3]\n\
+                 if name.endswith('@symlink'):\n\
+                 \x20   i = zipfile.ZipInfo(name[:-8]); i.external_attr = (0o120777 << 16); z.writestr(i, '/etc/passwd')\n\
+                 else:\n\
+                 \x20   z.writestr(zipfile.ZipInfo(name), 'x')\n\
+                 z.close()\n",
+            ])
+            .arg(&zip)
+            .arg(&good_kit)
+            .arg(entry)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let err = ppp_err(&w, &["kit", "validate", zip.to_str().unwrap()]);
+        assert!(err.contains(want), "zip {i}: want `{want}` in {err}");
+        let (code, _, err) = add(&w, &zip);
+        assert_ne!(code, 0);
+        assert!(err.contains(want), "zip {i}: {err}");
+        assert_unchanged(&w, &before);
+    }
+}
+
+/// Nothing a refused `kit add` could have touched has changed: the record
+/// is byte-identical, there is no policy file, nothing reached the VM, and
+/// podman was never asked to do anything in it.
+fn assert_unchanged(w: &World, record_before: &[u8]) {
+    assert_eq!(std::fs::read(w.data().join("sandboxes/red/sandbox.json")).unwrap(), record_before);
+    assert!(!w.data().join("sandboxes/red/policy.yaml").exists());
+    assert_eq!(std::fs::read_dir(w.path().join("guest")).unwrap().count(), 0, "nothing reached the VM");
+    let calls = std::fs::read_to_string(w.path().join("calls.log")).unwrap_or_default();
+    assert!(!calls.contains("ssh") && !calls.contains(" cp "), "podman touched the VM: {calls}");
 }
 
 #[test]
@@ -251,6 +309,9 @@ fn kit_add_applies_rules_env_files_and_startup_idempotently() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(before_policy, std::fs::read(w.data().join("sandboxes/red/policy.yaml")).unwrap());
     assert_eq!(before_rec, std::fs::read(w.data().join("sandboxes/red/sandbox.json")).unwrap());
+    // Startup commands run every time (docs/kits.md: write them to be safe
+    // to repeat); this one appends a line.
+    assert_eq!(std::fs::read_to_string(guest.join("var/tmp/tools-ran")).unwrap(), "ran\nran\n");
 
     // A new version with fewer rules replaces the kit's rules, keeps others.
     ppp_ok(&w, &["policy", "allow", "network", "mine.example.com", "--sandbox", "red"]);
@@ -286,4 +347,28 @@ fn create_with_a_bad_kit_creates_nothing() {
     assert!(err.contains("must stay inside the kit directory"), "{err}");
     let calls = std::fs::read_to_string(w.path().join("calls.log")).unwrap_or_default();
     assert!(!calls.contains("machine init"), "{calls}");
+}
+
+/// A startup command that fails leaves the kit recorded but not finished;
+/// the error says so and how to finish, and adding it again does.
+#[test]
+fn a_failing_startup_command_says_how_to_finish() {
+    let w = sandbox_world();
+    // `$G` is where this fake's "VM" keeps its files.
+    let failing =
+        GOOD.replace("[\"touch\", \"/var/tmp/tools-ran\"]", "[\"sh\", \"-c\", \"test -e \\\"$G/opt/ready\\\"\"]");
+    let kit = write_kit(&w.path().join("k"), &failing);
+    let (code, _, err) = add(&w, &kit);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.starts_with("error: kit `tools` is only partly applied to sandbox `red`"), "{err}");
+    assert!(err.contains("caused by: kit `tools` startup command 1 failed"), "{err}");
+    assert!(err.contains(&format!("`ppp kit add red {}` finishes it", kit.display())), "{err}");
+    let policy = std::fs::read_to_string(w.data().join("sandboxes/red/policy.yaml")).unwrap();
+    assert_eq!(policy.matches("kit: kit:tools").count(), 3, "the rules are recorded: {policy}");
+
+    // The cause fixed (the file the command tests for exists): it finishes.
+    std::fs::create_dir_all(w.path().join("guest/opt/ready")).unwrap();
+    let (code, _, err) = add(&w, &kit);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(w.data().join("sandboxes/red/policy.yaml")).unwrap(), policy);
 }

@@ -361,10 +361,10 @@ fn ctrl_c_stops_the_agent_and_keeps_the_vm() {
     assert_eq!(env.ok(&["exec", "red", "--", "echo", "still here"]), "still here\n");
 }
 
-/// A kit applied to a running sandbox on the fake podman: its rule joins
-/// the sandbox's policy as a kit rule, its file lands in the VM with its
-/// mode, its startup command runs in the VM, and its environment reaches
-/// the agent container. Applying it again changes nothing. A new version
+/// Kits given to `create`, then a kit applied to a running sandbox on the
+/// fake podman: its rule joins the sandbox's policy as a kit rule, its file
+/// lands in the VM with its mode, its startup command runs in the VM, and
+/// its environment reaches the agent container. Applying it again changes nothing. A new version
 /// applied while the agent runs makes the agent start again with it.
 #[test]
 fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
@@ -381,7 +381,24 @@ fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
     )
     .unwrap();
     std::fs::write(kit.join("bin/tool"), "#!/bin/sh\necho tool ran\n").unwrap();
-    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    // Two more kits, given to `create` (`--kit` is repeatable): they apply
+    // before the agent first starts.
+    let early = env.root().join("early-kit");
+    let net = env.root().join("net-kit");
+    for (dir, spec) in [(&early, "env:\n    EARLY: from-create\n"), (&net, "network:\n    allow: [\"early.test\"]\n")] {
+        std::fs::create_dir_all(dir).unwrap();
+        let name = dir.file_name().unwrap().to_str().unwrap().trim_end_matches("-kit");
+        let yaml =
+            format!("apiVersion: ppp.kit/v1\nkind: Kit\nmetadata:\n  name: {name}\n  version: 1.0.0\nspec:\n  {spec}");
+        std::fs::write(dir.join("kit.yaml"), yaml).unwrap();
+    }
+    let (early_ref, net_ref) = (early.display().to_string(), net.display().to_string());
+    env.ok(&["create", "--name", "red", "--kit", &early_ref, "--kit", &net_ref, "opencode", &env.ws()]);
+    let rules = env.ok(&["policy", "ls", "red", "--source", "kit", "--json"]);
+    assert!(rules.contains("early.test") && rules.contains("kit:net"), "{rules}");
+    let record: Value = serde_json::from_slice(&std::fs::read(env.dirs().sandbox_record("red")).unwrap()).unwrap();
+    assert_eq!(record["kit_env"]["early"]["EARLY"], "from-create", "{record}");
+    assert_eq!(record["kit_refs"], serde_json::json!([early_ref, net_ref]));
     let kit_ref = kit.display().to_string();
     env.ok(&["kit", "add", "red", &kit_ref]);
 
@@ -410,7 +427,7 @@ fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
     // `ppp run` session carries on with it.
     let log = env.root().join("ws/agent.log");
     let script = format!(
-        "echo \"$TOOLS_HOME ${{EXTRA:-none}} $(cat /home/core/.config/tools/extra.conf 2>/dev/null || echo absent)\" \
+        "echo \"$EARLY $TOOLS_HOME ${{EXTRA:-none}} $(cat /home/core/.config/tools/extra.conf 2>/dev/null || echo absent)\" \
          >> {}; if [ -n \"$EXTRA\" ]; then exit 5; fi; exec sleep 120",
         log.display()
     );
@@ -436,7 +453,7 @@ fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(5), "the session ends with the restarted agent's code: {err}");
-    assert_eq!(lines(), "/opt/tools none absent\n/opt/tools yes forty-two\n", "{err}");
+    assert_eq!(lines(), "from-create /opt/tools none absent\nfrom-create /opt/tools yes forty-two\n", "{err}");
     assert!(err.contains("a kit changed sandbox `red`; starting the agent again"), "{err}");
     let calls = env.calls()[calls_before..].join("\n");
     for want in [

@@ -205,6 +205,38 @@ fn tampered_blob_fails_the_pull_and_writes_nothing() {
     assert!(leftovers.is_empty(), "no temp file is left: {leftovers:?}");
 }
 
+/// A registry is not trusted with ppp's memory: a manifest that declares
+/// a layer larger than any kit is refused before downloading, and a blob
+/// larger than its manifest declares stops the download there.
+#[test]
+fn oversized_layers_are_refused() {
+    let reg = Registry::start(false);
+    let w = World::new();
+    let dir = kit_dir(&w);
+    ok(&mut ppp(&w, &["kit", "push", dir.to_str().unwrap(), &format!("{}/kits/mykit:1", reg.addr)]));
+    let manifest: serde_json::Value = serde_json::from_str(&http_get(&reg.addr, "/v2/kits/mykit/manifests/1")).unwrap();
+    let max = ppp::kit::manifest::MAX_ARCHIVE_BYTES;
+    for (tag, size, want) in [
+        ("huge", max + 1, format!("is {} bytes, more than a kit may be ({max} bytes)", max + 1)),
+        ("short", 10, "the registry sent more than the 10 bytes the manifest declares".to_owned()),
+    ] {
+        let mut m = manifest.clone();
+        m["layers"][0]["size"] = size.into();
+        let url = format!("http://{}/v2/kits/mykit/manifests/{tag}", reg.addr);
+        let put = Command::new("curl")
+            .args(["-sS", "-f", "-X", "PUT", "-H", "Content-Type: application/vnd.oci.image.manifest.v1+json"])
+            .args(["--data-binary", &m.to_string(), &url])
+            .output()
+            .unwrap();
+        assert!(put.status.success(), "the registry takes the manifest: {}", String::from_utf8_lossy(&put.stderr));
+        let reference = format!("{}/kits/mykit:{tag}", reg.addr);
+        let (code, out, err) = output(&mut ppp(&w, &["kit", "pull", &reference, "-o", "big.zip"]));
+        assert_ne!(code, 0, "{out}{err}");
+        assert!(err.contains(&want), "{tag}: {err}");
+        assert!(!w.path().join("big.zip").exists(), "nothing is written");
+    }
+}
+
 #[test]
 fn missing_tag_names_the_reference() {
     let reg = Registry::start(false);

@@ -68,20 +68,32 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
         .hint(format!("start it with `ppp run --name {} {} …`, then add the kit again", rec.name, rec.agent))
         .into());
     }
+    // Rules first: a startup command may need the network the kit allows.
     let (rec, agent_changed) = record(dirs, &rec.name, loaded)?;
-    let _ = crate::proxy::notify_reload(dirs);
-    install_files(dirs, podman, &rec, loaded)?;
-    for (i, s) in kit.manifest.spec.startup.iter().enumerate() {
-        crate::sandbox::lifecycle::run_logged(
-            dirs,
-            &rec.name,
-            &podman.ssh(&rec.machine_name, &s.command).timeout(std::time::Duration::from_secs(10 * 60)),
-            &format!("kit `{}` startup command {}", kit.name(), i + 1),
-        )?;
-    }
-    if running && agent_changed {
-        restart_agent(dirs, podman, &rec)?;
-    }
+    crate::proxy::reload_or_warn(dirs);
+    let in_vm = || -> Result<()> {
+        install_files(dirs, podman, &rec, loaded)?;
+        for (i, s) in kit.manifest.spec.startup.iter().enumerate() {
+            crate::sandbox::lifecycle::run_logged(
+                dirs,
+                &rec.name,
+                &podman.ssh(&rec.machine_name, &s.command).timeout(std::time::Duration::from_secs(10 * 60)),
+                &format!("kit `{}` startup command {}", kit.name(), i + 1),
+            )?;
+        }
+        if running && agent_changed {
+            restart_agent(dirs, podman, &rec)?;
+        }
+        Ok(())
+    };
+    // Applying converges, so the way out of a half-applied kit is to apply
+    // it again once the cause is fixed; say so rather than undo.
+    in_vm().map_err(|e| {
+        e.context(fail(format!("kit `{}` is only partly applied to sandbox `{}`", kit.name(), rec.name)).hint(format!(
+            "its rules and variables are recorded; once the cause is fixed, `ppp kit add {} {}` finishes it",
+            rec.name, loaded.reference
+        )))
+    })?;
     Ok(rec)
 }
 

@@ -29,6 +29,10 @@ pub const MAX_MANIFEST_BYTES: u64 = 256 * 1024;
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// Largest sum of the files a kit installs.
 pub const MAX_TOTAL_BYTES: u64 = 8 * 1024 * 1024;
+/// Largest kit archive (a zip from `ppp kit pack`, a file or an OCI
+/// layer): the manifest and every file at their limits, plus 1 MiB for the
+/// zip's own headers.
+pub const MAX_ARCHIVE_BYTES: u64 = MAX_MANIFEST_BYTES + MAX_TOTAL_BYTES + 1024 * 1024;
 /// Most files a kit installs.
 pub const MAX_FILES: usize = 256;
 /// Most startup commands.

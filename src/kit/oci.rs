@@ -213,10 +213,23 @@ pub fn pull(target: &Target, credentials: Option<&Value>) -> Result<Pulled> {
             .into());
     };
     let layer = kit_layer(&manifest).with_context(context)?;
-    let mut zip = Vec::new();
+    // A registry is not trusted with ppp's memory: the declared size must
+    // be a kit's, and the download stops once it sends more than declared.
+    let max = super::manifest::MAX_ARCHIVE_BYTES;
+    let declared = u64::try_from(layer.size).unwrap_or(u64::MAX);
+    if declared > max {
+        return Err(fail(format!(
+            "the kit layer of `{}` is {declared} bytes, more than a kit may be ({max} bytes)",
+            target.as_str()
+        ))
+        .hint("nothing was downloaded; kits are pushed with `ppp kit push`, which stays within the limits")
+        .into());
+    }
+    let mut zip = Bounded { bytes: Vec::new(), limit: declared };
     rt.block_on(client.pull_blob(&target.reference, &layer, &mut zip))
         .map_err(|e| explain(e, target, credentials.is_some()))
         .with_context(context)?;
+    let zip = zip.bytes;
     // oci-client already compares as it streams; check again here so the
     // guarantee does not rest on a dependency's internals.
     let actual = digest(&zip);
@@ -224,6 +237,44 @@ pub fn pull(target: &Target, credentials: Option<&Value>) -> Result<Pulled> {
         return Err(anyhow::Error::from(digest_mismatch(&layer.digest, &actual)).context(context()));
     }
     Ok(Pulled { zip, layer_digest: actual })
+}
+
+/// A buffer that refuses to grow past `limit` bytes: the write fails, so
+/// the download stops there.
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: u64,
+}
+
+impl tokio::io::AsyncWrite for Bounded {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if (self.bytes.len() + buf.len()) as u64 > self.limit {
+            let limit = self.limit;
+            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                "the registry sent more than the {limit} bytes the manifest declares"
+            ))));
+        }
+        self.bytes.extend_from_slice(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 fn digest_mismatch(expected: &str, actual: &str) -> crate::error::Failure {

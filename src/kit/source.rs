@@ -92,7 +92,7 @@ fn load_oci(reference: &str) -> Result<Kit> {
 }
 
 pub fn load_zip(file: &Path) -> Result<Kit> {
-    let bytes = manifest::read_bounded(file, MAX_TOTAL_BYTES + MAX_MANIFEST_BYTES + 1024 * 1024, "kit archive")?;
+    let bytes = manifest::read_bounded(file, manifest::MAX_ARCHIVE_BYTES, "kit archive")?;
     load_zip_bytes(file, &bytes)
 }
 
