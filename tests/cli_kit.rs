@@ -79,6 +79,30 @@ fn unknown_field_names_file_line_and_column() {
     assert!(err.contains("kit.yaml` line 10, column 3: spec: unknown field `envv`"), "{err}");
 }
 
+/// A bad value is an error naming the file, the line and column of the
+/// value, and its field.
+#[test]
+fn field_errors_name_file_line_and_field() {
+    let w = World::new();
+    for (i, (from, to, want)) in [
+        ("name: tools", "name: Tools!", "line 4, column 9: metadata.name: `Tools!` may contain only"),
+        ("[\"evil.example.com\"]", "[\"https://x/y\"]", "line 9, column 12: spec.network.deny[0]: "),
+        ("TOOLS_HOME", "1BAD", "line 11, column 5: spec.env: `1BAD` is not a valid variable name"),
+        ("path: /etc/tools/config.toml", "path: ../x", "line 15, column 13: spec.files[0].path: `../x` must be"),
+        ("      mode: 755", "      mode: 4755", "line 20, column 13: spec.files[1].mode: `4755` is not a file mode"),
+        ("source: bin/tool", "source: ../bin", "line 19, column 15: spec.files[1].source: `../bin` must stay"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(GOOD.contains(from), "{from}");
+        let dir = write_kit(&w.path().join(format!("f{i}")), &GOOD.replace(from, to));
+        let err = ppp_err(&w, &["kit", "validate", dir.to_str().unwrap()]);
+        let file = dir.join("kit.yaml");
+        assert!(err.starts_with(&format!("error: `{}` {want}", file.display())), "case {i}: want `{want}` in {err}");
+    }
+}
+
 /// Every malicious kit is refused with an error saying why, by `validate`,
 /// `pack` and `kit add`, and `kit add` changes nothing: the record, the
 /// policy, the VM and podman are untouched.
@@ -174,6 +198,8 @@ fn pack_is_deterministic_and_round_trips() {
     let out = ppp_ok(&w, &["kit", "pack", kit.to_str().unwrap()]);
     assert!(out.contains("tools-0.1.0.zip"), "{out}");
     let first = std::fs::read(w.path().join("tools-0.1.0.zip")).unwrap();
+    let mode = std::fs::metadata(w.path().join("tools-0.1.0.zip")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "a kit to share is readable, like a pulled one");
     // Newer mtimes on the inputs change nothing.
     std::thread::sleep(std::time::Duration::from_millis(1100));
     std::fs::write(kit.join("bin/tool"), "#!/bin/sh\necho tool\n").unwrap();

@@ -43,12 +43,9 @@ pub fn run(cmd: &KitCommand, ctx: &Ctx) -> Result<ExitCode> {
             let k = kit::manifest::load_dir(directory)?;
             let bytes = kit::pack::pack(&k)?;
             let out = output.clone().unwrap_or_else(|| kit::pack::default_file_name(&k).into());
-            // Not state: a plain file the user asked for, replaced whole.
-            let tmp = tempfile::NamedTempFile::new_in(
-                out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(".".as_ref()),
-            )?;
-            std::fs::write(tmp.path(), &bytes)?;
-            tmp.persist(&out).map_err(|e| fail(format!("could not write `{}`: {}", out.display(), e.error)))?;
+            // Not state: a file to share, written whole and readable like
+            // the one `kit pull` writes.
+            kit::oci::write_file(&out, &bytes)?;
             if !ctx.quiet {
                 crate::output::println(&format!("packed kit `{}` {} into `{}`", k.name(), k.version(), out.display()))?;
             }

@@ -3,7 +3,10 @@
 //!
 //! Decoding denies unknown fields, so a typo is an error naming the file,
 //! line and column (through [`crate::state::parse_yaml`]) instead of a
-//! silently ignored setting. Network entries go through the same parser as
+//! silently ignored setting. Every value is checked while it is decoded
+//! (the `checked` module), so a bad one is reported at its own line and
+//! field too; [`check`] keeps what needs the whole kit (counts, duplicates,
+//! reading `source` files). Network entries go through the same parser as
 //! `ppp policy`. Every size is bounded, because a kit may come from anyone:
 //! the limits keep a hostile kit from filling the disk or the VM, and
 //! `source` paths are resolved on disk and must stay inside the kit.
@@ -50,7 +53,9 @@ pub const MAX_NAME_LEN: usize = 63;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Manifest {
+    #[serde(deserialize_with = "checked::api_version")]
     pub api_version: String,
+    #[serde(deserialize_with = "checked::kind")]
     pub kind: String,
     pub metadata: Metadata,
     #[serde(default)]
@@ -61,7 +66,9 @@ pub struct Manifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
+    #[serde(deserialize_with = "checked::name")]
     pub name: String,
+    #[serde(deserialize_with = "checked::version")]
     pub version: String,
 }
 
@@ -73,7 +80,7 @@ pub struct Spec {
     pub secrets: Vec<SecretSpec>,
     #[serde(default)]
     pub network: Network,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked::env")]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub startup: Vec<Startup>,
@@ -85,6 +92,7 @@ pub struct Spec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SecretSpec {
+    #[serde(deserialize_with = "checked::service")]
     pub service: String,
 }
 
@@ -92,9 +100,9 @@ pub struct SecretSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Network {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked::resources")]
     pub allow: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked::resources")]
     pub deny: Vec<String>,
 }
 
@@ -102,12 +110,13 @@ pub struct Network {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Startup {
+    #[serde(deserialize_with = "checked::argv")]
     pub command: Vec<String>,
 }
 
-/// One file to install in the VM.
+/// One file to install in the VM: exactly one of `content` and `source`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawFileSpec")]
 pub struct FileSpec {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,6 +126,31 @@ pub struct FileSpec {
     /// Octal, as a string (`"0644"`) or digits (`644`); default 0644.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+}
+
+/// [`FileSpec`] as decoded, before the check that needs both fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFileSpec {
+    #[serde(deserialize_with = "checked::guest_path")]
+    path: String,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default, deserialize_with = "checked::source_path")]
+    source: Option<String>,
+    #[serde(default, deserialize_with = "checked::mode")]
+    mode: Option<Mode>,
+}
+
+impl TryFrom<RawFileSpec> for FileSpec {
+    type Error = String;
+
+    fn try_from(r: RawFileSpec) -> Result<FileSpec, String> {
+        if r.content.is_some() == r.source.is_some() {
+            return Err(format!("file `{}` needs exactly one of `content` and `source`", r.path));
+        }
+        Ok(FileSpec { path: r.path, content: r.content, source: r.source, mode: r.mode })
+    }
 }
 
 /// A file mode as written: `mode: "0755"` or `mode: 755`. Both are read
@@ -230,82 +264,48 @@ pub fn check(
     let bad = |why: String| -> anyhow::Error {
         fail(format!("invalid kit `{}`: {why}", path.display())).hint("docs/kits.md lists every field and limit").into()
     };
-    if manifest.api_version != API_VERSION {
-        return Err(bad(format!("apiVersion is `{}`; this ppp reads `{API_VERSION}`", manifest.api_version)));
-    }
-    if manifest.kind != KIND {
-        return Err(bad(format!("kind is `{}`, not `{KIND}`", manifest.kind)));
-    }
-    let meta = &manifest.metadata;
-    check_name(&meta.name).map_err(|why| bad(format!("metadata.name `{}` {why}", meta.name)))?;
-    check_version(&meta.version).map_err(|why| bad(format!("metadata.version `{}` {why}", meta.version)))?;
     let spec = &manifest.spec;
     if spec.secrets.len() > MAX_SECRETS {
-        return Err(bad(format!("more than {MAX_SECRETS} secrets")));
-    }
-    for s in &spec.secrets {
-        if s.service.is_empty() || !s.service.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-            return Err(bad(format!("secret service `{}` is not a service name", s.service.escape_debug())));
-        }
+        return Err(bad(format!("spec.secrets: more than {MAX_SECRETS} secrets")));
     }
     if spec.network.allow.len() + spec.network.deny.len() > MAX_RULES {
-        return Err(bad(format!("more than {MAX_RULES} network entries")));
+        return Err(bad(format!("spec.network: more than {MAX_RULES} entries")));
     }
+    // Every entry parsed while decoding; parsed again here into rules.
     let mut rules = Vec::new();
     for (verdict, list) in [(Verdict::Allow, &spec.network.allow), (Verdict::Deny, &spec.network.deny)] {
         for entry in list {
-            let r = Resource::parse(entry).map_err(|e| {
-                let hint = e.hint().map(|h| format!(" ({h})")).unwrap_or_default();
-                bad(format!("network.{verdict} entry `{}`: {}{hint}", entry.escape_debug(), e.message()))
-            })?;
+            let r = Resource::parse(entry).map_err(|e| bad(format!("network.{verdict} entry: {}", e.message())))?;
             if !rules.iter().any(|(v, x)| *v == verdict && *x == r) {
                 rules.push((verdict, r));
             }
         }
     }
     if spec.env.len() > MAX_ENV {
-        return Err(bad(format!("more than {MAX_ENV} environment variables")));
-    }
-    for (k, v) in &spec.env {
-        if !is_env_name(k) {
-            return Err(bad(format!("env name `{}` is not a valid variable name", k.escape_debug())));
-        }
-        if v.contains('\0') || v.len() > 64 * 1024 {
-            return Err(bad(format!("env `{k}` has a NUL byte or is longer than 64 KiB")));
-        }
+        return Err(bad(format!("spec.env: more than {MAX_ENV} variables")));
     }
     if spec.startup.len() > MAX_STARTUP {
-        return Err(bad(format!("more than {MAX_STARTUP} startup commands")));
-    }
-    for (i, s) in spec.startup.iter().enumerate() {
-        if s.command.is_empty() || s.command[0].is_empty() {
-            return Err(bad(format!("startup command {} is empty", i + 1)));
-        }
-        if s.command.iter().any(|a| a.contains('\0')) {
-            return Err(bad(format!("startup command {} has a NUL byte", i + 1)));
-        }
+        return Err(bad(format!("spec.startup: more than {MAX_STARTUP} commands")));
     }
     if spec.files.len() > MAX_FILES {
-        return Err(bad(format!("more than {MAX_FILES} files")));
+        return Err(bad(format!("spec.files: more than {MAX_FILES} files")));
     }
     let mut files: Vec<File> = Vec::new();
     let mut total = 0u64;
     for f in &spec.files {
-        check_guest_path(&f.path).map_err(|why| bad(format!("file path `{}` {why}", f.path.escape_debug())))?;
         if files.iter().any(|x| x.path == f.path) {
-            return Err(bad(format!("file path `{}` is listed twice", f.path)));
+            return Err(bad(format!("spec.files: path `{}` is listed twice", f.path)));
         }
         let mode = match &f.mode {
             None => 0o644,
             Some(m) => parse_mode(m).ok_or_else(|| bad(format!("file `{}` has an invalid mode", f.path)))?,
         };
+        // Decoding made sure there is exactly one, and that `source` is a
+        // relative path inside the kit.
         let (bytes, source) = match (&f.content, &f.source) {
-            (Some(c), None) => (c.clone().into_bytes(), None),
-            (None, Some(s)) => {
-                check_source_path(s).map_err(|why| bad(format!("file source `{}` {why}", s.escape_debug())))?;
-                (read(s)?, Some(s.clone()))
-            }
-            _ => return Err(bad(format!("file `{}` needs exactly one of `content` and `source`", f.path))),
+            (Some(c), _) => (c.clone().into_bytes(), None),
+            (None, Some(s)) => (read(s)?, Some(s.clone())),
+            (None, None) => return Err(bad(format!("file `{}` needs `content` or `source`", f.path))),
         };
         if bytes.len() as u64 > MAX_FILE_BYTES {
             return Err(bad(format!("file `{}` is larger than the limit of {}", f.path, human(MAX_FILE_BYTES))));
@@ -422,6 +422,217 @@ fn parse_mode(m: &Mode) -> Option<u32> {
     let mode = u32::from_str_radix(&digits, 8).ok()?;
     // No setuid, setgid or sticky bits: a kit installs plain files.
     (mode <= 0o777).then_some(mode)
+}
+
+/// The per-field checks, run while decoding. Each runs inside the
+/// deserialize call of the value it checks, so `serde_norway` puts that
+/// value's line, column and field path (`spec.files[2].path`) on the
+/// error, and [`crate::state::parse_yaml`] names the file.
+mod checked {
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+    use super::{MAX_ENV, MAX_RULES, Mode, Resource};
+
+    type Check = fn(&str) -> Result<(), String>;
+
+    /// A string that must pass a check.
+    #[derive(Clone, Copy)]
+    struct Str(Check);
+
+    impl Visitor<'_> for Str {
+        type Value = String;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+            (self.0)(v).map_err(E::custom)?;
+            Ok(v.to_owned())
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Str {
+        type Value = String;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+
+    /// A list of strings, each checked, at most `max` of them.
+    struct Seq(Check, usize);
+
+    impl<'de> Visitor<'de> for Seq {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of strings")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = seq.next_element_seed(Str(self.0))? {
+                if out.len() == self.1 {
+                    return Err(de::Error::custom(format!("more than {} entries", self.1)));
+                }
+                out.push(s);
+            }
+            Ok(out)
+        }
+    }
+
+    pub(super) fn api_version<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Str(|v| {
+            if v == super::API_VERSION {
+                Ok(())
+            } else {
+                Err(format!("`{v}` is not `{}`, the only version this ppp reads", super::API_VERSION))
+            }
+        })
+        .deserialize(d)
+    }
+
+    pub(super) fn kind<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Str(|v| if v == super::KIND { Ok(()) } else { Err(format!("`{v}` is not `{}`", super::KIND)) }).deserialize(d)
+    }
+
+    pub(super) fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Str(|v| super::check_name(v).map_err(|why| format!("`{}` {why}", v.escape_debug()))).deserialize(d)
+    }
+
+    pub(super) fn version<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Str(|v| super::check_version(v).map_err(|why| format!("`{}` {why}", v.escape_debug()))).deserialize(d)
+    }
+
+    pub(super) fn service<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Str(|v| {
+            if !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+                Ok(())
+            } else {
+                Err(format!("`{}` is not a service name (letters, digits, `-`, `_`, `.`)", v.escape_debug()))
+            }
+        })
+        .deserialize(d)
+    }
+
+    /// Network entries, parsed exactly as `ppp policy allow` parses them.
+    pub(super) fn resources<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        d.deserialize_seq(Seq(
+            |v| {
+                // The parser's message quotes the entry already.
+                Resource::parse(v).map(drop).map_err(|e| {
+                    let hint = e.hint().map(|h| format!(" ({h})")).unwrap_or_default();
+                    format!("{}{hint}", e.message())
+                })
+            },
+            MAX_RULES,
+        ))
+    }
+
+    pub(super) fn argv<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        let argv = d.deserialize_seq(Seq(
+            |v| if v.contains('\0') { Err("an argument has a NUL byte".into()) } else { Ok(()) },
+            4096,
+        ))?;
+        if argv.first().is_none_or(String::is_empty) {
+            return Err(de::Error::custom("the command is empty"));
+        }
+        Ok(argv)
+    }
+
+    pub(super) fn guest_path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Str(|v| super::check_guest_path(v).map_err(|why| format!("`{}` {why}", v.escape_debug()))).deserialize(d)
+    }
+
+    pub(super) fn source_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Str(|v| super::check_source_path(v).map_err(|why| format!("`{}` {why}", v.escape_debug())))
+            .deserialize(d)
+            .map(Some)
+    }
+
+    /// `mode: 755` or `mode: "0755"`: octal digits either way.
+    pub(super) fn mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Mode>, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Mode;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("octal digits such as 644 or \"0600\"")
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Mode, E> {
+                check(Mode::Number(n))
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Mode, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::custom(format!("`{n}` is not a file mode")))
+                    .and_then(|n| self.visit_u64(n))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Mode, E> {
+                check(Mode::Text(v.to_owned()))
+            }
+        }
+        fn check<E: de::Error>(m: Mode) -> Result<Mode, E> {
+            match super::parse_mode(&m) {
+                Some(_) => Ok(m),
+                None => Err(E::custom(format!(
+                    "`{}` is not a file mode: octal digits up to 0777 (no setuid, setgid or sticky bit)",
+                    match &m {
+                        Mode::Number(n) => n.to_string(),
+                        Mode::Text(t) => t.escape_debug().to_string(),
+                    }
+                ))),
+            }
+        }
+        d.deserialize_any(V).map(Some)
+    }
+
+    /// Variable names and values, each checked where it is written.
+    pub(super) fn env<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = BTreeMap<String, String>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of variable names to values")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = BTreeMap::new();
+                let name = Str(|k| {
+                    if super::is_env_name(k) {
+                        Ok(())
+                    } else {
+                        Err(format!("`{}` is not a valid variable name", k.escape_debug()))
+                    }
+                });
+                let value = Str(|v| {
+                    if v.contains('\0') || v.len() > 64 * 1024 {
+                        Err("the value has a NUL byte or is longer than 64 KiB".into())
+                    } else {
+                        Ok(())
+                    }
+                });
+                while let Some(k) = map.next_key_seed(name)? {
+                    let v = map.next_value_seed(value)?;
+                    if out.len() == MAX_ENV {
+                        return Err(de::Error::custom(format!("more than {MAX_ENV} variables")));
+                    }
+                    if out.insert(k.clone(), v).is_some() {
+                        return Err(de::Error::custom(format!("`{k}` is set twice")));
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[cfg(test)]
