@@ -98,6 +98,11 @@ impl Dirs {
     pub fn sandbox_machine_log(&self, name: &str) -> PathBuf {
         self.sandbox(name).join("machine.log")
     }
+    /// `$PPP_DATA/sandboxes/<name>/disk.lock`: held by `template save`
+    /// while it copies the machine's disk, so nothing starts the machine.
+    pub fn sandbox_disk_lock(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("disk.lock")
+    }
     /// `$PPP_DATA/port-registry.json`: WireGuard port to sandbox.
     pub fn port_registry(&self) -> PathBuf {
         self.data.join("port-registry.json")

@@ -398,3 +398,31 @@ fn saving_a_running_sandbox_without_a_terminal_needs_force() {
     let calls = std::fs::read_to_string(t.w.path().join("fake/calls.jsonl")).unwrap();
     assert!(!calls.contains("\"stop\""), "nothing stopped: {calls}");
 }
+
+/// While `template save` copies a disk (it holds the sandbox's disk lock),
+/// the machine cannot be started and the sandbox cannot be saved again.
+#[test]
+fn a_sandbox_being_saved_cannot_start_or_be_saved_again() {
+    let t = T::new();
+    let lease = ppp::state::Lock::acquire(&t.w.dirs().sandbox_disk_lock("red")).unwrap();
+    let ws = t.w.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    for args in
+        [vec!["run", "--name", "red", "opencode", ws.to_str().unwrap()], vec!["template", "save", "-f", "red", "again"]]
+    {
+        let (code, _, err) = output(&mut t.ppp(&args));
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: sandbox `red` is being saved as a template; its machine must not start meanwhile"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("hint: wait for `ppp template save` to finish"), "{err}");
+    }
+    let calls = std::fs::read_to_string(t.w.path().join("fake/calls.jsonl")).unwrap_or_default();
+    assert!(!calls.contains("\"start\""), "no machine was started: {calls}");
+    assert!(t.ls().is_empty());
+    // Released (as when a save ends or dies): saving works again.
+    drop(lease);
+    ok(&mut t.ppp(&["template", "save", "-f", "red", "again"]));
+    assert_eq!(t.ls().len(), 1);
+}

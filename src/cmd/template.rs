@@ -39,6 +39,9 @@ fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force
     template::validate_tag(tag)?;
     let rec = sandbox::load(dirs, name)?
         .ok_or_else(|| fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2))?;
+    // From before the stop until the copy is whole: nothing may start the
+    // machine (`ppp run --name` refuses meanwhile) or save it twice at once.
+    let _disk = lifecycle::disk_lease(dirs, name)?;
     let podman = Podman::detect()?;
     let running =
         lifecycle::machines(&podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));

@@ -877,6 +877,8 @@ pub fn custom_env(dirs: &Dirs, sandbox: &str) -> Vec<(String, String)> {
 /// the daemon serves it, provision again (idempotent) and verify.
 pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Record> {
     let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    // Held until the machine is up: a disk being copied must not change.
+    let _disk = disk_lease(dirs, name)?;
     let all = machines(podman)?;
     let machine = all.iter().find(|m| m.name == rec.machine_name).ok_or_else(|| {
         fail(format!("sandbox `{name}` has no machine `{}` any more", rec.machine_name))
@@ -892,6 +894,16 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
     provision(dirs, podman, &rec, &image, ui)?;
     verify(dirs, podman, &rec, ui)?;
     set_status(dirs, name, Status::Running)
+}
+
+/// The sandbox's disk lock, or an error when `ppp template save` holds it
+/// (a flock: a save that dies lets go of it).
+pub fn disk_lease(dirs: &Dirs, name: &str) -> Result<state::Lock> {
+    state::Lock::try_acquire(&dirs.sandbox_disk_lock(name))?.ok_or_else(|| {
+        fail(format!("sandbox `{name}` is being saved as a template; its machine must not start meanwhile"))
+            .hint("wait for `ppp template save` to finish, then try again")
+            .into()
+    })
 }
 
 /// Stop a sandbox's machine; its port stays its own.
