@@ -426,3 +426,32 @@ fn a_sandbox_being_saved_cannot_start_or_be_saved_again() {
     ok(&mut t.ppp(&["template", "save", "-f", "red", "again"]));
     assert_eq!(t.ls().len(), 1);
 }
+
+/// A template saved from another agent's sandbox is used, with a warning
+/// that the agent's image will be pulled after all. (Here the create then
+/// stops early: `machine list` says another machine runs.)
+#[test]
+fn a_template_from_another_agent_warns() {
+    let t = T::new();
+    ok(&mut t.ppp(&["template", "save", "red", "base"]));
+    let busy = t.w.fake(
+        "podman",
+        &format!(
+            "if [ \"$1 $2\" = 'machine list' ]; then echo '[{{\"Name\":\"other\",\"Running\":true}}]'; exit 0; fi\n\
+             exec {} \"$@\"",
+            fake_podman().display()
+        ),
+    );
+    let ws = t.w.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    for (agent, warned) in [("claude", true), ("opencode", false)] {
+        let mut c = t.ppp(&["create", "-t", "base", agent, ws.to_str().unwrap()]);
+        c.env("PPP_PODMAN", &busy);
+        let (code, _, err) = output(&mut c);
+        assert_ne!(code, 0, "{err}");
+        assert!(err.contains("stop the running one first"), "{err}");
+        let warning =
+            "warning: template `base` was saved from a sandbox running opencode, not claude; its image will be pulled";
+        assert_eq!(err.contains(warning), warned, "{agent}: {err}");
+    }
+}

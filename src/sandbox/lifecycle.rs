@@ -340,7 +340,18 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     // A saved template's disk, or (a tag ppp does not know) an image
     // reference passed to podman as it is. Resolved before anything is made.
     let image = match &req.template {
-        Some(t) => Some(crate::template::resolve(dirs, t)?.0),
+        Some(t) => {
+            let (disk, saved) = crate::template::resolve(dirs, t)?;
+            if let Some(from) = saved.as_ref().and_then(|s| s.agent.as_deref()).filter(|a| *a != req.agent.name) {
+                // It works (provisioning pulls what is missing), but the
+                // point of a template, an image already in place, is lost.
+                eprintln!(
+                    "warning: template `{t}` was saved from a sandbox running {from}, not {}; its image will be pulled",
+                    req.agent.name
+                );
+            }
+            Some(disk)
+        }
         None => None,
     };
     let all = machines(podman)?;
