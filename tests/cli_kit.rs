@@ -226,7 +226,7 @@ fn pack_is_deterministic_and_round_trips() {
 
 #[test]
 fn git_urls_are_cloned() {
-    let w = World::new();
+    let w = sandbox_world();
     let repo = write_kit(&w.path().join("repo"), GOOD);
     let git = |args: &[&str]| {
         let st = std::process::Command::new("git")
@@ -244,6 +244,21 @@ fn git_urls_are_cloned() {
     let url = format!("file://{}", repo.display());
     assert_eq!(ppp_ok(&w, &["kit", "validate", &url]), "kit `tools` 0.1.0 is valid\n");
     ppp_ok(&w, &["kit", "validate", &format!("git+{url}")]);
+
+    // `kit add` takes the same references: a git URL, then a packed zip of
+    // the same kit, which changes no rule and adds only its reference.
+    let (code, _, err) = output(w.ppp(["kit", "add", "red", &url]).env("FAKE_ROOT", w.path()));
+    assert_eq!(code, 0, "{err}");
+    let policy = std::fs::read(w.data().join("sandboxes/red/policy.yaml")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&policy).matches("kit: kit:tools").count(), 3);
+    ppp_ok(&w, &["kit", "pack", repo.to_str().unwrap(), "-o", "tools.zip"]);
+    let zip = w.path().join("tools.zip");
+    let (code, _, err) = add(&w, &zip);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(w.data().join("sandboxes/red/policy.yaml")).unwrap(), policy);
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.data().join("sandboxes/red/sandbox.json")).unwrap()).unwrap();
+    assert_eq!(rec["kit_refs"], serde_json::json!([url, zip.to_str().unwrap()]));
 }
 
 /// The recording fake podman and its guest wrappers.
