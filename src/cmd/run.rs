@@ -11,8 +11,8 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::RunArgs;
 use crate::podman::Podman;
+use crate::sandbox;
 use crate::sandbox::lifecycle::{self, Request};
-use crate::{agent, exec, sandbox};
 
 /// Run `ppp run`.
 pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -50,25 +50,7 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
         }
         None => lifecycle::create(dirs, &podman, &req, ui)?,
     };
-    let agent = agent::find(&rec.agent)?;
-    let image = agent.image(|k| std::env::var(k).ok());
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let mut rec = rec;
-    loop {
-        let env = lifecycle::custom_env(dirs, &rec.name);
-        let inv = lifecycle::agent_invocation(&podman, &rec, agent, &image, &env, &args.agent_args, tty);
-        let code = exec::run_attached(&inv)?;
-        // `ppp kit add` stops the agent after bumping the generation when
-        // the container must be made again (ADR 0015); any other end of
-        // the agent is the end of the session.
-        match sandbox::load(dirs, &rec.name)? {
-            Some(now) if now.agent_generation != rec.agent_generation => {
-                if !ctx.quiet {
-                    eprintln!("ppp: a kit changed sandbox `{}`; starting the agent again", rec.name);
-                }
-                rec = now;
-            }
-            _ => return Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))),
-        }
-    }
+    let code = lifecycle::run_agent(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet)?;
+    Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)))
 }

@@ -868,6 +868,37 @@ pub fn agent_invocation(
     podman.ssh(&rec.machine_name, &line).stdin(Stdin::Inherit)
 }
 
+/// Run the agent attached to this terminal until it ends for good. When a
+/// kit restarts it (`ppp kit add` bumps `agent_generation`, then stops the
+/// container; ADR 0015), it starts again from the new record, with the
+/// same arguments. Returns the agent's last exit code.
+pub fn run_agent(
+    dirs: &Dirs,
+    podman: &Podman,
+    rec: Record,
+    agent_args: &[String],
+    tty: bool,
+    quiet: bool,
+) -> Result<i32> {
+    let agent = agent::find(&rec.agent)?;
+    let image = agent.image(|k| std::env::var(k).ok());
+    let mut rec = rec;
+    loop {
+        let env = custom_env(dirs, &rec.name);
+        let code = exec::run_attached(&agent_invocation(podman, &rec, agent, &image, &env, agent_args, tty))?;
+        match super::load(dirs, &rec.name)? {
+            Some(now) if now.agent_generation != rec.agent_generation => {
+                if !quiet {
+                    eprintln!("ppp: a kit changed sandbox `{}`; starting the agent again", rec.name);
+                }
+                rec = now;
+            }
+            // Any other end of the agent is the end of the session.
+            _ => return Ok(code),
+        }
+    }
+}
+
 /// Placeholders for custom secrets that name a variable (`secret set
 /// --env`), for this sandbox and global.
 pub fn custom_env(dirs: &Dirs, sandbox: &str) -> Vec<(String, String)> {

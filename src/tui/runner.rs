@@ -22,8 +22,8 @@ use super::view;
 use crate::dirs::Dirs;
 use crate::exec::{self, Invocation, Stdin};
 use crate::podman::Podman;
+use crate::sandbox;
 use crate::sandbox::lifecycle::{self, Ui};
-use crate::{agent, sandbox};
 
 /// How often the data is read again when nothing asks sooner.
 pub(super) const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -145,38 +145,35 @@ enum Session {
 /// take the terminal back. The inner result is the outcome to show; the
 /// outer error means the terminal could not be taken back.
 fn session(term: &mut Terminal, dirs: &Dirs, name: &str, what: Session) -> Result<Result<String, String>> {
-    let inv = match prepare(dirs, name, what) {
-        Ok(inv) => inv,
+    let (podman, rec) = match prepare(dirs, name) {
+        Ok(p) => p,
         Err(e) => return Ok(Err(one_line(&e))),
     };
     term.suspend();
     let label = if what == Session::Shell { "shell" } else { "agent" };
     // Said on the normal screen so the user knows how to come back.
     println!("ppp: {label} in `{name}`; exit it to return to the dashboard");
-    let code = exec::run_attached(&inv);
+    let code = match what {
+        Session::Shell => exec::run_attached(
+            &Invocation::new(&podman.program).args(["machine", "ssh", &rec.machine_name]).stdin(Stdin::Inherit),
+        )
+        .map_err(anyhow::Error::new),
+        // As `ppp run --name` runs it, restarts for kits included.
+        Session::Agent => lifecycle::run_agent(dirs, &podman, rec, &[], true, false),
+    };
     term.resume()?;
     Ok(match code {
         Ok(code) => Ok(format!("{label} in `{name}` exited with status {code}")),
-        Err(e) => Err(format!("{label} in `{name}`: {e}")),
+        Err(e) => Err(format!("{label} in `{name}`: {}", one_line(&e))),
     })
 }
 
-/// The invocation for a shell (`podman machine ssh NAME`, no command) or
-/// the agent container, as `ppp run --name` starts it.
-fn prepare(dirs: &Dirs, name: &str, what: Session) -> Result<Invocation> {
+/// Podman and the sandbox's record, for a shell (`podman machine ssh NAME`,
+/// no command) or the agent container.
+fn prepare(dirs: &Dirs, name: &str) -> Result<(Podman, sandbox::Record)> {
     let podman = Podman::detect()?;
     let rec = sandbox::load(dirs, name)?.ok_or_else(|| crate::error::fail(format!("no sandbox named `{name}`")))?;
-    Ok(match what {
-        Session::Shell => {
-            Invocation::new(&podman.program).args(["machine", "ssh", &rec.machine_name]).stdin(Stdin::Inherit)
-        }
-        Session::Agent => {
-            let agent = agent::find(&rec.agent)?;
-            let image = agent.image(|k| std::env::var(k).ok());
-            let env = lifecycle::custom_env(dirs, &rec.name);
-            lifecycle::agent_invocation(&podman, &rec, agent, &image, &env, &[], true)
-        }
-    })
+    Ok((podman, rec))
 }
 
 /// An error as one status line: its chain and hint, joined.
