@@ -444,9 +444,20 @@ fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
         "apiVersion: ppp.kit/v1\nkind: Kit\nmetadata:\n  name: tools\n  version: 0.2.0\nspec:\n  \
          env:\n    TOOLS_HOME: /opt/tools\n    EXTRA: \"yes\"\n  files:\n    - path: /opt/tools/bin/tool\n      \
          source: bin/tool\n      mode: 755\n    - path: /home/core/.config/tools/extra.conf\n      \
-         content: \"forty-two\"\n",
+         content: \"forty-two\"\n  startup:\n    - command: [\"test\", \"-e\", \"/tmp/kit-ok\"]\n",
     )
     .unwrap();
+    // Its startup command fails first: the kit is recorded but not
+    // finished, so the agent keeps running as it was.
+    let out = env.run(&["kit", "add", "red", &kit_ref]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is only partly applied"), "{}", describe(&out));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "the agent was not restarted by a half-applied kit");
+    // Fixed, and added again: the record does not change this time, but the
+    // container's label is older than the record's generation, so the agent
+    // restarts now.
+    env.ok(&["exec", "red", "--", "touch", "/tmp/kit-ok"]);
     let calls_before = env.calls().len();
     env.ok(&["kit", "add", "red", &kit_ref]);
     let status = child.wait().unwrap();
@@ -458,7 +469,9 @@ fn a_kit_reaches_the_vm_the_policy_and_the_agent() {
     let calls = env.calls()[calls_before..].join("\n");
     for want in [
         "container exists ppp-agent-red",
+        "container inspect --format {{index .Config.Labels \"ppp.generation\"}} ppp-agent-red",
         "stop -t 10 ppp-agent-red",
+        "--label ppp.generation=",
         "-v /home/core/.config/tools/extra.conf:/home/core/.config/tools/extra.conf:ro",
         "-v /opt/tools/bin/tool:/opt/tools/bin/tool:ro",
     ] {

@@ -452,7 +452,12 @@ fn containers_run_unprivileged_and_egress_through_forward() {
     assert!(packets >= 1, "the container's SYN went through forward: {counted}");
 
     // Detached named containers: ps, exec, stop, rm.
-    f.ssh("m1", &format!("podman run -d --name bg {IMAGE} sleep 600"));
+    f.ssh("m1", &format!("podman run -d --name bg --label ppp.generation=3 {IMAGE} sleep 600"));
+    let label = |key: &str| {
+        f.ssh("m1", &format!("podman container inspect --format '{{{{index .Config.Labels \"{key}\"}}}}' bg"))
+    };
+    assert_eq!(label("ppp.generation"), "3\n");
+    assert_eq!(label("other"), "<no value>\n", "as Go prints a missing key");
     let ps: Value = serde_json::from_str(&f.ssh("m1", "podman ps --format json")).unwrap();
     assert_eq!((ps[0]["Names"][0].as_str(), ps[0]["State"].as_str()), (Some("bg"), Some("running")));
     assert_eq!(f.ssh("m1", "podman exec bg opencode x"), "stub opencode x\n");

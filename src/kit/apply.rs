@@ -12,9 +12,9 @@
 //!
 //! The agent container cannot simply be `podman restart`ed: that keeps its
 //! old variables and mounts. Instead the record's `agent_generation` is
-//! bumped and the container stopped; the `ppp run` session attached to it
-//! sees the new generation and starts the agent again from the new record
-//! (ADR 0015).
+//! bumped, and a container labelled with an older one is stopped; the
+//! `ppp run` session attached to it sees the new generation and starts the
+//! agent again from the new record (ADR 0015).
 
 use std::io::Write as _;
 
@@ -69,7 +69,7 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
         .into());
     }
     // Rules first: a startup command may need the network the kit allows.
-    let (rec, agent_changed) = record(dirs, &rec.name, loaded)?;
+    let rec = record(dirs, &rec.name, loaded)?;
     crate::proxy::reload_or_warn(dirs);
     let in_vm = || -> Result<()> {
         install_files(dirs, podman, &rec, loaded)?;
@@ -81,7 +81,7 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
                 &format!("kit `{}` startup command {}", kit.name(), i + 1),
             )?;
         }
-        if running && agent_changed {
+        if running {
             restart_agent(dirs, podman, &rec)?;
         }
         Ok(())
@@ -99,9 +99,9 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
 
 /// Under `state.lock`: the kit's rules into the sandbox policy, its
 /// environment, file digests and reference into `sandbox.json`. Files that
-/// would not change are not written. Also says whether the agent
-/// container's definition changed (and so `agent_generation` was bumped).
-fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<(Record, bool)> {
+/// would not change are not written. `agent_generation` goes up when the
+/// agent container's definition (variables, files) changed.
+fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<Record> {
     let kit = &loaded.kit;
     let id = kit.id();
     let _lock = state::Lock::acquire(&dirs.state_lock())?;
@@ -132,8 +132,7 @@ fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<(Record, bool)> {
     } else {
         rec.kit_files.insert(kit.name().to_owned(), files);
     }
-    let agent_changed = rec.kit_env != before.kit_env || rec.kit_files != before.kit_files;
-    if agent_changed {
+    if rec.kit_env != before.kit_env || rec.kit_files != before.kit_files {
         rec.agent_generation += 1;
     }
     if !rec.kit_refs.contains(&loaded.reference) {
@@ -142,7 +141,7 @@ fn record(dirs: &Dirs, name: &str, loaded: &Loaded) -> Result<(Record, bool)> {
     if rec != before {
         sandbox::save_locked(dirs, &rec)?;
     }
-    Ok((rec, agent_changed))
+    Ok(rec)
 }
 
 /// Guest path to `sha256:<hex>` of the file's mode (four octal digits and
@@ -195,16 +194,24 @@ fn install_files(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) ->
     Ok(())
 }
 
-/// Stop the agent container if it exists; the `ppp run` session attached
-/// to it starts it again from the record, which now has a new
-/// `agent_generation` (see the module comment).
+/// Stop the agent container if it exists and was made from an older
+/// `agent_generation` than the record's (its label says which); the
+/// `ppp run` session attached to it starts it again from the record (see
+/// the module comment). Comparing with the container's own label, not
+/// with what this apply changed, also catches up after an apply that
+/// failed half-way and one that raced a restart.
 fn restart_agent(dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()> {
-    let container = crate::sandbox::lifecycle::agent_container(&rec.name);
-    let script = "if podman container exists \"$1\"; then podman stop -t 10 \"$1\" >/dev/null; fi";
+    use crate::sandbox::lifecycle::{GENERATION_LABEL, agent_container};
+    let script = format!(
+        "if podman container exists \"$1\" && \
+         [ \"$(podman container inspect --format '{{{{index .Config.Labels \"{GENERATION_LABEL}\"}}}}' \"$1\")\" != \"$2\" ]; \
+         then podman stop -t 10 \"$1\" >/dev/null; fi"
+    );
+    let generation = rec.agent_generation.to_string();
     crate::sandbox::lifecycle::run_logged(
         dirs,
         &rec.name,
-        &podman.ssh(&rec.machine_name, &["sh", "-c", script, "sh", &container]),
+        &podman.ssh(&rec.machine_name, &["sh", "-c", &script, "sh", &agent_container(&rec.name), &generation]),
         "restarting the agent container",
     )
 }

@@ -799,6 +799,10 @@ fn secret_digests(dirs: &Dirs, salt: &str) -> Vec<String> {
     out
 }
 
+/// The agent container's label holding the record's `agent_generation`
+/// it was made from.
+pub const GENERATION_LABEL: &str = "ppp.generation";
+
 /// The name of the container that runs a sandbox's agent in its VM.
 #[must_use]
 pub fn agent_container(sandbox: &str) -> String {
@@ -834,6 +838,9 @@ pub fn agent_invocation(
         line.push("-t".into());
     }
     line.extend(["--name".into(), agent_container(&rec.name)]);
+    // What the container was made from, so `kit add` can tell whether it
+    // is out of date (ADR 0015).
+    line.extend(["--label".into(), format!("{GENERATION_LABEL}={}", rec.agent_generation)]);
     // Nothing in the container may change the VM's network (the kill
     // switch lives there) or send raw packets.
     for cap in ["NET_ADMIN", "NET_RAW"] {
