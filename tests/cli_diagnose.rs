@@ -19,26 +19,6 @@ const STORED: &str = "hunter2-Plain-Value";
 /// Never stored, but shaped like an API key: the heuristic must catch it.
 const KEY_SHAPED: &str = "sk-ant-notstored-0123456789abcdef";
 
-fn write_record(w: &World, name: &str, port: u16, status: &str) {
-    let dir = w.data().join("sandboxes").join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let rec = serde_json::json!({
-        "name": name,
-        "agent": "opencode",
-        "workspace": [format!("/src/{name}")],
-        "status": status,
-        "created_at": "2026-11-29T10:00:00Z",
-        "cpus": 2,
-        "memory": 4096,
-        "port": port,
-        "inner_ip": format!("10.0.0.{}", port - 51819),
-        "kit_refs": [],
-        "template_tag": null,
-        "machine_name": format!("ppp-{name}"),
-    });
-    std::fs::write(dir.join("sandbox.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
-}
-
 fn flow(sandbox: &str, host: &str, decision: &str, extra: &str) -> String {
     format!(
         r#"{{"sandbox":"{sandbox}","timestamp":"2026-11-29T10:0{n}:00Z","host":"{host}","port":443,"method":"GET","status":200,"decision":"{decision}","matched_rule":null{extra}}}"#,
@@ -81,9 +61,9 @@ fn fake_python_and_venv(w: &World) -> std::path::PathBuf {
 fn populated() -> World {
     let w = World::new();
     fake_podman(&w);
-    write_record(&w, "red-fox", 51820, "running");
-    write_record(&w, "blue-owl", 51821, "stopped");
-    write_record(&w, "gone", 51822, "stopped");
+    w.write_record("red-fox", 51820, "running");
+    w.write_record("blue-owl", 51821, "stopped");
+    w.write_record("gone", 51822, "stopped");
     std::fs::write(
         w.data().join("port-registry.json"),
         r#"{"ports":{"51820":"red-fox","51821":"blue-owl","51822":"gone"}}"#,
@@ -241,7 +221,7 @@ fn secrets_never_appear_in_any_format() {
     let w = populated();
     let python = fake_python_and_venv(&w);
     // The secret also sits in a record and in the environment.
-    write_record(&w, STORED, 51830, "running");
+    w.write_record(STORED, 51830, "running");
     for format in ["json", "yaml", "table", "github-issue"] {
         let (code, out, err) = output(
             w.ppp(["diagnose", "-o", format])
@@ -273,7 +253,7 @@ fn secrets_never_appear_in_any_format() {
 #[test]
 fn missing_podman_and_mitmdump_still_report() {
     let w = World::new();
-    write_record(&w, "red-fox", 51820, "running");
+    w.write_record("red-fox", 51820, "running");
     let (code, out, err) = output(w.ppp(["diagnose", "-o", "json"]).env("PPP_PYTHON", w.bin().join("python-nope")));
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -300,7 +280,7 @@ fn missing_podman_and_mitmdump_still_report() {
 #[test]
 fn hanging_podman_is_reported_not_waited_for() {
     let w = World::new();
-    write_record(&w, "red-fox", 51820, "running");
+    w.write_record("red-fox", 51820, "running");
     w.fake("podman", "exec sleep 1000");
     let mut child = w
         .ppp(["diagnose", "-o", "json"])

@@ -297,14 +297,7 @@ fn sandbox_world() -> World {
     w.fake("podman", FAKE_PODMAN);
     guest_bin(&w);
     std::fs::create_dir_all(w.path().join("guest")).unwrap();
-    let rec = serde_json::json!({
-        "name": "red", "agent": "opencode", "workspace": [w.path().display().to_string()], "status": "running",
-        "created_at": "2026-01-01T00:00:00Z", "cpus": 1, "memory": 2048, "port": 51820,
-        "inner_ip": "10.0.0.1", "kit_refs": [], "template_tag": null, "machine_name": "ppp-red",
-    });
-    let dir = w.data().join("sandboxes/red");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("sandbox.json"), serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+    w.write_record("red", 51820, "running");
     w
 }
 

@@ -58,14 +58,7 @@ fn debug_lines_never_carry_a_secret() {
 #[test]
 fn quiet_lists_only_names_before_or_after_the_command() {
     let w = World::new();
-    let dir = w.data().join("sandboxes/red-fox");
-    std::fs::create_dir_all(&dir).unwrap();
-    let rec = serde_json::json!({
-        "name": "red-fox", "agent": "opencode", "workspace": ["/src"], "status": "stopped",
-        "created_at": "2026-11-29T10:00:00Z", "cpus": 2, "memory": 4096, "port": 51820,
-        "inner_ip": "10.0.0.1", "kit_refs": [], "template_tag": null, "machine_name": "ppp-red-fox",
-    });
-    std::fs::write(dir.join("sandbox.json"), rec.to_string()).unwrap();
+    w.write_record("red-fox", 51820, "stopped");
     for args in [&["-q", "ls"][..], &["ls", "-q"], &["ls", "--quiet"]] {
         let (code, out, err) = output(&mut w.ppp(args));
         assert_eq!((code, out.as_str(), err.as_str()), (0, "red-fox\n", ""), "{args:?}");

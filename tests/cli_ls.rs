@@ -6,31 +6,11 @@ mod common;
 
 use common::{World, ok, output};
 
-fn write_record(w: &World, name: &str, port: u16, status: &str) {
-    let dir = w.data().join("sandboxes").join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let rec = serde_json::json!({
-        "name": name,
-        "agent": "opencode",
-        "workspace": [format!("/src/{name}")],
-        "status": status,
-        "created_at": "2026-11-29T10:00:00Z",
-        "cpus": 2,
-        "memory": 4096,
-        "port": port,
-        "inner_ip": format!("10.0.0.{}", port - 51819),
-        "kit_refs": [],
-        "template_tag": null,
-        "machine_name": format!("ppp-{name}"),
-    });
-    std::fs::write(dir.join("sandbox.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
-}
-
 #[test]
 fn lists_records_without_podman() {
     let w = World::new();
-    write_record(&w, "red-fox", 51820, "running");
-    write_record(&w, "blue-owl", 51821, "stopped");
+    w.write_record("red-fox", 51820, "running");
+    w.write_record("blue-owl", 51821, "stopped");
     // A directory holding only a prepared policy is not a sandbox.
     std::fs::create_dir_all(w.data().join("sandboxes/later")).unwrap();
     std::fs::write(w.data().join("sandboxes/later/policy.yaml"), "rules: []\n").unwrap();
@@ -54,9 +34,9 @@ fn lists_records_without_podman() {
 #[test]
 fn merges_podman_machine_state() {
     let w = World::new();
-    write_record(&w, "red-fox", 51820, "running");
-    write_record(&w, "blue-owl", 51821, "running");
-    write_record(&w, "gone", 51822, "stopped");
+    w.write_record("red-fox", 51820, "running");
+    w.write_record("blue-owl", 51821, "running");
+    w.write_record("gone", 51822, "stopped");
     let log = w.path().join("podman.argv");
     w.fake(
         "podman",
@@ -90,7 +70,7 @@ fi"#,
 #[test]
 fn podman_failure_falls_back_to_records() {
     let w = World::new();
-    write_record(&w, "red-fox", 51820, "running");
+    w.write_record("red-fox", 51820, "running");
     w.fake("podman", "echo 'cannot connect' >&2; exit 125");
     let (code, out, err) = output(&mut w.ppp(["ls"]));
     assert_eq!(code, 0);

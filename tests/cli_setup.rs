@@ -7,10 +7,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use common::{World, ok, output};
+use common::{World, ok, output, test_mitmdump};
 
 /// A mitmproxy-style CA certificate (self-signed, CN=mitmproxy).
 const CA: &str = "-----BEGIN CERTIFICATE-----
@@ -30,15 +30,6 @@ HzmZMEauxJ1IAiAaXhJs+ykbKsVp9+9Kgr4Z1j0komPpRHX8sGCLM7lsZA==
 const OTHER: &str = "-----BEGIN CERTIFICATE-----\nAAECAw==\n-----END CERTIFICATE-----\n";
 
 const KEY: &str = "sk-ant-setup-test-0123456789ABCDEF";
-
-/// The pinned mitmdump of the test venv.
-fn test_mitmdump() -> PathBuf {
-    let path = std::env::var_os("PPP_TEST_MITMDUMP")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/mitmdump"), PathBuf::from);
-    assert!(path.is_file(), "`{}` is missing: run `make test-deps`", path.display());
-    path
-}
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()

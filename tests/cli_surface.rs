@@ -166,16 +166,8 @@ fn bash_completion_completes() {
 #[test]
 fn bash_completes_sandbox_names() {
     let w = World::new();
-    for name in ["red-fox", "blue-owl"] {
-        let dir = w.data().join("sandboxes").join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let rec = serde_json::json!({
-            "name": name, "agent": "opencode", "workspace": ["/src"], "status": "stopped",
-            "created_at": "2026-11-29T10:00:00Z", "cpus": 2, "memory": 4096, "port": 51820,
-            "inner_ip": "10.0.0.1", "kit_refs": [], "template_tag": null, "machine_name": format!("ppp-{name}"),
-        });
-        std::fs::write(dir.join("sandbox.json"), rec.to_string()).unwrap();
-    }
+    w.write_record("red-fox", 51820, "stopped");
+    w.write_record("blue-owl", 51821, "stopped");
     let mut names = ok(&mut w.ppp(["__complete", "sandboxes"])).lines().map(str::to_owned).collect::<Vec<_>>();
     names.sort();
     assert_eq!(names, ["blue-owl", "red-fox"]);

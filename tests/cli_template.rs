@@ -58,15 +58,20 @@ impl T {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A podman that answers `podman <verb>` (e.g. `machine list`) with
+    /// `json` and hands everything else to the fake.
+    fn podman_answering(&self, verb: &str, json: &str) -> PathBuf {
+        self.w.fake(
+            "podman",
+            &format!(
+                "if [ \"$1 $2\" = '{verb}' ]; then echo '{json}'; exit 0; fi\nexec {} \"$@\"",
+                fake_podman().display()
+            ),
+        )
+    }
+
     fn sandbox(&self, name: &str) {
-        let dir = self.w.data().join("sandboxes").join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let rec = serde_json::json!({
-            "name": name, "agent": "opencode", "workspace": ["/src"], "status": "stopped",
-            "created_at": "2026-11-29T10:00:00Z", "cpus": 2, "memory": 4096, "port": 51820,
-            "inner_ip": "10.0.0.1", "kit_refs": [], "template_tag": null, "machine_name": format!("ppp-{name}"),
-        });
-        std::fs::write(dir.join("sandbox.json"), rec.to_string()).unwrap();
+        self.w.write_record(name, 51820, "stopped");
         self.podman(&["machine", "init", &format!("ppp-{name}"), "--memory", "2048"]);
     }
 
@@ -167,6 +172,12 @@ fn save_ls_export_load_rm() {
 
 /// Load `file` into a fresh cache and expect it refused with `needle`,
 /// with nothing registered and nothing left behind.
+/// `tar -cf OUT -C DIR MEMBERS…`, which must succeed.
+fn tar_cf(out: &Path, dir: &Path, members: &[&str]) {
+    let st = Command::new("tar").arg("-cf").arg(out).arg("-C").arg(dir).args(members).status().unwrap();
+    assert!(st.success(), "tar -cf {}", out.display());
+}
+
 fn refused(t: &T, file: &Path, needle: &str) {
     let fresh = t.w.path().join(format!("cache-{}", file.file_name().unwrap().to_string_lossy()));
     let mut c = t.ppp(&["template", "load", file.to_str().unwrap()]);
@@ -208,36 +219,13 @@ fn damaged_files_are_refused_and_register_nothing() {
     d[last] ^= 0xff;
     std::fs::write(&disk, d).unwrap();
     let bad = t.w.path().join("bad.tar");
-    let pack = |out: &Path| {
-        assert!(
-            Command::new("tar")
-                .arg("-cf")
-                .arg(out)
-                .arg("-C")
-                .arg(&work)
-                .args(["template.json", "disk.qcow2"])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
-    pack(&bad);
+    tar_cf(&bad, &work, &["template.json", "disk.qcow2"]);
     refused(&t, &bad, "does not match its checksum");
 
     // Extra members are refused before anything is extracted.
     std::fs::write(work.join("extra"), b"x").unwrap();
     let extra = t.w.path().join("extra.tar");
-    assert!(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&extra)
-            .arg("-C")
-            .arg(&work)
-            .args(["template.json", "disk.qcow2", "extra"])
-            .status()
-            .unwrap()
-            .success()
-    );
+    tar_cf(&extra, &work, &["template.json", "disk.qcow2", "extra"]);
     refused(&t, &extra, "is not a ppp template");
 }
 
@@ -271,15 +259,7 @@ fn hostile_templates_are_refused_and_register_nothing() {
         m["size"] = bytes.len().into();
         std::fs::write(work.join("template.json"), serde_json::to_vec(&m).unwrap()).unwrap();
         let out = t.w.path().join(format!("{name}.tar"));
-        let st = Command::new("tar")
-            .arg("-cf")
-            .arg(&out)
-            .arg("-C")
-            .arg(&work)
-            .args(["template.json", "disk.qcow2"])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        tar_cf(&out, &work, &["template.json", "disk.qcow2"]);
         out
     };
     let qemu_img = |args: &[&str]| {
@@ -357,13 +337,7 @@ fn save_errors_name_what_to_do() {
     assert_eq!(code, 2);
     assert!(err.contains("error: invalid template tag `a/b`"), "{err}");
     // A machine whose inspect does not say where its disk is.
-    let inspect = t.w.fake(
-        "podman",
-        &format!(
-            "if [ \"$1 $2\" = 'machine inspect' ]; then echo '[{{\"Name\":\"ppp-red\"}}]'; exit 0; fi\nexec {} \"$@\"",
-            fake_podman().display()
-        ),
-    );
+    let inspect = t.podman_answering("machine inspect", r#"[{"Name":"ppp-red"}]"#);
     let mut c = t.ppp(&["template", "save", "red", "base"]);
     c.env("PPP_PODMAN", inspect);
     let (code, _, err) = output(&mut c);
@@ -380,14 +354,7 @@ fn save_errors_name_what_to_do() {
 fn saving_a_running_sandbox_without_a_terminal_needs_force() {
     let t = T::new();
     // `machine list` says the machine runs; everything else is the fake.
-    let running = t.w.fake(
-        "podman",
-        &format!(
-            "if [ \"$1 $2\" = 'machine list' ]; then echo '[{{\"Name\":\"ppp-red\",\"Running\":true}}]'; exit 0; fi\n\
-             exec {} \"$@\"",
-            fake_podman().display()
-        ),
-    );
+    let running = t.podman_answering("machine list", r#"[{"Name":"ppp-red","Running":true}]"#);
     let mut c = t.ppp(&["template", "save", "red", "base"]);
     c.env("PPP_PODMAN", &running).stdin(std::process::Stdio::null());
     let (code, _, err) = output(&mut c);
@@ -434,14 +401,7 @@ fn a_sandbox_being_saved_cannot_start_or_be_saved_again() {
 fn a_template_from_another_agent_warns() {
     let t = T::new();
     ok(&mut t.ppp(&["template", "save", "red", "base"]));
-    let busy = t.w.fake(
-        "podman",
-        &format!(
-            "if [ \"$1 $2\" = 'machine list' ]; then echo '[{{\"Name\":\"other\",\"Running\":true}}]'; exit 0; fi\n\
-             exec {} \"$@\"",
-            fake_podman().display()
-        ),
-    );
+    let busy = t.podman_answering("machine list", r#"[{"Name":"other","Running":true}]"#);
     let ws = t.w.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     for (agent, warned) in [("claude", true), ("opencode", false)] {

@@ -6,19 +6,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{World, ok, output};
+use common::{World, ok, output, test_mitmdump};
 use serde_json::Value;
-
-fn test_mitmdump() -> PathBuf {
-    let p = std::env::var_os("PPP_TEST_MITMDUMP")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/mitmdump"), PathBuf::from);
-    assert!(p.exists(), "`{}` is missing: run `make test-deps`", p.display());
-    p
-}
 
 /// A namespace with only loopback, removed on drop.
 struct Netns(String);

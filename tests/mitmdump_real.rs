@@ -5,6 +5,8 @@
 //! Needs root (for `ip netns`) and the test venv that `make test-deps`
 //! builds; without it the test fails rather than skipping.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -18,14 +20,7 @@ use ppp::exec::Invocation;
 use ppp::proxy::clientconf::{self, ClientConf};
 use ppp::proxy::{mitmdump, trust};
 
-/// The pinned mitmdump of the test venv.
-fn test_mitmdump() -> PathBuf {
-    let path = std::env::var_os("PPP_TEST_MITMDUMP")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/mitmdump"), PathBuf::from);
-    assert!(path.is_file(), "`{}` is missing: run `make test-deps`", path.display());
-    path
-}
+use common::test_mitmdump;
 
 fn dirs(root: &Path) -> Dirs {
     Dirs { config: root.join("config"), data: root.join("data"), cache: root.join("cache") }

@@ -74,6 +74,30 @@ impl World {
         dirs
     }
 
+    /// A `sandbox.json` for `name` as a stopped-or-running `ppp create`
+    /// leaves it (workspace `/src/<name>`), written as JSON so the file
+    /// format itself is what the command under test reads. No port is
+    /// claimed: for commands that read records only.
+    pub fn write_record(&self, name: &str, port: u16, status: &str) {
+        let dir = self.data().join("sandboxes").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = serde_json::json!({
+            "name": name,
+            "agent": "opencode",
+            "workspace": [format!("/src/{name}")],
+            "status": status,
+            "created_at": "2026-11-29T10:00:00Z",
+            "cpus": 2,
+            "memory": 4096,
+            "port": port,
+            "inner_ip": format!("10.0.0.{}", port - 51819),
+            "kit_refs": [],
+            "template_tag": null,
+            "machine_name": format!("ppp-{name}"),
+        });
+        std::fs::write(dir.join("sandbox.json"), serde_json::to_string_pretty(&rec).unwrap()).unwrap();
+    }
+
     /// `ppp` with the hermetic environment and `args`.
     pub fn ppp<I, S>(&self, args: I) -> Command
     where
@@ -107,6 +131,16 @@ impl World {
     pub fn redact(&self, text: &str) -> String {
         text.replace(&self.path().display().to_string(), "[ROOT]")
     }
+}
+
+/// The pinned mitmdump of the test venv (`$PPP_TEST_MITMDUMP`, else
+/// `target/test-venv`); missing is a failure that names the fix.
+pub fn test_mitmdump() -> PathBuf {
+    let path = std::env::var_os("PPP_TEST_MITMDUMP")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/mitmdump"), PathBuf::from);
+    assert!(path.is_file(), "`{}` is missing: run `make test-deps`", path.display());
+    path
 }
 
 /// Run and capture; returns (status code, stdout, stderr).
