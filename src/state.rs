@@ -111,10 +111,22 @@ pub fn tighten_dir(dir: &Path) -> Result<()> {
 }
 
 /// Replace `path` with `bytes` atomically: temp file in the same directory,
-/// fsync, rename, fsync the directory. The file gets `mode`.
+/// fsync, rename, fsync the directory. The file gets `mode`; a missing
+/// directory is created private (0700), as for all of ppp's state.
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().ok_or_else(|| anyhow!("`{}` has no parent directory", path.display()))?;
     create_private_dir(dir)?;
+    replace_file(path, bytes, mode)
+}
+
+/// [`write_atomic_mode`] for a file the user named (`kit pack -o`, `kit
+/// pull -o`): the same atomic replace, but its directory must exist and
+/// is left as it is, and a bare file name means the current directory.
+pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .permissions(std::fs::Permissions::from_mode(mode))

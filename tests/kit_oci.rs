@@ -200,7 +200,7 @@ fn tampered_blob_fails_the_pull_and_writes_nothing() {
     let leftovers: Vec<_> = std::fs::read_dir(w.path())
         .unwrap()
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(".ppp-kit-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
         .collect();
     assert!(leftovers.is_empty(), "no temp file is left: {leftovers:?}");
 }

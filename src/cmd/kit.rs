@@ -45,7 +45,7 @@ pub fn run(cmd: &KitCommand, ctx: &Ctx) -> Result<ExitCode> {
             let out = output.clone().unwrap_or_else(|| kit::pack::default_file_name(&k).into());
             // Not state: a file to share, written whole and readable like
             // the one `kit pull` writes.
-            kit::oci::write_file(&out, &bytes)?;
+            crate::state::replace_file(&out, &bytes, 0o644)?;
             if !ctx.quiet {
                 crate::output::println(&format!("packed kit `{}` {} into `{}`", k.name(), k.version(), out.display()))?;
             }
@@ -134,7 +134,7 @@ fn pull(ctx: &Ctx, reference: &str, output: Option<&Path>) -> Result<ExitCode> {
     let path: PathBuf = output.map_or_else(|| target.default_file_name(), Path::to_path_buf);
     let creds = credentials(ctx, &target)?;
     let pulled = oci::pull(&target, creds.as_ref())?;
-    oci::write_file(&path, &pulled.zip)?;
+    crate::state::replace_file(&path, &pulled.zip, 0o644)?;
     if !ctx.quiet {
         crate::output::println(&format!(
             "wrote `{}` ({}, {} bytes)",

@@ -13,7 +13,6 @@
 //! It never prints and never puts a credential in an error: callers print.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
@@ -361,26 +360,6 @@ fn find_digest_error(text: &str) -> Option<(String, String)> {
     }
     let mut found = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == ':')).filter(|w| w.starts_with("sha256:"));
     Some((found.next()?.to_owned(), found.next().unwrap_or("?").to_owned()))
-}
-
-/// Write `bytes` to `path` atomically with mode 0644: a temp file in the
-/// same directory, fsync, rename. On any failure `path` is untouched.
-pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".ppp-kit-")
-        .permissions(std::fs::Permissions::from_mode(0o644))
-        .tempfile_in(dir)
-        .with_context(|| format!("could not create a temp file in `{}`", dir.display()))?;
-    tmp.write_all(bytes)
-        .and_then(|()| tmp.as_file().sync_all())
-        .with_context(|| format!("could not write `{}`", tmp.path().display()))?;
-    tmp.persist(path).map_err(|e| e.error).with_context(|| format!("could not write `{}`", path.display()))?;
-    Ok(())
 }
 
 /// Load and check the kit in `dir`, and pack it with the kit module's
