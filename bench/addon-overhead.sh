@@ -26,21 +26,16 @@
 # 2), ROUNDS (default 3), PIN (1 or 0); PYSPY (path to py-spy: profiles
 # each measured mitmdump into PROFILE_DIR, collapsed stacks).
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 duration=${DURATION:-10}
 concurrency=${CONCURRENCY:-4}
 warmup=${WARMUP:-2}
 rounds=${ROUNDS:-3}
 ncpu=$(nproc)
 pin=${PIN:-$([ "$ncpu" -ge 2 ] && echo 1 || echo 0)}
-ppp=${1:-}
-if [ -z "$ppp" ]; then
-  cargo build --release --locked --quiet --manifest-path "$root/Cargo.toml"
-  ppp=$root/target/release/ppp
-fi
-mitm=${PPP_TEST_MITMDUMP:-$root/target/test-venv/bin/mitmdump}
-[ "$(id -u)" -eq 0 ] || { echo "error: needs root for ip netns" >&2; exit 1; }
-[ -x "$mitm" ] || { echo "error: $mitm is missing; run make test-deps" >&2; exit 1; }
+bench_ppp "${1:-}"
+bench_netns_prereqs
 [ -x "$ppp" ] || { echo "error: $ppp is not an executable" >&2; exit 1; }
 for tool in ip nsenter wireguard-go wg curl python3 openssl taskset; do
   command -v "$tool" >/dev/null || { echo "error: $tool is missing; run make test-deps" >&2; exit 1; }

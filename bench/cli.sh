@@ -5,12 +5,9 @@
 # Prints the mean of each and its ratio to the goal (< 1.00 meets it).
 # Usage: bench/cli.sh [path-to-ppp]   (default: builds target/release/ppp)
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ppp=${1:-}
-if [ -z "$ppp" ]; then
-  cargo build --release --locked --quiet --manifest-path "$root/Cargo.toml"
-  ppp=$root/target/release/ppp
-fi
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_ppp "${1:-}"
 command -v hyperfine >/dev/null || { echo "hyperfine is missing: run scripts/install-test-deps.sh" >&2; exit 1; }
 
 work=$(mktemp -d)

@@ -9,16 +9,11 @@
 # Needs root (ip netns) and `make test-deps`.
 # Usage: bench/create-overhead.sh [path-to-ppp]   (default: builds target/release/ppp)
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 runs=${RUNS:-5}
-ppp=${1:-}
-if [ -z "$ppp" ]; then
-  cargo build --release --locked --quiet --manifest-path "$root/Cargo.toml"
-  ppp=$root/target/release/ppp
-fi
-mitm=${PPP_TEST_MITMDUMP:-$root/target/test-venv/bin/mitmdump}
-[ -x "$mitm" ] || { echo "error: $mitm is missing; run make test-deps" >&2; exit 1; }
-[ "$(id -u)" -eq 0 ] || { echo "error: needs root for ip netns" >&2; exit 1; }
+bench_ppp "${1:-}"
+bench_netns_prereqs
 
 ns=ppp-bco$$
 work=$(mktemp -d)
