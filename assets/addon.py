@@ -94,7 +94,6 @@ DAEMON_TIMEOUT = 2.0
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
 _AUTH_BYTES = frozenset(h.encode() for h in AUTH_HEADERS)
-METADATA_IP = ipaddress.ip_address("169.254.169.254")
 # The one host this addon answers itself: provisioning fetches the CA from
 # http://mitm.it/cert/pem through the tunnel, and verification fetches it
 # over HTTPS to prove the CA is trusted. Nothing for it ever goes upstream
@@ -255,11 +254,6 @@ def header_text(headers: http.Headers, name: bytes) -> str:
     return ", ".join(v.decode("utf-8", "surrogateescape") for v in vals)
 
 
-def is_internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Loopback, private, link-local, metadata, and every other non-public address."""
-    return ip == METADATA_IP or not ip.is_global or ip.is_multicast
-
-
 _stamp_second: list[Any] = [None, ""]
 
 
@@ -287,11 +281,6 @@ class PppAddon:
         self._gen_stamp: tuple[int, int, int] | None = None
         self._last_poll = 0.0
         self._decisions: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
-        # check()'s answers, per (sandbox, host, ip, port, protocol), built
-        # from cached decisions only; cleared with them.
-        self._checks: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
-        # Bumped by every _invalidate: a check computed across one is not cached.
-        self._epoch = 0
         self._gen_path = ""
         self._flow_path = ""
         self._max_request = 1024 * 1024
@@ -437,8 +426,6 @@ class PppAddon:
         return self.daemon.ask(req)
 
     def _invalidate(self, generation: int | None) -> None:
-        self._epoch += 1
-        self._checks.clear()
         self._decisions.clear()
         self._secrets.clear()
         self._registry_stamp = None
@@ -517,7 +504,12 @@ class PppAddon:
         return self._registry.get(port)
 
     def decide(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
-        """The daemon's verdict, cached per (sandbox, host, ip, port) for one generation."""
+        """The daemon's verdict, cached per (sandbox, host, ip, port) for one
+        generation. The daemon applies the DNS-rebinding defence too (an
+        allowed name on an internal address needs a rule for the address);
+        a daemon failure denies and is never cached."""
+        if host is not None and (literal := ip_text(host)) is not None:
+            ip, host = literal, None
         try:
             self._poll()
             return self._verdict(sandbox, host, ip, port, protocol)
@@ -537,66 +529,30 @@ class PppAddon:
         if rule is not None and not isinstance(rule, dict):
             raise DaemonError("decide: malformed matched_rule")
         allow = r.get("verdict") == "allow"
-        if rule:
-            reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
+        if (rebound := r.get("rebinding")) is not None:
+            v = Verdict(
+                allow=False,
+                reason=f"{host} resolves to internal address {rebound}, which no rule allows (DNS rebinding defence)",
+                generation=r.get("generation"),
+                # Allowing the name would change nothing: the address is
+                # what needs a rule of its own.
+                allow_target=str(rebound),
+            )
         else:
-            reason = f"default {r.get('verdict')}"
-        v = Verdict(
-            allow=allow,
-            rule_id=rule.get("id") if rule else None,
-            resource=rule.get("resource") if rule else None,
-            reason=reason,
-            generation=r.get("generation"),
-        )
+            if rule:
+                reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
+            else:
+                reason = f"default {r.get('verdict')}"
+            v = Verdict(
+                allow=allow,
+                rule_id=rule.get("id") if rule else None,
+                resource=rule.get("resource") if rule else None,
+                reason=reason,
+                generation=r.get("generation"),
+            )
         self._saw_generation(r.get("generation"))
         self._decisions[key] = v
         return v
-
-    def check(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
-        """Policy for a flow, plus the DNS-rebinding defence.
-
-        An allowed *name* whose destination is an internal address (loopback,
-        private, link-local, metadata) is only let through when a rule for
-        that address itself allows it.
-
-        One generation check, then the answer cached for this generation
-        (the daemon's decisions are, so is what follows from them); a daemon
-        failure denies and is never cached.
-        """
-        try:
-            self._poll()
-            key = (sandbox, host, ip, port, protocol)
-            if (v := self._checks.get(key)) is not None:
-                return v
-            epoch = self._epoch
-            v = self._check(sandbox, host, ip, port, protocol)
-            if epoch == self._epoch:
-                self._checks[key] = v
-            return v
-        except DaemonError as e:
-            log.warning("ppp: policy daemon unavailable, denying: %s", e)
-            return deny("the ppp daemon is unreachable (fail closed)")
-
-    def _check(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
-        if host is not None and (literal := ip_text(host)) is not None:
-            ip, host = literal, None
-        v = self._verdict(sandbox, host, ip, port, protocol)
-        if not v.allow or host is None:
-            return v
-        addr = parse_ip(ip)
-        if addr is None or not is_internal(addr):
-            return v
-        by_ip = self._verdict(sandbox, None, str(addr), port, protocol)
-        if by_ip.allow and by_ip.rule_id is not None:
-            return v
-        return Verdict(
-            allow=False,
-            reason=f"{host} resolves to internal address {addr}, which no rule allows (DNS rebinding defence)",
-            generation=v.generation,
-            # Allowing the name would change nothing: the address is what
-            # needs a rule of its own.
-            allow_target=str(addr),
-        )
 
     def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
         """An `inject` (the key for this host) or `secret` (custom
@@ -736,7 +692,7 @@ class PppAddon:
             elif host == LOCAL_HOST:
                 v = LOCAL
             else:
-                v = self.check(sandbox, host, ip, port, "tls")
+                v = self.decide(sandbox, host, ip, port, "tls")
         except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
             log.exception("ppp: tls_clienthello failed, denying")
             v = deny(f"internal error: {type(e).__name__}")
@@ -780,7 +736,7 @@ class PppAddon:
             elif port is None:
                 v = deny("no destination address")
             else:
-                v = self.check(sandbox, host, ip, port, kind)
+                v = self.decide(sandbox, host, ip, port, kind)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: %s_start failed, denying", kind)
             v = deny(f"internal error: {type(e).__name__}")
@@ -891,7 +847,7 @@ class PppAddon:
                     if addr is None:
                         v = deny("an address record that does not parse")
                         break
-                    v = self.check(sandbox, name, str(addr), 53, "dns")
+                    v = self.decide(sandbox, name, str(addr), 53, "dns")
                     if not v.allow:
                         break
         except Exception as e:  # noqa: BLE001
@@ -947,7 +903,7 @@ class PppAddon:
                 self._serve_local(flow)
                 return
             else:
-                v = self.check(sandbox, host, ip, port, "http")
+                v = self.decide(sandbox, host, ip, port, "http")
             if not v.allow:
                 self._deny_http(flow, sandbox, host, v)
                 return

@@ -173,6 +173,77 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// [`Engine::decide`] for a flow the proxy carries, with the DNS-rebinding
+    /// defence: a *name* the policy allows whose destination `ip` is
+    /// internal ([`is_internal`]) goes through only when a rule for that
+    /// address itself allows it (a default allow does not open internal
+    /// addresses). Otherwise the flow is denied, and the address is
+    /// returned so the refusal can say what to allow.
+    #[must_use]
+    pub fn decide_flow(
+        &self,
+        sandbox: Option<&str>,
+        host: Option<&str>,
+        ip: Option<IpAddr>,
+        port: u16,
+    ) -> (Decision<'_>, Option<IpAddr>) {
+        let d = self.decide(sandbox, host, ip, port);
+        let named = host.is_some_and(|h| !normalize_host(h).is_empty() && host_ip(h).is_none());
+        let Some(addr) =
+            ip.map(|a| a.to_canonical()).filter(|a| named && d.verdict == Verdict::Allow && is_internal(*a))
+        else {
+            return (d, None);
+        };
+        let by_ip = self.decide(sandbox, None, Some(addr), port);
+        if by_ip.verdict == Verdict::Allow && by_ip.matched_rule.is_some() {
+            return (d, None);
+        }
+        (Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false }, Some(addr))
+    }
+}
+
+/// Whether `ip` is not a public address: loopback, unspecified, private
+/// (RFC 1918, ULA), link-local (with the cloud metadata address
+/// 169.254.169.254), CGNAT, benchmarking, documentation, reserved,
+/// multicast and broadcast, and the IPv6 special ranges. IPv4-mapped IPv6
+/// is judged as the IPv4 address. Wider than Python's `not is_global` where
+/// they differ (all of `192.0.0.0/24` and `2001::/23`), never narrower.
+#[must_use]
+pub fn is_internal(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            a == 0
+                || a == 10
+                || a == 127
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 169 && b == 254)
+                || (a == 172 && (16..32).contains(&b))
+                || (a == 192 && b == 0 && (c == 0 || c == 2))
+                || (a == 192 && b == 168)
+                || (a == 198 && (b == 18 || b == 19))
+                || (a == 198 && b == 51 && c == 100)
+                || (a == 203 && b == 0 && c == 113)
+                || a >= 224
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
+                || (s[0] == 0x100 && s[1] == 0 && s[2] == 0 && s[3] == 0)
+                || (s[0] == 0x2001 && s[1] < 0x200)
+                || (s[0] == 0x2001 && s[1] == 0xdb8)
+                || s[0] == 0x2002
+                || (s[0] == 0x3fff && s[1] < 0x1000)
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xff00) == 0xff00
+        }
+    }
+}
+
 impl Compiled {
     fn new(rules: Vec<Rule>) -> Result<Compiled> {
         let mut deny = IndexBuilder::default();
@@ -492,6 +563,69 @@ mod tests {
         let ip = host.parse().ok();
         let host = if ip.is_some() { None } else { Some(host) };
         e.decide(None, host, ip, port).verdict == Verdict::Allow
+    }
+
+    #[test]
+    fn internal_addresses() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "198.18.0.99",
+            "192.0.2.7",
+            "203.0.113.9",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "ff02::1",
+            "2001:db8::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b:1::1",
+        ] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["1.1.1.1", "93.184.216.34", "100.128.0.1", "172.32.0.1", "2606:4700::1111", "::ffff:8.8.8.8"] {
+            assert!(!is_internal(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn an_allowed_name_on_an_internal_address_needs_a_rule_for_the_address() {
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        // A name allowed by a rule, another only by the default.
+        for default in [Verdict::Deny, Verdict::Allow] {
+            let e = Engine::build(default, vec![allow("ok.test"), allow("10.9.0.0/16")], vec![]).unwrap();
+            let (d, rebound) = e.decide_flow(None, Some("ok.test"), ip("127.0.0.1"), 443);
+            assert_eq!((d.verdict, rebound), (Verdict::Deny, ip("127.0.0.1")), "{default}");
+            assert!(d.matched_rule.is_none() && !d.default_used);
+            // Mapped IPv6 is judged, and reported, as the IPv4 address.
+            assert_eq!(e.decide_flow(None, Some("ok.test"), ip("::ffff:169.254.169.254"), 80).1, ip("169.254.169.254"));
+            // An address rule opens it; a public address needs nothing more.
+            for (addr, want) in [("10.9.0.5", Verdict::Allow), ("93.184.216.34", Verdict::Allow)] {
+                let (d, rebound) = e.decide_flow(None, Some("ok.test"), ip(addr), 443);
+                assert_eq!((d.verdict, rebound), (want, None), "{addr}");
+            }
+            // No name (or an address literal as the name): the address is
+            // what the policy judged already.
+            let (d, rebound) = e.decide_flow(None, None, ip("127.0.0.1"), 443);
+            assert_eq!((d.verdict, rebound), (default, None));
+            assert_eq!(e.decide_flow(None, Some("127.0.0.1"), ip("127.0.0.1"), 443).1, None);
+        }
+        // Denied names stay denied as they were, with their rule.
+        let e = Engine::build(Verdict::Allow, vec![deny("bad.test")], vec![]).unwrap();
+        let (d, rebound) = e.decide_flow(None, Some("bad.test"), ip("10.0.0.1"), 443);
+        assert_eq!((d.verdict, rebound, d.matched_rule.is_some()), (Verdict::Deny, None, true));
+        // With a default allow, a name on an internal address is refused.
+        let (d, rebound) = e.decide_flow(None, Some("any.test"), ip("10.0.0.1"), 443);
+        assert_eq!((d.verdict, rebound), (Verdict::Deny, ip("10.0.0.1")));
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod target;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-pub use engine::{Decision, Engine, Matched};
+pub use engine::{Decision, Engine, Matched, is_internal};
 pub use file::{
     GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_global_slow, parse_sandbox, save_global,
     save_sandbox,

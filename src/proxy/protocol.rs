@@ -138,6 +138,10 @@ pub struct Decision {
     pub default_used: bool,
     /// The generation of the policy that decided; cache until it changes.
     pub generation: u64,
+    /// Set when the DNS-rebinding defence denied: the allowed name's
+    /// internal address, which needs a rule of its own
+    /// ([`crate::policy::Engine::decide_flow`]).
+    pub rebinding: Option<std::net::IpAddr>,
 }
 
 /// A reply, without its optional echoed id.
@@ -185,6 +189,7 @@ impl Response {
                 w.matched_rule = Some(d.matched_rule.clone());
                 w.default_used = Some(d.default_used);
                 w.generation = Some(d.generation);
+                w.rebinding = d.rebinding;
             }
             Response::Generation(g) => w.generation = Some(*g),
             Response::Modes(m) => w.modes = Some(m.clone()),
@@ -216,6 +221,7 @@ impl Response {
                 matched_rule: w.matched_rule.flatten(),
                 default_used: w.default_used.unwrap_or(false),
                 generation,
+                rebinding: w.rebinding,
             })
         } else if let Some(g) = w.generation {
             Response::Generation(g)
@@ -265,6 +271,8 @@ struct Wire {
     default_used: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rebinding: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     modes: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -378,6 +386,7 @@ mod tests {
             matched_rule: None,
             default_used: true,
             generation: 3,
+            rebinding: None,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(

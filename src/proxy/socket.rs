@@ -438,12 +438,13 @@ fn decide(
     port: u16,
 ) -> Response {
     let snap = state.current();
-    let d = snap.engine.decide(sandbox, host, ip, port);
+    let (d, rebinding) = snap.engine.decide_flow(sandbox, host, ip, port);
     Response::Decision(protocol::Decision {
         verdict: d.verdict,
         matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
         default_used: d.default_used,
         generation: snap.generation,
+        rebinding,
     })
 }
 

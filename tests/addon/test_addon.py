@@ -402,7 +402,7 @@ class Live(Base):
         f.response = req.succeed(
             [dns.ResourceRecord("ok.allowed.test", dns.types.A, dns.classes.IN, 60, bytes([93, 184, 216, 34]))]
         )
-        self.addon.check = boom  # type: ignore[method-assign]
+        self.addon.decide = boom  # type: ignore[method-assign]
         self.addon.dns_response(f)
         self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
 
@@ -433,7 +433,7 @@ class Live(Base):
         def boom(*a: Any, **k: Any) -> Any:
             raise RuntimeError("boom")
 
-        self.addon.check = boom  # type: ignore[method-assign]
+        self.addon.decide = boom  # type: ignore[method-assign]
         f = self.run_http(http_flow(51820, "www.allowed.test"))
         self.assertEqual(f.response.status_code, 403)
         c = self.tls(51820, "www.allowed.test", "93.184.216.34")
@@ -562,12 +562,13 @@ class Live(Base):
 
     def test_steady_state_asks_the_daemon_nothing(self) -> None:
         calls = self.count_daemon_calls()
-        # An allowed name on an internal address a rule allows: two decides
-        # (name, then address) the first time, then the cached check.
+        # An allowed name on an internal address a rule allows: one decide
+        # (the daemon checks the address rule itself) the first time, then
+        # the cached verdict.
         for _ in range(3):
             f = self.run_http(http_flow(51820, "api.anthropic.com", ip="10.9.0.5", headers={"x-api-key": "d"}))
             self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
-        self.assertEqual(calls.count("decide"), 2, calls)
+        self.assertEqual(calls.count("decide"), 1, calls)
         self.assertEqual((calls.count("inject"), calls.count("secret")), (1, 1), calls)
         self.assertLessEqual(calls.count("generation"), 1, calls)
 
