@@ -247,7 +247,7 @@ fn git_urls_are_cloned() {
 
     // `kit add` takes the same references: a git URL, then a packed zip of
     // the same kit, which changes no rule and adds only its reference.
-    let (code, _, err) = output(w.ppp(["kit", "add", "red", &url]).env("FAKE_ROOT", w.path()));
+    let (code, _, err) = add(&w, Path::new(&url));
     assert_eq!(code, 0, "{err}");
     let policy = std::fs::read(w.data().join("sandboxes/red/policy.yaml")).unwrap();
     assert_eq!(String::from_utf8_lossy(&policy).matches("kit: kit:tools").count(), 3);

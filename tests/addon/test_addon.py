@@ -16,6 +16,7 @@ and sets PPP_STATE_DIR. Fixture (the contract with tests/addon.rs):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import ipaddress
 import json
@@ -26,6 +27,7 @@ import time
 import types
 import unittest
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from mitmproxy import connection, dns, http
@@ -62,6 +64,26 @@ def ask(req: dict[str, Any]) -> dict[str, Any]:
                 break
             buf += chunk
     return json.loads(buf)
+
+
+@contextlib.contextmanager
+def blue_allows(host: str, n: int) -> Iterator[None]:
+    """blue's policy.yaml with one more rule (id ending in `n`) allowing
+    `host`, reloaded into the daemon; the file and policy restored after."""
+    policy = Path(STATE) / "sandboxes" / "blue" / "policy.yaml"
+    before = policy.read_text()
+    try:
+        policy.write_text(
+            before
+            + f"  - id: 7f1c2d3e-0000-4000-8000-{n:012d}\n    decision: allow\n    type: network\n"
+            + f'    resource: "{host}"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
+        )
+        reply = ask({"op": "reload"})
+        assert reply["ok"], reply
+        yield
+    finally:
+        policy.write_text(before)
+        ask({"op": "reload"})
 
 
 def client(port: int, peer: str = "10.0.0.2") -> connection.Client:
@@ -190,22 +212,11 @@ class Live(Base):
             self.assertEqual(self.run_http(http_flow(51821, "late.test")).response.status_code, 403)
         self.assertEqual(calls.count("decide"), 1, calls)
 
-        policy = Path(STATE) / "sandboxes" / "blue" / "policy.yaml"
-        before = policy.read_text()
-        try:
-            policy.write_text(
-                before
-                + "  - id: 7f1c2d3e-0000-4000-8000-000000000001\n    decision: allow\n    type: network\n"
-                + '    resource: "late.test"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
-            )
-            self.assertTrue(ask({"op": "reload"})["ok"])
+        with blue_allows("late.test", 1):
             self.addon._last_poll = 0.0  # the next hook polls (it would after ~1 s anyway)
             f = self.run_http(http_flow(51821, "late.test"))
             self.assertEqual(f.response.status_code, 200)
             self.assertEqual(calls.count("decide"), 2, calls)
-        finally:
-            policy.write_text(before)
-            ask({"op": "reload"})
 
     def test_key_injected_only_for_its_host_and_client_auth_stripped(self) -> None:
         f = self.run_http(
@@ -543,20 +554,9 @@ class Live(Base):
         # No socket poll in between (_last_poll is fresh): only the stat of
         # $PPP_DATA/generation tells the addon, before any cached answer.
         self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 403)
-        policy = Path(STATE) / "sandboxes" / "blue" / "policy.yaml"
-        before = policy.read_text()
-        try:
-            policy.write_text(
-                before
-                + "  - id: 7f1c2d3e-0000-4000-8000-000000000002\n    decision: allow\n    type: network\n"
-                + '    resource: "later.test"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
-            )
-            self.assertTrue(ask({"op": "reload"})["ok"])
+        with blue_allows("later.test", 2):
             self.addon._last_poll = time.monotonic()
             self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 200)
-        finally:
-            policy.write_text(before)
-            ask({"op": "reload"})
         self.addon._last_poll = time.monotonic()
         self.assertEqual(self.run_http(http_flow(51821, "later.test")).response.status_code, 403)
 
