@@ -27,6 +27,7 @@ See docs/addon.md for how each kind of denial is enforced.
 # registering them in sys.modules, and dataclasses then cannot resolve string
 # annotations.
 import asyncio
+import dataclasses
 import ipaddress
 import itertools
 import json
@@ -117,10 +118,28 @@ class Verdict:
     # What the user would allow to let this flow through, when it is not the
     # host: the internal address of a DNS-rebinding refusal.
     allow_target: str | None = None
+    # What kind of refusal, for the 403's words and hint: "policy" (a rule or
+    # the default: allowing the host helps), "address" (an internal address
+    # needs its own rule), "unresolved" (the name does not resolve to the
+    # address), "mismatch" (SNI, Host and target disagree), "daemon" (fail
+    # closed), "internal" (an error inside the addon).
+    kind: str = "policy"
+    # Decided at the TLS ClientHello (by SNI), for every request inside.
+    tls: bool = False
 
 
-def deny(reason: str) -> Verdict:
-    return Verdict(allow=False, reason=reason)
+def deny(reason: str, kind: str = "internal") -> Verdict:
+    return Verdict(allow=False, reason=reason, kind=kind)
+
+
+# A daemon that could not be asked: nothing to allow, the fix is on the host.
+DAEMON_DOWN = Verdict(
+    allow=False, reason="the ppp daemon did not answer, so ppp fails closed", kind="daemon"
+)
+# ppp's resolver inside the tunnel; DNS to any other server is refused.
+TUNNEL_DNS = ("10.0.0.53", 53)
+# What replaces a secret value that an upstream echoes back in a response.
+REDACTED = b"[redacted by ppp]"
 
 
 LOCAL = Verdict(allow=True, rule_id="builtin:mitm.it", reason="served by ppp")
@@ -269,6 +288,84 @@ def now_rfc3339() -> str:
     return f"{_stamp_second[1]}.{int((t - sec) * 1000):03d}Z"
 
 
+def _authority_host(text: str) -> str | None:
+    """The host of `host[:port]` or `[v6][:port]`, canonical."""
+    text = text.strip()
+    if text.startswith("["):
+        end = text.find("]")
+        return canonical_host(text[1:end]) if end > 0 else None
+    if text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    return canonical_host(text)
+
+
+def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
+    """The one host a request names, or why its names disagree.
+
+    A request can name its host three times: the TLS SNI, the `Host`
+    header, and the target (HTTP/1 absolute-form, or HTTP/2 and HTTP/3
+    `:authority`). The upstream may route by any of them (RFC 9112 servers
+    route by an absolute-form target, TLS terminators by SNI), so a request
+    is decided on its name only when they all agree: returns (name, None),
+    or (None, reason) when they do not. (None, None): no name at all.
+    """
+    req = flow.request
+    hosts = [v for k, v in req.headers.fields if k.lower() == b"host"]
+    if len(hosts) > 1:
+        return None, "the request has more than one Host header"
+    names: list[tuple[str, str | None]] = []
+    if hosts:
+        names.append(("Host header", _authority_host(hosts[0].decode("utf-8", "surrogateescape"))))
+    if req.authority:
+        where = "request target" if req.http_version.startswith("HTTP/1") else ":authority"
+        names.append((where, _authority_host(req.authority)))
+    client = flow.client_conn
+    if client.tls_established:
+        sni = canonical_host(client.sni)
+        if sni is None:
+            if any(n is not None and ip_text(n) is None for _, n in names):
+                return None, "a TLS connection without SNI names a host only in the request"
+        else:
+            names.append(("TLS SNI", sni))
+    distinct = {n for _, n in names}
+    if None in distinct and len(names) > 0:
+        return None, "the request names an empty host"
+    if len(distinct) > 1:
+        said = ", ".join(f"{n} in the {where}" for where, n in names)
+        return None, f"the request names different hosts: {said}"
+    return (names[0][1] if names else None), None
+
+
+class Scrubber:
+    """A `flow.response.stream` function that replaces every secret value in
+    a streamed body with REDACTED, also across chunk boundaries: it holds
+    back the last `longest - 1` bytes of each chunk until the next one (or
+    the end, `b""`) shows they start no secret. Memory: one chunk plus that
+    tail."""
+
+    def __init__(self, values: list[bytes]) -> None:
+        self.values = sorted({v for v in values if v}, key=len, reverse=True)
+        self.keep = max((len(v) for v in self.values), default=1) - 1
+        self.tail = b""
+
+    def scrub(self, data: bytes) -> bytes:
+        for v in self.values:
+            if v in data:
+                data = data.replace(v, REDACTED)
+        return data
+
+    def __call__(self, chunk: bytes) -> bytes:
+        data = self.scrub(self.tail + chunk)
+        if chunk == b"" or self.keep == 0:
+            self.tail = b""
+            return data
+        # Hold back a tail that could be the start of a secret; REDACTED
+        # itself never is, so nothing is replaced twice.
+        cut = max(len(data) - self.keep, 0)
+        self.tail = data[cut:]
+        return data[:cut]
+
+
 # json.dumps builds a new encoder on every call that passes separators.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -284,6 +381,11 @@ class PppAddon:
         self._gen_path = ""
         self._flow_path = ""
         self._max_request = 1024 * 1024
+        # Secrets are never injected when upstream certificates go unchecked.
+        self._ssl_insecure = False
+        # flow.id -> the secret values injected into its request, scrubbed
+        # from its response; dropped when the flow ends.
+        self._scrub: dict[str, list[bytes]] = {}
         self._max_response = 10 * 1024 * 1024
         self._secrets: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
         self._registry: dict[int, str] = {}
@@ -298,6 +400,12 @@ class PppAddon:
         self._seen_saved: dict[int, float] = {}
         self._seen_saved_at = 0.0
         self._watcher: asyncio.Task[None] | None = None
+        # Open TCP/UDP streams and WebSockets the policy allowed, by flow id:
+        # (flow, sandbox, host, ip, port, protocol). A reload re-decides them
+        # and cuts the ones it now denies. Entries leave when flows end, so
+        # this is bounded by the connections mitmproxy holds.
+        self._live: dict[str, tuple[Any, str, str | None, str | None, int, str]] = {}
+        self._live_generation: int | None = None
         # flows.jsonl: open descriptor and when its path was last checked.
         self._flow_log: tuple[int, float] | None = None
 
@@ -310,6 +418,7 @@ class PppAddon:
 
     def configure(self, updated: set[str]) -> None:
         # Read here, not per request: an option lookup costs a few µs.
+        self._ssl_insecure = bool(getattr(ctx.options, "ssl_insecure", False))
         self._max_request = ctx.options.ppp_max_request_bytes
         self._max_response = ctx.options.ppp_max_response_bytes
         if "ppp_state_dir" in updated or self.daemon is None:
@@ -351,6 +460,10 @@ class PppAddon:
                 await self.poll_in_background()
             except Exception:  # noqa: BLE001
                 self._invalidate(None)  # the next hook asks, and denies if it fails
+            try:
+                self.recheck_live()
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not re-check open connections")
             await asyncio.sleep(WATCH_INTERVAL)
 
     async def poll_in_background(self) -> None:
@@ -395,6 +508,51 @@ class PppAddon:
             log.info("ppp: WireGuard servers now %s", ", ".join(m.rsplit("@", 1)[-1] for m in modes))
             ctx.options.update(mode=modes)
         self._modes_stamp = stamp
+
+    def recheck_live(self) -> None:
+        """Once per new generation, re-decide every open stream and cut the
+        ones the new policy denies: a rule removed must not leave a tunnel
+        the guest opened earlier."""
+        gen = self.generation
+        if gen is None or gen == self._live_generation:
+            return
+        self._live_generation = gen
+        for fid, (flow, sandbox, host, ip, port, protocol) in list(self._live.items()):
+            v = self.decide(sandbox, host, ip, port, protocol)
+            if v.allow:
+                continue
+            self._live.pop(fid, None)
+            log.info("ppp: [%s] cut an open %s connection to %s (%s:%s): %s", sandbox, protocol, host, ip, port, v.reason)
+            meta = flow.metadata.get("ppp")
+            if meta is not None:
+                meta["decision"] = "deny"
+                meta["matched_rule"] = v.rule_id
+            self._cut(flow)
+
+    @staticmethod
+    def _cut(flow: Any) -> None:
+        """Close a live connection now. `flow.kill()` alone waits for the
+        next message (mitmproxy issue 4711), so cancel the connection's
+        handler task the way mitmproxy's own inactivity timeout does
+        (`ConnectionHandler.on_timeout`, proxy/server.py in 12.2.3)."""
+        try:
+            ps = ctx.master.addons.get("proxyserver")
+            handler = ps.connections.get(flow.client_conn.id) if ps is not None else None
+            io = handler.transports.get(handler.client) if handler is not None else None
+            if io is not None and io.handler is not None:
+                io.handler.cancel("ppp: denied by a policy change")
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: could not close a denied connection")
+        if flow.killable:
+            flow.kill()
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get("ppp") or {}
+        if meta.get("decision") == "allow" and meta.get("sandbox"):
+            self._live[flow.id] = (flow, meta["sandbox"], meta.get("host"), meta.get("ip"), meta.get("port", 0), "http")
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self._live.pop(flow.id, None)
 
     def client_connected(self, client: connection.Client) -> None:
         port = self._port(client)
@@ -505,17 +663,16 @@ class PppAddon:
 
     def decide(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
         """The daemon's verdict, cached per (sandbox, host, ip, port) for one
-        generation. The daemon applies the DNS-rebinding defence too (an
-        allowed name on an internal address needs a rule for the address);
-        a daemon failure denies and is never cached."""
-        if host is not None and (literal := ip_text(host)) is not None:
-            ip, host = literal, None
+        generation. `host` is what the guest named, `ip` where the bytes go;
+        the daemon judges both (the name must resolve to the address, an
+        address literal does not replace the destination, internal addresses
+        need their own rule). A daemon failure denies and is never cached."""
         try:
             self._poll()
             return self._verdict(sandbox, host, ip, port, protocol)
         except DaemonError as e:
             log.warning("ppp: policy daemon unavailable, denying: %s", e)
-            return deny("the ppp daemon is unreachable (fail closed)")
+            return DAEMON_DOWN
 
     def _verdict(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
         """decide() without the poll; raises DaemonError."""
@@ -529,6 +686,7 @@ class PppAddon:
         if rule is not None and not isinstance(rule, dict):
             raise DaemonError("decide: malformed matched_rule")
         allow = r.get("verdict") == "allow"
+        cache = True
         if (rebound := r.get("rebinding")) is not None:
             v = Verdict(
                 allow=False,
@@ -537,7 +695,25 @@ class PppAddon:
                 # Allowing the name would change nothing: the address is
                 # what needs a rule of its own.
                 allow_target=str(rebound),
+                kind="address",
             )
+        elif (internal := r.get("internal")) is not None:
+            v = Verdict(
+                allow=False,
+                reason=f"{internal} is an internal address (or the host's own), which needs an explicit rule",
+                generation=r.get("generation"),
+                allow_target=str(internal),
+                kind="address",
+            )
+        elif (unresolved := r.get("unresolved")) is not None:
+            v = Verdict(
+                allow=False,
+                reason=f"{host} does not resolve to {unresolved}, the address this connection goes to",
+                generation=r.get("generation"),
+                kind="unresolved",
+            )
+            # The guest may resolve the name through ppp next: ask again.
+            cache = False
         else:
             if rule:
                 reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
@@ -551,7 +727,8 @@ class PppAddon:
                 generation=r.get("generation"),
             )
         self._saw_generation(r.get("generation"))
-        self._decisions[key] = v
+        if cache:
+            self._decisions[key] = v
         return v
 
     def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
@@ -585,6 +762,9 @@ class PppAddon:
             "bytes_out": fields.get("bytes_out", 0),
             "bytes_in": fields.get("bytes_in", 0),
         }
+        if fields.get("resolved") is not None:
+            # false: the name does not resolve to `ip` (and was refused).
+            record["resolved"] = fields["resolved"]
         if fields.get("reason"):
             # Only where a denial has no 403 body to say why (refused DNS
             # queries and answers); never a secret: the addon's own words.
@@ -642,18 +822,44 @@ class PppAddon:
         return "ppp policy allow network --sandbox <name> <host>"
 
     def _deny_http(self, flow: http.HTTPFlow, sandbox: str | None, host: str | None, v: Verdict) -> None:
-        if v.rule_id is not None:
+        """Answer 403 with why, and a fix only where one helps: allowing a
+        host again does nothing for a flow refused for another reason."""
+        fix: str | None = None
+        if v.kind == "policy" and v.rule_id is not None:
             why = f"blocked by ppp policy rule {v.rule_id} ({v.resource})"
-        elif v.reason.startswith("default"):
+            fix = self.hint(sandbox, host)
+        elif v.kind == "policy" and v.reason.startswith("default"):
             why = "blocked by ppp policy: default deny"
+            fix = self.hint(sandbox, host)
+        elif v.kind == "policy":
+            why = f"blocked by ppp: {v.reason}"
+            fix = self.hint(sandbox, host)
+        elif v.kind == "address":
+            why = f"blocked by ppp: {v.reason}"
+            fix = self.hint(sandbox, v.allow_target)
+        elif v.kind == "unresolved":
+            why = f"blocked by ppp: {v.reason}"
+            fix = "connect to an address that the sandbox's DNS (10.0.0.53) returns for the name"
+        elif v.kind == "mismatch":
+            why = f"blocked by ppp: {v.reason}"
+            fix = "send the same host name in the TLS SNI, the Host header and the request target"
+        elif v.kind == "daemon":
+            why = f"blocked by ppp: {v.reason}"
+            fix = "on the host: ppp daemon status (then ppp daemon start)"
         else:
             why = f"blocked by ppp: {v.reason}"
+        if v.tls:
+            why = f"{why} (the TLS connection was refused)"
         body = f"{why}\nhost: {host}\n"
         if v.allow_target is not None:
             body += f"address: {v.allow_target}\n"
-        body += f"to allow: {self.hint(sandbox, v.allow_target or host)}\n"
+        if fix is not None:
+            prefix = "to allow" if fix.startswith("ppp policy allow") else "to fix"
+            body += f"{prefix}: {fix}\n"
         flow.response = http.Response.make(403, body.encode(), {"content-type": "text/plain; charset=utf-8"})
         self._mark(flow, sandbox, host, v, False)
+        if v.kind == "unresolved":
+            flow.metadata["ppp"]["resolved"] = False
         log.info("ppp: [%s] denied HTTP %s: %s", sandbox, host, why)
 
     @staticmethod
@@ -697,9 +903,16 @@ class PppAddon:
             log.exception("ppp: tls_clienthello failed, denying")
             v = deny(f"internal error: {type(e).__name__}")
         if not v.allow:
-            self._denied[client.id] = v
+            self._denied[client.id] = dataclasses.replace(v, tls=True)
             self.log_flow(
-                sandbox=sandbox, kind="tls", host=host, ip=ip, port=port, decision="deny", matched_rule=v.rule_id
+                sandbox=sandbox,
+                kind="tls",
+                host=host,
+                ip=ip,
+                port=port,
+                decision="deny",
+                matched_rule=v.rule_id,
+                resolved=False if v.kind == "unresolved" else None,
             )
             log.info("ppp: [%s] denied TLS %s (%s:%s): %s", sandbox, host, ip, port, v.reason)
 
@@ -742,6 +955,8 @@ class PppAddon:
             v = deny(f"internal error: {type(e).__name__}")
         self._mark(flow, sandbox, host or ip, v, v.allow)
         flow.metadata["ppp"].update(kind=kind, ip=ip, port=port)
+        if v.allow and sandbox is not None and port is not None:
+            self._live[flow.id] = (flow, sandbox, host, ip, port, kind)
         if not v.allow:
             self._denied[flow.client_conn.id] = v
             if flow.killable:
@@ -778,15 +993,19 @@ class PppAddon:
         )
 
     def tcp_end(self, flow: tcp.TCPFlow) -> None:
+        self._live.pop(flow.id, None)
         self._log_stream(flow)
 
     def tcp_error(self, flow: tcp.TCPFlow) -> None:
+        self._live.pop(flow.id, None)
         self._log_stream(flow)
 
     def udp_end(self, flow: udp.UDPFlow) -> None:
+        self._live.pop(flow.id, None)
         self._log_stream(flow)
 
     def udp_error(self, flow: udp.UDPFlow) -> None:
+        self._live.pop(flow.id, None)
         self._log_stream(flow)
 
     # ---- DNS -----------------------------------------------------------
@@ -798,12 +1017,21 @@ class PppAddon:
             sandbox = self.sandbox_of(flow.client_conn)
             q = flow.request.question
             name = canonical_host(q.name) if q is not None else None
+            server = flow.server_conn.address
             if sandbox is None:
                 v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            elif server is None or (ip_text(str(server[0])), int(server[1])) != TUNNEL_DNS:
+                # Only ppp's resolver answers: a query to any other server
+                # would carry the guest's bytes to the guest's choice.
+                v = deny("DNS goes only to ppp's resolver at 10.0.0.53", "policy")
             elif name is None:
                 v = deny("a DNS query without a question")
             else:
                 v = self.decide(sandbox, name, None, 53, "dns")
+                # Forward the question alone: EDNS options and additional or
+                # authority records are the guest's own bytes.
+                flow.request.additional_records = []
+                flow.request.authorities = []
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: dns_request failed, refusing")
             v = deny(f"internal error: {type(e).__name__}")
@@ -826,8 +1054,15 @@ class PppAddon:
         sandbox = None
         name = None
         v: Verdict | None = None
+        addrs: list[str] = []
+        ttl = 0
         try:
             resp = flow.response
+            if resp is not None:
+                # The guest gets the answers alone: additional and authority
+                # records are a channel the policy never looked at.
+                resp.additional_records = []
+                resp.authorities = []
             # Nothing to check: no answer, or our own refusal coming back.
             if resp is None or not resp.answers:
                 return
@@ -850,11 +1085,26 @@ class PppAddon:
                     v = self.decide(sandbox, name, str(addr), 53, "dns")
                     if not v.allow:
                         break
+                    addrs.append(str(addr))
+                    ttl = rr.ttl if not ttl else min(ttl, rr.ttl)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: dns_response failed, refusing")
             v = deny(f"internal error: {type(e).__name__}")
         if v is not None and not v.allow:
             self._refuse_dns(flow, sandbox, name, v, "answer")
+        elif sandbox is not None and name is not None and addrs:
+            self._record_answer(sandbox, name, addrs, ttl)
+
+    def _record_answer(self, sandbox: str, name: str, addrs: list[str], ttl: int) -> None:
+        """Tell the daemon which addresses ppp's resolver gave this sandbox
+        for `name`: a flow named `name` may go to these. Before the answer
+        reaches the guest, so its connection never races the record. A
+        failure is logged; the daemon then falls back to the host's own
+        resolution."""
+        try:
+            self._ask({"op": "resolved", "sandbox": sandbox, "name": name, "addrs": addrs, "ttl": int(ttl)})
+        except DaemonError as e:
+            log.warning("ppp: [%s] could not record the DNS answer for %s: %s", sandbox, name, e)
 
     def _refuse_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict, what: str) -> None:
         """Answer REFUSED (for a denied query, or an answer the rebinding
@@ -885,7 +1135,7 @@ class PppAddon:
 
     def _http_decide(self, flow: http.HTTPFlow) -> None:
         sandbox = None
-        host = canonical_host(flow.request.pretty_host)
+        host = None
         try:
             sandbox = self.sandbox_of(flow.client_conn)
             ip, port = self._addr(flow.server_conn)
@@ -893,11 +1143,14 @@ class PppAddon:
                 ip = ip_text(flow.request.host)
             if port is None:
                 port = flow.request.port
+            host, mismatch = request_name(flow)
             prior = self._denied.get(flow.client_conn.id)
             if sandbox is None:
                 v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
             elif prior is not None:
                 v = prior
+            elif mismatch is not None:
+                v = deny(mismatch, "mismatch")
             elif host == LOCAL_HOST:
                 self._mark(flow, sandbox, host, LOCAL, True, ip, port)
                 self._serve_local(flow)
@@ -908,6 +1161,26 @@ class PppAddon:
                 self._deny_http(flow, sandbox, host, v)
                 return
             self._mark(flow, sandbox, host, v, True, ip, port)
+            meta = flow.metadata["ppp"]
+            named = host is not None and ip_text(host) is None
+            # The daemon refused every name that does not resolve to `ip`.
+            meta["resolved"] = True if named and ip is not None else None
+            # A secret goes only where the guest cannot redirect it: TLS on
+            # both legs (the upstream's certificate verified for the name,
+            # which mitmproxy does against the SNI it sends: the client's),
+            # and SNI, Host and target all naming the service's host.
+            client = flow.client_conn
+            meta["secret_ok"] = (
+                named
+                and client.tls_established
+                and flow.request.scheme == "https"
+                and canonical_host(client.sni) == host
+                and not self._ssl_insecure
+            )
+            if flow.request.authority and flow.request.http_version.startswith("HTTP/1"):
+                # Absolute-form: forward origin-form, so an upstream that
+                # routes by the target sees the name that was decided.
+                flow.request.authority = ""
             limit = self._max_request
             cl = header_text(flow.request.headers, b"content-length")
             if cl and cl.strip().isdigit() and int(cl) > limit:
@@ -946,7 +1219,8 @@ class PppAddon:
             if raw is not None and len(raw) > limit:
                 self._too_large(flow, "request", limit)
                 return
-            self._inject(flow, meta["sandbox"], meta["host"])
+            if meta.get("secret_ok"):
+                self._inject(flow, meta["sandbox"], meta["host"])
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: secret injection failed, denying")
             self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
@@ -966,6 +1240,10 @@ class PppAddon:
                 if len(kept) != len(fields):
                     headers.fields = kept
                 headers[r["header"]] = r["value"]
+                self._scrub.setdefault(flow.id, []).append(r["value"].encode())
+                # An uncompressed answer, so that a key echoed back can be
+                # found and scrubbed.
+                headers["accept-encoding"] = "identity"
                 if fresh:
                     # Once per daemon answer, not per request: every log
                     # record, debug included, is formatted and dispatched
@@ -982,6 +1260,7 @@ class PppAddon:
                 if isinstance(s, dict) and s.get("placeholder") and isinstance(s.get("value"), str)
             ]
             if pairs:
+                self._scrub.setdefault(flow.id, []).extend(v.encode() for _, v in pairs if v)
                 for name in set(flow.request.headers.keys()):
                     vals = flow.request.headers.get_all(name)
                     new = [self._sub(v, pairs) for v in vals]
@@ -989,7 +1268,9 @@ class PppAddon:
                         flow.request.headers.set_all(name, new)
         except DaemonError as e:
             log.warning("ppp: [%s] secrets unavailable for %s: %s", sandbox, host, e)
-            body = f"ppp could not fetch the secret for {host}: {e}\n"
+            # The daemon's error names host paths: the log has it, the
+            # guest gets only what to do.
+            body = f"ppp could not fetch the secret for {host}\nto fix: check `ppp daemon status` and `ppp secret ls` on the host\n"
             flow.response = http.Response.make(503, body.encode(), {"content-type": "text/plain; charset=utf-8"})
 
     @staticmethod
@@ -998,8 +1279,27 @@ class PppAddon:
             value = value.replace(p, secret)
         return value
 
+    def _scrub_response(self, flow: http.HTTPFlow) -> None:
+        """Keep the secret values this request carried out of the response
+        (spec 5.4): an upstream that echoes a key back would hand it to the
+        guest. Headers are scrubbed here, the body as it streams."""
+        values = self._scrub.get(flow.id)
+        if not values or flow.response is None:
+            return
+        scrubber = Scrubber(values)
+        fields = flow.response.headers.fields
+        clean = tuple((k, scrubber.scrub(v)) for k, v in fields)
+        if clean != fields:
+            flow.response.headers.fields = clean
+        previous = flow.response.stream
+        if callable(previous):
+            flow.response.stream = lambda chunk: previous(scrubber(chunk))
+        else:
+            flow.response.stream = scrubber
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         try:
+            self._scrub_response(flow)
             if flow.response is None or flow.metadata.get("ppp", {}).get("decision") != "allow":
                 return
             limit = self._max_response
@@ -1028,6 +1328,7 @@ class PppAddon:
             flow.kill()
 
     def response(self, flow: http.HTTPFlow) -> None:
+        self._scrub.pop(flow.id, None)
         try:
             meta = flow.metadata.get("ppp", {})
             limit = self._max_response
@@ -1044,6 +1345,7 @@ class PppAddon:
             log.exception("ppp: response hook failed")
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self._scrub.pop(flow.id, None)
         try:
             self._log_http(flow)
         except Exception:  # noqa: BLE001
@@ -1071,6 +1373,7 @@ class PppAddon:
             matched_rule=meta.get("matched_rule"),
             bytes_out=len(flow.request.raw_content or b""),
             bytes_in=len(flow.response.raw_content or b"") if flow.response else 0,
+            resolved=meta.get("resolved"),
         )
 
 

@@ -173,33 +173,109 @@ impl Engine {
     }
 }
 
+/// A flow the proxy carries, as [`Engine::decide_flow`] judges it: what the
+/// guest named (`host`: SNI, `Host`, `:authority`, a DNS question) and what
+/// its bytes will really do (`ip`, `port`: the address mitmproxy connects to).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flow<'a> {
+    pub sandbox: Option<&'a str>,
+    pub host: Option<&'a str>,
+    pub ip: Option<IpAddr>,
+    pub port: u16,
+    /// Whether `host` resolves to `ip` (the host's own resolution, or an
+    /// answer this sandbox got from ppp's resolver). `None`: not checked,
+    /// as for a DNS answer, which *is* the resolution.
+    pub resolved: Option<bool>,
+    /// `ip` is one of the host's own addresses: internal whatever its range.
+    pub local: bool,
+}
+
+/// Why [`Engine::decide_flow`] refused a flow that the rules alone allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "address", rename_all = "lowercase")]
+pub enum Refusal {
+    /// An allowed name on an internal address that no rule for the address
+    /// allows (the DNS-rebinding defence).
+    Rebinding(IpAddr),
+    /// An internal address (or one of the host's own) that only the default
+    /// allowed: internal addresses need an explicit address rule.
+    Internal(IpAddr),
+    /// The name does not resolve to the address the flow goes to, so the
+    /// name's rule cannot vouch for it.
+    Unresolved(IpAddr),
+}
+
 impl Engine {
-    /// [`Engine::decide`] for a flow the proxy carries, with the DNS-rebinding
-    /// defence: a *name* the policy allows whose destination `ip` is
-    /// internal ([`is_internal`]) goes through only when a rule for that
-    /// address itself allows it (a default allow does not open internal
-    /// addresses). Otherwise the flow is denied, and the address is
-    /// returned so the refusal can say what to allow.
+    /// [`Engine::decide`] for a flow the proxy carries, deciding on where its
+    /// bytes go rather than on what the guest says:
+    /// - a name (not an address literal) counts only if it resolves to the
+    ///   destination (`flow.resolved == Some(false)` refuses, as
+    ///   [`Refusal::Unresolved`]);
+    /// - an address literal in place of the name does not replace the
+    ///   destination: the literal and the destination must both be allowed;
+    /// - an internal destination ([`is_internal`], or `flow.local`) passes
+    ///   only when a rule for that address allows it (a default allow does
+    ///   not open internal addresses; [`Refusal::Rebinding`] for a named
+    ///   flow, [`Refusal::Internal`] otherwise).
+    ///
+    /// A deny by a rule wins over all of these and is returned as it is.
     #[must_use]
-    pub fn decide_flow(
-        &self,
-        sandbox: Option<&str>,
-        host: Option<&str>,
-        ip: Option<IpAddr>,
-        port: u16,
-    ) -> (Decision<'_>, Option<IpAddr>) {
-        let d = self.decide(sandbox, host, ip, port);
-        let named = host.is_some_and(|h| !normalize_host(h).is_empty() && host_ip(h).is_none());
-        let Some(addr) =
-            ip.map(|a| a.to_canonical()).filter(|a| named && d.verdict == Verdict::Allow && is_internal(*a))
-        else {
-            return (d, None);
+    pub fn decide_flow(&self, flow: &Flow<'_>) -> (Decision<'_>, Option<Refusal>) {
+        let refused = |r| (Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false }, Some(r));
+        let host = flow.host.filter(|h| !normalize_host(h).is_empty());
+        let dst = flow.ip.map(|a| a.to_canonical());
+        if let Some(literal) = host.and_then(host_ip).map(|a| a.to_canonical()) {
+            // `Host: 10.9.0.5` sent to another address: judge both.
+            let mut last = None;
+            for addr in [Some(literal), dst].into_iter().flatten() {
+                let local = flow.local && Some(addr) == dst;
+                let (d, r) = self.decide_address(flow.sandbox, addr, flow.port, local);
+                if d.verdict == Verdict::Deny {
+                    return (d, r);
+                }
+                last = Some((d, r));
+            }
+            return last.unwrap_or_else(|| (self.decide(flow.sandbox, None, None, flow.port), None));
+        }
+        let Some(host) = host else {
+            return match dst {
+                Some(addr) => self.decide_address(flow.sandbox, addr, flow.port, flow.local),
+                None => (self.decide(flow.sandbox, None, None, flow.port), None),
+            };
         };
-        let by_ip = self.decide(sandbox, None, Some(addr), port);
-        if by_ip.verdict == Verdict::Allow && by_ip.matched_rule.is_some() {
+        let d = self.decide(flow.sandbox, Some(host), dst, flow.port);
+        let Some(addr) = dst else { return (d, None) };
+        if d.verdict == Verdict::Deny {
             return (d, None);
         }
-        (Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false }, Some(addr))
+        if flow.resolved == Some(false) {
+            return refused(Refusal::Unresolved(addr));
+        }
+        if is_internal(addr) || flow.local {
+            let by_ip = self.decide(flow.sandbox, None, Some(addr), flow.port);
+            if by_ip.verdict != Verdict::Allow || by_ip.matched_rule.is_none() {
+                return refused(Refusal::Rebinding(addr));
+            }
+        }
+        (d, None)
+    }
+
+    /// An address alone, with the internal-address rule.
+    fn decide_address(
+        &self,
+        sandbox: Option<&str>,
+        addr: IpAddr,
+        port: u16,
+        local: bool,
+    ) -> (Decision<'_>, Option<Refusal>) {
+        let d = self.decide(sandbox, None, Some(addr), port);
+        if d.verdict == Verdict::Allow && d.matched_rule.is_none() && (local || is_internal(addr)) {
+            return (
+                Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false },
+                Some(Refusal::Internal(addr)),
+            );
+        }
+        (d, None)
     }
 }
 
@@ -388,6 +464,12 @@ impl<'q> Query<'q> {
 pub(crate) fn normalize_host(h: &str) -> Cow<'_, str> {
     let h = h.strip_suffix('.').unwrap_or(h);
     if h.bytes().any(|b| b.is_ascii_uppercase()) { Cow::Owned(h.to_ascii_lowercase()) } else { Cow::Borrowed(h) }
+}
+
+/// Whether `h` names a host: not empty, and not an address literal.
+#[must_use]
+pub fn is_name(h: &str) -> bool {
+    !normalize_host(h).is_empty() && host_ip(h).is_none()
 }
 
 /// A host that is an IP literal, with or without IPv6 brackets.
@@ -597,35 +679,104 @@ mod tests {
         }
     }
 
+    fn flow<'a>(host: Option<&'a str>, ip: &str, port: u16) -> Flow<'a> {
+        Flow { host, ip: Some(ip.parse().unwrap()), port, resolved: Some(true), ..Flow::default() }
+    }
+
     #[test]
     fn an_allowed_name_on_an_internal_address_needs_a_rule_for_the_address() {
-        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         // A name allowed by a rule, another only by the default.
         for default in [Verdict::Deny, Verdict::Allow] {
             let e = Engine::build(default, vec![allow("ok.test"), allow("10.9.0.0/16")], vec![]).unwrap();
-            let (d, rebound) = e.decide_flow(None, Some("ok.test"), ip("127.0.0.1"), 443);
-            assert_eq!((d.verdict, rebound), (Verdict::Deny, ip("127.0.0.1")), "{default}");
+            let (d, r) = e.decide_flow(&flow(Some("ok.test"), "127.0.0.1", 443));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Rebinding(ip("127.0.0.1")))), "{default}");
             assert!(d.matched_rule.is_none() && !d.default_used);
             // Mapped IPv6 is judged, and reported, as the IPv4 address.
-            assert_eq!(e.decide_flow(None, Some("ok.test"), ip("::ffff:169.254.169.254"), 80).1, ip("169.254.169.254"));
+            assert_eq!(
+                e.decide_flow(&flow(Some("ok.test"), "::ffff:169.254.169.254", 80)).1,
+                Some(Refusal::Rebinding(ip("169.254.169.254")))
+            );
             // An address rule opens it; a public address needs nothing more.
-            for (addr, want) in [("10.9.0.5", Verdict::Allow), ("93.184.216.34", Verdict::Allow)] {
-                let (d, rebound) = e.decide_flow(None, Some("ok.test"), ip(addr), 443);
-                assert_eq!((d.verdict, rebound), (want, None), "{addr}");
+            for addr in ["10.9.0.5", "93.184.216.34"] {
+                let (d, r) = e.decide_flow(&flow(Some("ok.test"), addr, 443));
+                assert_eq!((d.verdict, r), (Verdict::Allow, None), "{addr}");
             }
-            // No name (or an address literal as the name): the address is
-            // what the policy judged already.
-            let (d, rebound) = e.decide_flow(None, None, ip("127.0.0.1"), 443);
-            assert_eq!((d.verdict, rebound), (default, None));
-            assert_eq!(e.decide_flow(None, Some("127.0.0.1"), ip("127.0.0.1"), 443).1, None);
+            // The host's own address is internal whatever its range.
+            let mut own = flow(Some("ok.test"), "93.184.216.34", 443);
+            own.local = true;
+            assert_eq!(e.decide_flow(&own).1, Some(Refusal::Rebinding(ip("93.184.216.34"))));
         }
         // Denied names stay denied as they were, with their rule.
         let e = Engine::build(Verdict::Allow, vec![deny("bad.test")], vec![]).unwrap();
-        let (d, rebound) = e.decide_flow(None, Some("bad.test"), ip("10.0.0.1"), 443);
-        assert_eq!((d.verdict, rebound, d.matched_rule.is_some()), (Verdict::Deny, None, true));
+        let (d, r) = e.decide_flow(&flow(Some("bad.test"), "10.0.0.1", 443));
+        assert_eq!((d.verdict, r, d.matched_rule.is_some()), (Verdict::Deny, None, true));
         // With a default allow, a name on an internal address is refused.
-        let (d, rebound) = e.decide_flow(None, Some("any.test"), ip("10.0.0.1"), 443);
-        assert_eq!((d.verdict, rebound), (Verdict::Deny, ip("10.0.0.1")));
+        let (d, r) = e.decide_flow(&flow(Some("any.test"), "10.0.0.1", 443));
+        assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Rebinding(ip("10.0.0.1")))));
+    }
+
+    #[test]
+    fn internal_addresses_need_an_address_rule_even_under_a_default_allow() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let e = Engine::build(Verdict::Allow, vec![allow("10.9.0.5")], vec![]).unwrap();
+        for addr in ["127.0.0.1", "169.254.169.254", "10.1.2.3", "100.64.0.1", "fd00::1", "::ffff:192.168.0.1"] {
+            let (d, r) = e.decide_flow(&flow(None, addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Internal(ip(addr).to_canonical()))), "{addr}");
+        }
+        assert_eq!(e.decide_flow(&flow(None, "10.9.0.5", 80)).0.verdict, Verdict::Allow);
+        assert_eq!(e.decide_flow(&flow(None, "93.184.216.34", 80)).0.verdict, Verdict::Allow);
+        let mut own = flow(None, "93.184.216.34", 80);
+        own.local = true;
+        assert_eq!(e.decide_flow(&own).1, Some(Refusal::Internal(ip("93.184.216.34"))));
+    }
+
+    #[test]
+    fn an_address_literal_as_the_name_does_not_replace_the_destination() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let e = Engine::build(Verdict::Deny, vec![allow("10.9.0.5")], vec![]).unwrap();
+        // `curl -H 'Host: 10.9.0.5' http://169.254.169.254/`: the real
+        // destination is judged too.
+        let (d, r) = e.decide_flow(&flow(Some("10.9.0.5"), "169.254.169.254", 80));
+        assert_eq!(d.verdict, Verdict::Deny, "{r:?}");
+        // And the literal: an allowed destination with a denied literal.
+        let (d, _) = e.decide_flow(&flow(Some("10.1.1.1"), "10.9.0.5", 80));
+        assert_eq!(d.verdict, Verdict::Deny);
+        // Both allowed (the same address): allowed by its rule.
+        let (d, r) = e.decide_flow(&flow(Some("[::ffff:10.9.0.5]"), "10.9.0.5", 80));
+        assert_eq!((d.verdict, r, d.matched_rule.is_some()), (Verdict::Allow, None, true));
+        // Under a default allow the internal literal still needs its rule.
+        let e = Engine::build(Verdict::Allow, vec![], vec![]).unwrap();
+        let (d, r) = e.decide_flow(&flow(Some("127.0.0.1"), "93.184.216.34", 80));
+        assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Internal(ip("127.0.0.1")))));
+    }
+
+    #[test]
+    fn a_name_counts_only_where_it_resolves() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let e = Engine::build(Verdict::Deny, vec![allow("api.test"), allow("10.77.0.9")], vec![]).unwrap();
+        let mut f = flow(Some("api.test"), "10.77.0.9", 80);
+        f.resolved = Some(false);
+        // The address is allowed by its own rule, but the name cannot vouch
+        // for it: `Host: api.test` sent to 10.77.0.9 is refused.
+        assert_eq!(
+            e.decide_flow(&f),
+            (
+                Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false },
+                Some(Refusal::Unresolved(ip("10.77.0.9")))
+            )
+        );
+        f.resolved = Some(true);
+        assert_eq!(e.decide_flow(&f).0.verdict, Verdict::Allow);
+        // Not checked (a DNS answer is the resolution itself).
+        f.resolved = None;
+        assert_eq!(e.decide_flow(&f).0.verdict, Verdict::Allow);
+        // A name the rules deny stays a rule's deny, resolved or not.
+        let e = Engine::build(Verdict::Allow, vec![deny("bad.test")], vec![]).unwrap();
+        let mut f = flow(Some("bad.test"), "93.184.216.34", 443);
+        f.resolved = Some(false);
+        let (d, r) = e.decide_flow(&f);
+        assert_eq!((d.verdict, r, d.matched_rule.is_some()), (Verdict::Deny, None, true));
     }
 
     #[test]

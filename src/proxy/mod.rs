@@ -4,6 +4,7 @@
 //! state-changing commands use to ask for a reload.
 
 pub mod protocol;
+pub mod resolve;
 pub mod socket;
 pub mod supervisor;
 

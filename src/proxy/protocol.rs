@@ -52,7 +52,9 @@ pub enum Request {
         #[serde(default)]
         ip: Option<IpAddr>,
         port: u16,
-        /// What the addon saw; informational, rules match on host, ip and port.
+        /// What the addon saw. Rules match on host, ip and port; a `dns`
+        /// decision (a question or its answer) skips the check that the
+        /// name resolves to `ip`, since the answer is the resolution.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         protocol: Option<Protocol>,
     },
@@ -63,6 +65,16 @@ pub enum Request {
     /// The `--mode` list mitmdump should run now, one WireGuard server per
     /// claimed port; the addon applies it when the generation moves.
     Modes,
+    /// The addresses ppp's own resolver (10.0.0.53 in the tunnel) answered
+    /// `sandbox` for `name`: a later flow to `name` may go to these.
+    Resolved {
+        sandbox: String,
+        name: String,
+        addrs: Vec<IpAddr>,
+        /// The answer's TTL in seconds; kept at least a few minutes.
+        #[serde(default)]
+        ttl: u32,
+    },
 }
 
 /// The layer a decision was asked at.
@@ -142,6 +154,24 @@ pub struct Decision {
     /// internal address, which needs a rule of its own
     /// ([`crate::policy::Engine::decide_flow`]).
     pub rebinding: Option<std::net::IpAddr>,
+    /// Set when the name does not resolve to the flow's address.
+    pub unresolved: Option<std::net::IpAddr>,
+    /// Set when an internal address (or one of the host's own) was allowed
+    /// only by the default: it needs an address rule.
+    pub internal: Option<std::net::IpAddr>,
+}
+
+impl Decision {
+    /// The refusal's address in its wire field.
+    pub fn set_refusal(&mut self, r: Option<crate::policy::Refusal>) {
+        use crate::policy::Refusal;
+        match r {
+            Some(Refusal::Rebinding(a)) => self.rebinding = Some(a),
+            Some(Refusal::Unresolved(a)) => self.unresolved = Some(a),
+            Some(Refusal::Internal(a)) => self.internal = Some(a),
+            None => {}
+        }
+    }
 }
 
 /// A reply, without its optional echoed id.
@@ -190,6 +220,8 @@ impl Response {
                 w.default_used = Some(d.default_used);
                 w.generation = Some(d.generation);
                 w.rebinding = d.rebinding;
+                w.unresolved = d.unresolved;
+                w.internal = d.internal;
             }
             Response::Generation(g) => w.generation = Some(*g),
             Response::Modes(m) => w.modes = Some(m.clone()),
@@ -222,6 +254,8 @@ impl Response {
                 default_used: w.default_used.unwrap_or(false),
                 generation,
                 rebinding: w.rebinding,
+                unresolved: w.unresolved,
+                internal: w.internal,
             })
         } else if let Some(g) = w.generation {
             Response::Generation(g)
@@ -273,6 +307,10 @@ struct Wire {
     generation: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rebinding: Option<std::net::IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unresolved: Option<std::net::IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    internal: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     modes: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -387,6 +425,8 @@ mod tests {
             default_used: true,
             generation: 3,
             rebinding: None,
+            unresolved: None,
+            internal: None,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(

@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use super::protocol::{self, MAX_LINE, MatchedRule, Reason, Request, Response};
 use crate::dirs::Dirs;
 use crate::error::fail;
-use crate::policy::{self, Engine};
+use crate::policy::{self, Engine, Flow, Verdict};
 use crate::secret::{self, Store};
 
 /// How long a connection may sit without completing a request line. The
@@ -149,6 +149,8 @@ pub struct State {
     /// Carries each new generation to the supervisor, which then brings
     /// mitmdump's WireGuard servers in line with the port registry.
     reloaded: tokio::sync::watch::Sender<u64>,
+    /// The names each sandbox resolved through ppp, and the host's lookups.
+    pub resolutions: super::resolve::Resolutions,
 }
 
 impl State {
@@ -170,6 +172,7 @@ impl State {
             generation: AtomicU64::new(1),
             epoch,
             reloaded: tokio::sync::watch::Sender::new(1),
+            resolutions: super::resolve::Resolutions::default(),
         };
         state.publish(1)?;
         Ok(state)
@@ -401,8 +404,12 @@ async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, 
                 Err(e) => Response::error(Reason::Internal, format!("modes task failed: {e}")),
             }
         }
-        Request::Decide { sandbox, host, ip, port, protocol: _ } => {
-            decide(state, sandbox.as_deref(), host.as_deref(), ip, port)
+        Request::Decide { sandbox, host, ip, port, protocol } => {
+            decide(state, sandbox.as_deref(), host.as_deref(), ip, port, protocol).await
+        }
+        Request::Resolved { sandbox, name, addrs, ttl } => {
+            state.resolutions.record(&sandbox, &name, &addrs, ttl);
+            Response::Ack
         }
         Request::Reload => {
             let st = state.clone();
@@ -430,22 +437,41 @@ async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, 
     (id, reply)
 }
 
-fn decide(
+/// A flow's verdict. The name counts only where it resolves: for a flow
+/// with both (not a DNS question or answer, which is the resolution itself),
+/// the name must resolve to the address, which costs a host lookup only when
+/// the rules would let the name through and ppp's resolver did not already
+/// give this sandbox that address.
+async fn decide(
     state: &State,
     sandbox: Option<&str>,
     host: Option<&str>,
     ip: Option<std::net::IpAddr>,
     port: u16,
+    protocol: Option<protocol::Protocol>,
 ) -> Response {
     let snap = state.current();
-    let (d, rebinding) = snap.engine.decide_flow(sandbox, host, ip, port);
-    Response::Decision(protocol::Decision {
+    let mut flow = Flow { sandbox, host, ip, port, resolved: None, local: false };
+    if let Some(addr) = ip {
+        flow.local = state.resolutions.is_own(addr);
+        if let Some(name) = host.filter(|h| policy::is_name(h) && protocol != Some(protocol::Protocol::Dns))
+            && snap.engine.decide(sandbox, host, ip, port).verdict == Verdict::Allow
+        {
+            flow.resolved = Some(state.resolutions.resolves(sandbox, name, addr).await);
+        }
+    }
+    let (d, refusal) = snap.engine.decide_flow(&flow);
+    let mut out = protocol::Decision {
         verdict: d.verdict,
         matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
         default_used: d.default_used,
         generation: snap.generation,
-        rebinding,
-    })
+        rebinding: None,
+        unresolved: None,
+        internal: None,
+    };
+    out.set_refusal(refusal);
+    Response::Decision(out)
 }
 
 /// Look a secret up. Blocking: the keychain and the age file are.

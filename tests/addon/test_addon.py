@@ -101,6 +101,17 @@ def server(ip: str, port: int) -> connection.Server:
     return s
 
 
+SANDBOXES = {51820: "red-fox", 51821: "blue"}
+
+
+def resolved(port: int, name: str, ip: str) -> None:
+    """What the addon reports when ppp's resolver answers `name` with `ip`."""
+    # NoDaemon's state dir has no daemon to tell; it denies everything anyway.
+    if port in SANDBOXES and os.path.exists(os.path.join(STATE, "secret.sock")):
+        reply = ask({"op": "resolved", "sandbox": SANDBOXES[port], "name": name, "addrs": [ip], "ttl": 300})
+        assert reply["ok"], reply
+
+
 def http_flow(
     port: int,
     host: str,
@@ -109,10 +120,25 @@ def http_flow(
     headers: dict[str, str] | None = None,
     content: bytes = b"",
     peer: str = "10.0.0.2",
+    sni: str | None = "",
+    resolve: bool = True,
 ) -> http.HTTPFlow:
+    """A request as mitmproxy hands it over: to `ip`:`dport`, `Host: host`,
+    over TLS with SNI `host` (or `sni`; None for none) when `dport` is 443,
+    and `host` resolved to `ip` through ppp's resolver unless `resolve` is
+    false."""
     f = tflow.tflow(client_conn=client(port, peer), server_conn=server(ip, dport))
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if dport == 443:
+        f.client_conn.timestamp_tls_setup = 946681201
+        f.client_conn.sni = name if sni == "" else sni
+    else:
+        f.client_conn.timestamp_tls_setup = None
+        f.client_conn.sni = None
+    if resolve and A.ip_text(name) is None:
+        resolved(port, name, ip)
     r = f.request
-    r.scheme, r.host, r.port, r.authority = "https", ip, dport, ""
+    r.scheme, r.host, r.port, r.authority = ("https" if dport == 443 else "http"), ip, dport, ""
     r.headers.clear()
     r.headers["host"] = host
     for k, v in (headers or {}).items():
@@ -584,7 +610,7 @@ class Live(Base):
         self.addon.daemon.ask = flaky  # type: ignore[method-assign]
         f = self.run_http(http_flow(51820, "c.allowed.test"))
         self.assertEqual(f.response.status_code, 403)
-        self.assertIn("unreachable", f.response.text)
+        self.assertIn("daemon did not answer", f.response.text)
         down[0] = False
         self.assertEqual(self.run_http(http_flow(51820, "c.allowed.test")).response.status_code, 200)
 
@@ -662,7 +688,7 @@ class NoDaemon(Base):
         self.assertFalse(os.path.exists(os.path.join(STATE, "secret.sock")))
         f = self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "dummy"}))
         self.assertEqual(f.response.status_code, 403)
-        self.assertIn("unreachable", f.response.text)
+        self.assertIn("daemon did not answer", f.response.text)
         self.assertEqual(f.request.headers["x-api-key"], "dummy")
         c = self.tls(51820, "api.anthropic.com", "93.184.216.34")
         self.assertIsNotNone(self.connect(c, "93.184.216.34", 443))

@@ -1,0 +1,272 @@
+//! Where a name may send a flow: the addresses it resolves to.
+//!
+//! A guest chooses the address it connects to and, separately, the name it
+//! says (SNI, `Host`, `:authority`). A rule that allows the name vouches only
+//! for the name's own addresses, so the daemon checks that the flow's address
+//! is one of them ([`crate::policy::Flow::resolved`]). "Its own addresses"
+//! are, per sandbox:
+//! - the answers ppp's resolver (`10.0.0.53` in the tunnel) gave this
+//!   sandbox for the name, reported by the addon as it passes them on;
+//! - the host's own resolution of the name (`getaddrinfo`), for guests that
+//!   pinned an address the host agrees with (`/etc/hosts`, `curl --resolve`).
+//!
+//! Everything here is bounded: a guest can make the addon report answers for
+//! as many names as it likes, and ask for flows to as many allowed names.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Reported answers kept, over all sandboxes.
+const MAX_ANSWERS: usize = 16 * 1024;
+/// Addresses kept per (sandbox, name); round-robin names rotate within it.
+const MAX_ADDRS: usize = 16;
+/// How long a reported answer counts, at least and at most, whatever its TTL:
+/// a guest's resolver or program may keep an address for its TTL, and some
+/// keep it for minutes whatever the TTL says.
+const ANSWER_MIN: Duration = Duration::from_secs(300);
+const ANSWER_MAX: Duration = Duration::from_secs(3600);
+/// Host lookups kept (positive and negative), and for how long.
+const MAX_LOOKUPS: usize = 4096;
+const LOOKUP_TTL: Duration = Duration::from_secs(60);
+const LOOKUP_NEGATIVE_TTL: Duration = Duration::from_secs(15);
+/// A host lookup answers within this or counts as "does not resolve". The
+/// addon waits for the reply on mitmproxy's event loop, so this bounds the
+/// stall a guest can cause per distinct allowed name it has not resolved
+/// through ppp (each result is cached).
+const LOOKUP_TIMEOUT: Duration = Duration::from_millis(750);
+/// Host lookups in flight at once; more count as "does not resolve".
+const MAX_LOOKUPS_IN_FLIGHT: usize = 8;
+/// How often the host's own addresses are re-read.
+const OWN_REFRESH: Duration = Duration::from_secs(5);
+
+/// A map that forgets its least recently used quarter when full.
+#[derive(Debug)]
+struct Bounded<K, V> {
+    cap: usize,
+    tick: u64,
+    map: HashMap<K, (u64, V)>,
+}
+
+impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
+    fn new(cap: usize) -> Self {
+        Self { cap, tick: 0, map: HashMap::new() }
+    }
+
+    fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(k).map(|e| {
+            e.0 = tick;
+            &mut e.1
+        })
+    }
+
+    fn entry_or(&mut self, k: K, make: impl FnOnce() -> V) -> &mut V {
+        if !self.map.contains_key(&k) && self.map.len() >= self.cap {
+            // Drop the oldest quarter at once: amortised O(log n) per insert.
+            let mut ticks: Vec<u64> = self.map.values().map(|e| e.0).collect();
+            let cut = self.cap / 4;
+            ticks.select_nth_unstable(cut);
+            let below = ticks[cut];
+            self.map.retain(|_, e| e.0 > below);
+        }
+        self.tick += 1;
+        let tick = self.tick;
+        let e = self.map.entry(k).or_insert_with(|| (tick, make()));
+        e.0 = tick;
+        &mut e.1
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// The daemon's record of names and their addresses.
+#[derive(Debug)]
+pub struct Resolutions {
+    answers: Mutex<Bounded<(String, String), Vec<(IpAddr, Instant)>>>,
+    lookups: Mutex<Bounded<String, (Vec<IpAddr>, Instant)>>,
+    in_flight: tokio::sync::Semaphore,
+    own: Mutex<(Option<Instant>, Vec<IpAddr>)>,
+}
+
+impl Default for Resolutions {
+    fn default() -> Self {
+        Self {
+            answers: Mutex::new(Bounded::new(MAX_ANSWERS)),
+            lookups: Mutex::new(Bounded::new(MAX_LOOKUPS)),
+            in_flight: tokio::sync::Semaphore::new(MAX_LOOKUPS_IN_FLIGHT),
+            own: Mutex::new((None, Vec::new())),
+        }
+    }
+}
+
+/// The key a name is kept under: lower case, no trailing dot.
+fn key(name: &str) -> String {
+    crate::policy::normalize_host(name).into_owned()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Resolutions {
+    /// Remember that ppp's resolver answered `sandbox` with `addrs` for
+    /// `name`, for `ttl` seconds (within [`ANSWER_MIN`], [`ANSWER_MAX`]).
+    pub fn record(&self, sandbox: &str, name: &str, addrs: &[IpAddr], ttl: u32) {
+        self.record_at(sandbox, name, addrs, ttl, Instant::now());
+    }
+
+    fn record_at(&self, sandbox: &str, name: &str, addrs: &[IpAddr], ttl: u32, now: Instant) {
+        if addrs.is_empty() || name.len() > 253 {
+            return;
+        }
+        let until = now + Duration::from_secs(u64::from(ttl)).clamp(ANSWER_MIN, ANSWER_MAX);
+        let mut answers = lock(&self.answers);
+        let kept = answers.entry_or((sandbox.to_owned(), key(name)), Vec::new);
+        kept.retain(|(a, exp)| *exp > now && !addrs.iter().any(|n| n.to_canonical() == *a));
+        kept.extend(addrs.iter().map(|a| (a.to_canonical(), until)));
+        if kept.len() > MAX_ADDRS {
+            // The newest answers win: they are what the guest connects to.
+            kept.drain(..kept.len() - MAX_ADDRS);
+        }
+    }
+
+    /// Whether ppp's resolver told `sandbox` that `name` is at `addr`.
+    fn answered(&self, sandbox: &str, name: &str, addr: IpAddr, now: Instant) -> bool {
+        let mut answers = lock(&self.answers);
+        answers
+            .get_mut(&(sandbox.to_owned(), key(name)))
+            .is_some_and(|kept| kept.iter().any(|(a, exp)| *a == addr && *exp > now))
+    }
+
+    /// Whether `name` resolves to `addr` for `sandbox`: an answer ppp's
+    /// resolver gave it, or the host's own resolution. A lookup that fails,
+    /// times out or cannot start (too many in flight) counts as "no".
+    pub async fn resolves(&self, sandbox: Option<&str>, name: &str, addr: IpAddr) -> bool {
+        let addr = addr.to_canonical();
+        let now = Instant::now();
+        if sandbox.is_some_and(|s| self.answered(s, name, addr, now)) {
+            return true;
+        }
+        let name = key(name);
+        if name.is_empty() || name.len() > 253 {
+            return false;
+        }
+        {
+            let mut lookups = lock(&self.lookups);
+            if let Some((addrs, until)) = lookups.get_mut(&name)
+                && *until > now
+            {
+                return addrs.contains(&addr);
+            }
+        }
+        let Ok(_permit) = self.in_flight.try_acquire() else {
+            tracing::debug!("resolve: too many host lookups in flight; {name} counts as not resolving");
+            return false;
+        };
+        let found: Vec<IpAddr> =
+            match tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((name.as_str(), 0))).await {
+                Ok(Ok(it)) => it.map(|sa| sa.ip().to_canonical()).collect(),
+                Ok(Err(e)) => {
+                    tracing::debug!("resolve: the host does not resolve {name}: {e}");
+                    Vec::new()
+                }
+                Err(_) => {
+                    tracing::debug!("resolve: the host lookup of {name} timed out");
+                    Vec::new()
+                }
+            };
+        let ttl = if found.is_empty() { LOOKUP_NEGATIVE_TTL } else { LOOKUP_TTL };
+        let hit = found.contains(&addr);
+        *lock(&self.lookups).entry_or(name, || (Vec::new(), now)) = (found, now + ttl);
+        hit
+    }
+
+    /// Whether `addr` is one of this host's own addresses (any interface):
+    /// a flow there reaches the host's services, whatever the range.
+    pub fn is_own(&self, addr: IpAddr) -> bool {
+        let addr = addr.to_canonical();
+        let mut own = lock(&self.own);
+        let now = Instant::now();
+        if own.0.is_none_or(|at| now.duration_since(at) > OWN_REFRESH) {
+            own.1 = own_addresses();
+            own.0 = Some(now);
+        }
+        own.1.contains(&addr)
+    }
+
+    /// Reported answers kept now (for tests of the bound).
+    #[must_use]
+    pub fn answers_len(&self) -> usize {
+        lock(&self.answers).len()
+    }
+}
+
+/// Every address on this host's interfaces.
+fn own_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    addrs
+        .filter_map(|i| {
+            let a = i.address?;
+            if let Some(v4) = a.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()).to_canonical())
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn answers_count_per_sandbox_and_expire() {
+        let r = Resolutions::default();
+        let t0 = Instant::now();
+        r.record_at("red", "API.test.", &[ip("93.184.216.34"), ip("::ffff:1.2.3.4")], 30, t0);
+        assert!(r.answered("red", "api.test", ip("93.184.216.34"), t0));
+        assert!(r.answered("red", "api.test", ip("1.2.3.4"), t0));
+        // Another sandbox got no such answer.
+        assert!(!r.answered("blue", "api.test", ip("93.184.216.34"), t0));
+        // Kept at least ANSWER_MIN, whatever the TTL said.
+        assert!(r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN - Duration::from_secs(1)));
+        assert!(!r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_guest_cannot_grow_the_record_without_bound() {
+        let r = Resolutions::default();
+        let t0 = Instant::now();
+        for i in 0..(MAX_ANSWERS * 3) {
+            r.record_at("red", &format!("n{i}.test"), &[ip("93.184.216.34")], 60, t0);
+        }
+        assert!(r.answers_len() <= MAX_ANSWERS, "{}", r.answers_len());
+        // The newest names are still there.
+        assert!(r.answered("red", &format!("n{}.test", MAX_ANSWERS * 3 - 1), ip("93.184.216.34"), t0));
+        // And addresses per name are bounded too.
+        for i in 0..100u8 {
+            r.record_at("red", "rr.test", &[IpAddr::from([93, 184, 0, i])], 60, t0);
+        }
+        assert!(r.answered("red", "rr.test", ip("93.184.0.99"), t0));
+        assert!(!r.answered("red", "rr.test", ip("93.184.0.0"), t0));
+    }
+
+    #[tokio::test]
+    async fn the_hosts_own_resolution_counts() {
+        let r = Resolutions::default();
+        assert!(r.resolves(Some("red"), "localhost", ip("127.0.0.1")).await);
+        assert!(!r.resolves(Some("red"), "localhost", ip("93.184.216.34")).await);
+        assert!(r.is_own(ip("127.0.0.1")));
+    }
+}
