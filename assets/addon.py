@@ -310,6 +310,10 @@ def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
     or (None, reason) when they do not. (None, None): no name at all.
     """
     req = flow.request
+    if not (req.path.startswith("/") or (req.path == "*" and req.method == "OPTIONS")):
+        # An absolute URI in HTTP/2's :path (or anything but origin-form)
+        # would reach an HTTP/1 upstream as an absolute-form target.
+        return None, "the request target is not a path"
     hosts = [v for k, v in req.headers.fields if k.lower() == b"host"]
     if len(hosts) > 1:
         return None, "the request has more than one Host header"
@@ -1030,7 +1034,7 @@ class PppAddon:
                 v = self.decide(sandbox, name, None, 53, "dns")
                 # Forward the question alone: EDNS options and additional or
                 # authority records are the guest's own bytes.
-                flow.request.additional_records = []
+                flow.request.additionals = []
                 flow.request.authorities = []
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: dns_request failed, refusing")
@@ -1061,7 +1065,7 @@ class PppAddon:
             if resp is not None:
                 # The guest gets the answers alone: additional and authority
                 # records are a channel the policy never looked at.
-                resp.additional_records = []
+                resp.additionals = []
                 resp.authorities = []
             # Nothing to check: no answer, or our own refusal coming back.
             if resp is None or not resp.answers:

@@ -36,6 +36,15 @@ pub const UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 pub const HOST_UPSTREAM_IP: Ipv4Addr = Ipv4Addr::new(10, 251, 0, 1);
 /// The name on the upstream's TLS certificate.
 pub const UPSTREAM_NAME: &str = "echo.test";
+/// The attacker's server: a LAN address a user could plausibly allow, in a
+/// namespace of its own ([`Topology::attacker_ns`]), and a second address
+/// there that no rule allows.
+pub const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 9);
+pub const ATTACKER_IP2: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 10);
+/// The service host whose key ppp injects, played by the upstream.
+pub const SERVICE_NAME: &str = "api.anthropic.com";
+/// The name the attacker holds a valid certificate for.
+pub const ATTACKER_NAME: &str = "attacker.test";
 /// How long a fixture waits for anything to come up or go away.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -197,6 +206,21 @@ impl Topology {
         run_ok(&["ip", "-n", &u, "route", "add", "10.251.0.0/16", "via", "10.251.0.1"]);
         run_ok(&["ip", "-n", &h, "route", "add", "198.18.0.0/24", "via", "10.251.0.2", "dev", &hu]);
 
+        // The attacker's namespace, joined to the host namespace like the
+        // upstream: ATTACKER_IP and ATTACKER_IP2 on its veth.
+        let a = topo.attacker_ns();
+        let ha = format!("{}ha", topo.prefix);
+        run_ok(&["ip", "-n", &h, "link", "add", &ha, "type", "veth", "peer", "name", "veth0", "netns", &a]);
+        run_ok(&["ip", "-n", &h, "addr", "add", "10.251.250.1/30", "dev", &ha]);
+        run_ok(&["ip", "-n", &h, "link", "set", &ha, "up"]);
+        run_ok(&["ip", "-n", &a, "addr", "add", "10.251.250.2/30", "dev", "veth0"]);
+        for ip in [ATTACKER_IP, ATTACKER_IP2] {
+            run_ok(&["ip", "-n", &a, "addr", "add", &format!("{ip}/32"), "dev", "veth0"]);
+        }
+        run_ok(&["ip", "-n", &a, "link", "set", "veth0", "up"]);
+        run_ok(&["ip", "-n", &a, "route", "add", "10.251.0.0/16", "via", "10.251.250.1"]);
+        run_ok(&["ip", "-n", &h, "route", "add", "10.77.0.0/24", "via", "10.251.250.2", "dev", &ha]);
+
         for i in 1..=n_guests {
             let g = topo.guest_ns(i);
             let hv = topo.host_veth(i);
@@ -214,6 +238,9 @@ impl Topology {
     }
     pub fn upstream_ns(&self) -> String {
         format!("{}-u", self.prefix)
+    }
+    pub fn attacker_ns(&self) -> String {
+        format!("{}-a", self.prefix)
     }
     pub fn guest_ns(&self, i: u8) -> String {
         format!("{}-g{i}", self.prefix)
@@ -253,7 +280,7 @@ impl Topology {
     }
 
     fn namespaces(&self) -> Vec<String> {
-        let mut all = vec![self.host_ns(), self.upstream_ns()];
+        let mut all = vec![self.host_ns(), self.upstream_ns(), self.attacker_ns()];
         all.extend((1..=self.n_guests).map(|i| self.guest_ns(i)));
         all
     }
@@ -661,33 +688,66 @@ impl Upstream {
     /// Make a test CA and a certificate for [`UPSTREAM_NAME`] (and the IP),
     /// start the echo server on 80 and 443, and wait until it listens.
     pub fn start(topo: &Topology) -> Self {
-        let d = topo.path().join("upstream");
+        // It also plays api.anthropic.com: the service whose key ppp injects.
+        Self::start_in(topo, &topo.upstream_ns(), "upstream", &[UPSTREAM_IP], &[UPSTREAM_NAME, SERVICE_NAME], None)
+    }
+
+    /// The attacker's server in [`Topology::attacker_ns`], on [`ATTACKER_IP`]
+    /// and [`ATTACKER_IP2`], with a certificate for [`ATTACKER_NAME`] that
+    /// the upstream's CA signed: a name it really holds, which ppp's
+    /// mitmdump verifies like any other.
+    pub fn start_attacker(topo: &Topology, upstream: &Upstream) -> Self {
+        Self::start_in(
+            topo,
+            &topo.attacker_ns(),
+            "attacker",
+            &[ATTACKER_IP, ATTACKER_IP2],
+            &[ATTACKER_NAME],
+            Some(upstream),
+        )
+    }
+
+    fn start_in(
+        topo: &Topology,
+        ns: &str,
+        tag: &str,
+        ips: &[Ipv4Addr],
+        names: &[&str],
+        ca_of: Option<&Upstream>,
+    ) -> Self {
+        let d = topo.path().join(tag);
         std::fs::create_dir_all(&d).unwrap();
         let p = |f: &str| d.join(f).to_str().unwrap().to_owned();
         let (ca_key, ca_cert, key, csr, cert, ext) =
             (p("ca.key"), p("ca.pem"), p("srv.key"), p("srv.csr"), p("srv.pem"), p("srv.ext"));
-        run_ok(&[
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &ca_key,
-            "-out",
-            &ca_cert,
-            "-days",
-            "2",
-            "-subj",
-            "/CN=ppp e2e test CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]);
+        if let Some(u) = ca_of {
+            let ud = u.ca_cert.parent().unwrap();
+            std::fs::copy(ud.join("ca.key"), &ca_key).unwrap();
+            std::fs::copy(&u.ca_cert, &ca_cert).unwrap();
+        } else {
+            run_ok(&[
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &ca_key,
+                "-out",
+                &ca_cert,
+                "-days",
+                "2",
+                "-subj",
+                "/CN=ppp e2e test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
+        }
         run_ok(&[
             "openssl",
             "req",
@@ -702,14 +762,16 @@ impl Upstream {
             "-out",
             &csr,
             "-subj",
-            &format!("/CN={UPSTREAM_NAME}"),
+            &format!("/CN={}", names[0]),
         ]);
         let mut extfile = String::new();
         writeln!(extfile, "basicConstraints=critical,CA:FALSE").unwrap();
         writeln!(extfile, "keyUsage=critical,digitalSignature").unwrap();
         writeln!(extfile, "extendedKeyUsage=serverAuth").unwrap();
         writeln!(extfile, "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid").unwrap();
-        writeln!(extfile, "subjectAltName=DNS:{UPSTREAM_NAME},IP:{UPSTREAM_IP}").unwrap();
+        let sans: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
+        let dns: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+        writeln!(extfile, "subjectAltName={},{}", dns.join(","), sans.join(",")).unwrap();
         std::fs::write(&ext, extfile).unwrap();
         run_ok(&[
             "openssl",
@@ -732,15 +794,17 @@ impl Upstream {
         let requests_log = d.join("requests.jsonl");
         let zone = d.join("zone.json");
         let dns_log = d.join("dns.jsonl");
-        std::fs::write(&zone, serde_json::json!({ UPSTREAM_NAME: UPSTREAM_IP.to_string() }).to_string()).unwrap();
+        let zone_map: serde_json::Map<String, serde_json::Value> =
+            names.iter().map(|n| ((*n).to_owned(), ips[0].to_string().into())).collect();
+        std::fs::write(&zone, serde_json::Value::Object(zone_map).to_string()).unwrap();
         let ready = d.join("ready");
         let stderr_log = d.join("upstream.err");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/upstream.py");
         let child = Command::new("ip")
-            .args(["netns", "exec", &topo.upstream_ns()])
+            .args(["netns", "exec", ns])
             .arg(venv_python())
             .arg(script)
-            .arg(UPSTREAM_IP.to_string())
+            .arg(ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
             .args([&cert, &key])
             .arg(&requests_log)
             .arg(&ready)

@@ -10,7 +10,9 @@ test can change answers), NXDOMAIN for unknown names, and logs each query as
 a JSON line to DNSLOG. READY is created once every socket listens: the
 fixture polls for it instead of sleeping.
 
-usage: upstream.py ADDR CERT KEY LOG READY ZONE DNSLOG
+usage: upstream.py ADDR[,ADDR...] CERT KEY LOG READY ZONE DNSLOG
+
+With several addresses, HTTP and HTTPS listen on each and DNS on the first.
 """
 
 import http.server
@@ -21,7 +23,8 @@ import struct
 import sys
 import threading
 
-addr, cert, key, log_path, ready_path, zone_path, dns_log_path = sys.argv[1:8]
+addrs, cert, key, log_path, ready_path, zone_path, dns_log_path = sys.argv[1:8]
+addrs = addrs.split(",")
 log_lock = threading.Lock()
 
 
@@ -37,6 +40,7 @@ class Echo(http.server.BaseHTTPRequestHandler):
             "headers": {k: v for k, v in self.headers.items()},
             "body": body,
             "client": self.client_address[0],
+            "server": self.connection.getsockname()[0],
             "tls": isinstance(self.connection, ssl.SSLSocket),
         }
         line = json.dumps(echo)
@@ -59,7 +63,7 @@ def dns_answer(query):
     """The reply to one DNS query, or None when it is not worth answering."""
     if len(query) < 12:
         return None
-    tid, flags, qdcount = struct.unpack(">HHH", query[:6])
+    tid, flags, qdcount, _an, _ns, arcount = struct.unpack(">HHHHHH", query[:12])
     if qdcount != 1 or flags & 0x8000:
         return None
     i, labels = 12, []
@@ -76,7 +80,8 @@ def dns_answer(query):
     with open(zone_path) as f:
         ip = json.load(f).get(name)
     with log_lock, open(dns_log_path, "a") as f:
-        f.write(json.dumps({"name": name, "qtype": qtype, "answer": ip}) + "\n")
+        # arcount: the additional records (EDNS among them) that arrived.
+        f.write(json.dumps({"name": name, "qtype": qtype, "answer": ip, "arcount": arcount}) + "\n")
     answers, ancount, rcode = b"", 0, 0
     if ip is None:
         rcode = 3  # NXDOMAIN
@@ -96,17 +101,20 @@ def serve_dns(sock):
 
 
 dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-dns.bind((addr, 53))
+dns.bind((addrs[0], 53))
 threading.Thread(target=serve_dns, args=(dns,), daemon=True).start()
 
-plain = http.server.ThreadingHTTPServer((addr, 80), Echo)
-tls = http.server.ThreadingHTTPServer((addr, 443), Echo)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(cert, key)
-# Handshake in the handler thread, so one stalled client cannot block accept().
-tls.socket = ctx.wrap_socket(tls.socket, server_side=True, do_handshake_on_connect=False)
-for server in (plain, tls):
+servers = []
+for addr in addrs:
+    plain = http.server.ThreadingHTTPServer((addr, 80), Echo)
+    tls = http.server.ThreadingHTTPServer((addr, 443), Echo)
+    # Handshake in the handler thread, so one stalled client cannot block accept().
+    tls.socket = ctx.wrap_socket(tls.socket, server_side=True, do_handshake_on_connect=False)
+    servers += [plain, tls]
+for server in servers:
     server.daemon_threads = True
-threading.Thread(target=plain.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
 open(ready_path, "w").close()
-tls.serve_forever()
+threading.Event().wait()
