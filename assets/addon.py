@@ -124,8 +124,10 @@ class Verdict:
     # address), "mismatch" (SNI, Host and target disagree), "daemon" (fail
     # closed), "internal" (an error inside the addon).
     kind: str = "policy"
-    # Decided at the TLS ClientHello (by SNI), for every request inside.
+    # Decided at the TLS ClientHello, for every request inside: the SNI it
+    # was about, which the 403 names (the request's Host may differ).
     tls: bool = False
+    sni: str | None = None
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
@@ -829,6 +831,10 @@ class PppAddon:
         """Answer 403 with why, and a fix only where one helps: allowing a
         host again does nothing for a flow refused for another reason."""
         fix: str | None = None
+        if v.tls:
+            # The ClientHello was refused: what to allow is its SNI, not
+            # whatever the request inside names.
+            host = v.sni
         if v.kind == "policy" and v.rule_id is not None:
             why = f"blocked by ppp policy rule {v.rule_id} ({v.resource})"
             fix = self.hint(sandbox, host)
@@ -853,7 +859,7 @@ class PppAddon:
         else:
             why = f"blocked by ppp: {v.reason}"
         if v.tls:
-            why = f"{why} (the TLS connection was refused)"
+            why = f"{why} (refused at the TLS handshake, by its SNI)"
         body = f"{why}\nhost: {host}\n"
         if v.allow_target is not None:
             body += f"address: {v.allow_target}\n"
@@ -907,7 +913,7 @@ class PppAddon:
             log.exception("ppp: tls_clienthello failed, denying")
             v = deny(f"internal error: {type(e).__name__}")
         if not v.allow:
-            self._denied[client.id] = dataclasses.replace(v, tls=True)
+            self._denied[client.id] = dataclasses.replace(v, tls=True, sni=host)
             self.log_flow(
                 sandbox=sandbox,
                 kind="tls",

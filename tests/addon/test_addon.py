@@ -559,6 +559,104 @@ class Live(Base):
         self.assertEqual(self.run_http(stranger).response.status_code, 403)
 
 
+    def test_mitm_it_tls_serves_only_mitm_it(self) -> None:
+        # SNI mitm.it is let through without policy; a request inside it for
+        # any other host must not ride on that.
+        f = http_flow(51820, "api.anthropic.com", ip="10.0.0.53", dport=443, sni="mitm.it", resolve=False)
+        self.run_http(f)
+        self.assertEqual(f.response.status_code, 403, f.response.text)
+        self.assertIn("different hosts", f.response.text)
+        self.assertNotIn("sk-ant", f.request.headers.get("x-api-key", ""))
+
+    def test_names_must_agree_and_targets_are_origin_form(self) -> None:
+        cases = [
+            # (sni, Host, authority, path) -> refused?
+            ("a.allowed.test", "a.allowed.test", "", "/", False),
+            ("a.allowed.test", "a.allowed.test:443", "", "/", False),
+            ("a.allowed.test", "A.Allowed.Test.", "", "/", False),
+            ("a.allowed.test", "b.allowed.test", "", "/", True),
+            ("a.allowed.test", "a.allowed.test", "b.allowed.test", "/", True),
+            ("a.allowed.test", "a.allowed.test", "a.allowed.test:443", "/", False),
+            ("a.allowed.test", "a.allowed.test", "", "https://b.allowed.test/", True),
+            (None, "a.allowed.test", "", "/", True),
+        ]
+        for sni, host, authority, path, refused in cases:
+            f = http_flow(51820, "a.allowed.test", sni=sni)
+            f.request.headers["host"] = host
+            f.request.authority = authority
+            f.request.path = path
+            self.run_http(f)
+            got = f.metadata["ppp"]["decision"] == "deny"
+            self.assertEqual(got, refused, (sni, host, authority, path, f.response and f.response.text))
+        # Two Host headers: refused.
+        f = http_flow(51820, "a.allowed.test")
+        f.request.headers.add("host", "b.allowed.test")
+        self.assertEqual(self.run_http(f).response.status_code, 403)
+        # Absolute-form naming the same host is forwarded in origin-form.
+        f = http_flow(51820, "a.allowed.test")
+        f.request.http_version = "HTTP/1.1"
+        f.request.authority = "a.allowed.test"
+        self.run_http(f)
+        self.assertEqual(f.metadata["ppp"]["decision"], "allow")
+        self.assertEqual(f.request.authority, "")
+
+    def test_no_key_without_tls_or_when_the_name_does_not_resolve(self) -> None:
+        # Plain HTTP to the service's own name and address: no key.
+        f = http_flow(51820, "api.anthropic.com", dport=80, headers={"x-api-key": "guest"})
+        self.run_http(f)
+        self.assertEqual(f.request.headers["x-api-key"], "guest")
+        # The name pinned to an address it does not resolve to: refused.
+        f = http_flow(51820, "api.anthropic.com", ip="93.184.216.99", resolve=False)
+        self.run_http(f)
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("does not resolve to 93.184.216.99", f.response.text)
+        self.assertNotIn("ppp policy allow", f.response.text)
+        # With the answer recorded (as a DNS answer through ppp would), it goes.
+        resolved(51820, "api.anthropic.com", "93.184.216.99")
+        f = http_flow(51820, "api.anthropic.com", ip="93.184.216.99")
+        self.run_http(f)
+        self.assertEqual(f.metadata["ppp"]["decision"], "allow")
+        self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+
+    def test_the_key_is_scrubbed_from_responses(self) -> None:
+        f = http_flow(51820, "api.anthropic.com")
+        f.response = None
+        self.addon.requestheaders(f)
+        self.addon.request(f)
+        self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+        f.response = http.Response.make(200, b"", {"x-echo": "key=sk-ant-FOX-2222"})
+        self.addon.responseheaders(f)
+        self.assertNotIn("sk-ant-FOX-2222", f.response.headers["x-echo"])
+        stream = f.response.stream
+        self.assertTrue(callable(stream))
+        # The key split over chunk boundaries is still caught.
+        body = b"".join(stream(c) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
+        self.assertEqual(body, b"aaa " + A.REDACTED + b" bbb")
+
+    def test_scrubber_never_loses_or_reorders_bytes(self) -> None:
+        import random
+
+        rnd = random.Random(7)
+        secret = b"s3cr3t-value"
+        for _ in range(200):
+            parts = [rnd.choice([b"x", b"s3cr3t-", b"value", b"s3", b"yz", secret]) for _ in range(rnd.randint(0, 12))]
+            whole = b"".join(parts)
+            cuts = sorted(rnd.sample(range(len(whole) + 1), min(len(whole) + 1, rnd.randint(0, 5))))
+            chunks = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
+            sc = A.Scrubber([secret])
+            out = b"".join(sc(c) for c in [*chunks, b""])
+            self.assertEqual(out, whole.replace(secret, A.REDACTED), (parts, chunks))
+
+    def test_a_tls_denial_names_the_sni_and_a_daemon_failure_suggests_no_rule(self) -> None:
+        c = self.tls(51821, "www.allowed.test", "93.184.216.34")
+        f = http_flow(51821, "fine.allowed.test")
+        f.client_conn = c
+        self.run_http(f)
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("refused at the TLS handshake", f.response.text)
+        self.assertIn("host: www.allowed.test", f.response.text)
+        self.assertNotIn("fine.allowed.test", f.response.text)
+
     def test_flow_log_reopened_when_the_file_is_replaced(self) -> None:
         path = Path(STATE) / "flows.jsonl"
         saved, A.FLOW_LOG_RECHECK = A.FLOW_LOG_RECHECK, 0.0
