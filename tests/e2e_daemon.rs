@@ -700,3 +700,46 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
     f.check(code == "403", "2 the host's own address under allow-all", &body);
     f.assert_none();
 }
+
+/// Issue 11 point 10: a reload that denies a destination cuts the streams
+/// already open to it. Without that, a guest keeps a tunnel it opened while
+/// the rule existed for as long as it likes.
+#[test]
+fn a_reload_that_denies_a_destination_cuts_its_open_streams() {
+    netns::require_env();
+    let rig = rig();
+    let _attacker = Upstream::start_attacker(&rig.topo, &rig.upstream);
+    let d = &rig.daemon;
+    let red = &rig.guests[0];
+    d.ok(&["policy", "allow", "network", "--sandbox", "red", &netns::ATTACKER_IP.to_string()]);
+    // A raw TCP stream (not HTTP, so no per-request decision) that echoes:
+    // it prints the first echo, then waits for a line on stdin to send
+    // again, and reports what came back (nothing, once cut).
+    let script = format!(
+        "exec 3<>/dev/tcp/{}/7 && echo one >&3 && read -r -t 10 l <&3 && echo \"first:$l\" && read -r go && \
+         echo two >&3 && if read -r -t 10 l <&3; then echo \"second:$l\"; else echo cut; fi",
+        netns::ATTACKER_IP
+    );
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &red.ns, "bash", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "first:one", "the stream works while the rule allows it");
+
+    d.ok(&["policy", "rm", "network", "--sandbox", "red", "--resource", &netns::ATTACKER_IP.to_string()]);
+    wait_until("the open stream to be logged as cut", netns::DEADLINE, || {
+        d.flows()
+            .iter()
+            .any(|f| f["kind"] == "tcp" && f["ip"] == netns::ATTACKER_IP.to_string() && f["decision"] == "deny")
+    });
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let _ = child.wait();
+    assert_eq!(line.trim(), "cut", "the stream outlived the rule that allowed it");
+}

@@ -13,6 +13,7 @@ fixture polls for it instead of sleeping.
 usage: upstream.py ADDR[,ADDR...] CERT KEY LOG READY ZONE DNSLOG
 
 With several addresses, HTTP and HTTPS listen on each and DNS on the first.
+TCP port 7 on each address echoes every line back (a long-lived stream).
 """
 
 import http.server
@@ -116,5 +117,22 @@ for addr in addrs:
 for server in servers:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def echo_lines(conn):
+    with conn, conn.makefile("rwb", buffering=0) as f:
+        for line in f:
+            f.write(line)
+
+
+def serve_echo(sock):
+    while True:
+        conn, _ = sock.accept()
+        threading.Thread(target=echo_lines, args=(conn,), daemon=True).start()
+
+
+for addr in addrs:
+    echo = socket.create_server((addr, 7))
+    threading.Thread(target=serve_echo, args=(echo,), daemon=True).start()
 open(ready_path, "w").close()
 threading.Event().wait()
