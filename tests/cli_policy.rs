@@ -113,6 +113,31 @@ fn bad_resources_add_nothing() {
     assert_eq!(std::fs::read(w.config().join("policies.yaml")).unwrap(), before, "file untouched");
 }
 
+/// `ppp policy allow network "*.$DOMAIN"` with `DOMAIN` unset: `*.` must
+/// not become `*` (every one-label host), nor `**.` become `**`.
+#[test]
+fn a_wildcard_with_no_domain_is_refused() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    let before = std::fs::read(w.config().join("policies.yaml")).unwrap();
+    for res in ["*.", "**.", "*.:443", "example.com,*."] {
+        let (code, out, err) = output(&mut w.ppp(["policy", "allow", "network", res]));
+        assert_eq!(code, 2, "{res}: {err}");
+        assert_eq!(out, "", "{res}");
+        let bad = res.rsplit(',').next().unwrap();
+        assert!(
+            err.starts_with("error: ") && err.contains(&format!("`{bad}` has no domain after the wildcard")),
+            "{res}: {err}"
+        );
+        assert!(
+            err.contains("hint: name the domain, e.g. `*.example.com`; to match every host, write `**`"),
+            "{res}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(w.config().join("policies.yaml")).unwrap(), before, "file untouched");
+    assert_eq!(check(&w, &["intranet"])["decision"], "deny");
+}
+
 #[test]
 fn presets_are_idempotent_and_switching_needs_force() {
     let w = World::new();
