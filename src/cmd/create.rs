@@ -14,6 +14,10 @@ use crate::sandbox::lifecycle::{self, Request};
 pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
     let req = Request::new(&args.spec)?;
+    // Before anything is created: the agent must not get ppp's own state.
+    for ws in &req.workspace {
+        dirs.check_workspace(ws)?;
+    }
     let podman = Podman::detect()?;
     let rec = lifecycle::create(dirs, &podman, &req, ctx.ui())?;
     if ctx.quiet {
