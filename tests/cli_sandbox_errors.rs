@@ -1,11 +1,22 @@
 //! Sandbox commands' early errors: each names the problem and the fix,
 //! exits non-zero, and creates nothing. These need no VM: they fail before
 //! ppp would touch one. The lifecycle itself runs against the fake podman
-//! in the end-to-end tests.
+//! in the end-to-end tests; one test here does too, for what `create`
+//! prints at its end.
 
 mod common;
 
+#[path = "support/netns.rs"]
+mod netns;
+
+#[path = "support/sandbox_env.rs"]
+mod sandbox_env;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
 use common::{World, output};
+use sandbox_env::{Env, setup_policy};
 
 /// Every file under `root`, for "nothing was created".
 fn files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -128,4 +139,45 @@ fn a_workspace_holding_or_inside_ppps_own_dirs_is_refused() {
     c.env_remove("PPP_CONFIG").env_remove("PPP_DATA").env_remove("PPP_CACHE").env("PATH", w.bin());
     let (_, _, err) = output(&mut c);
     assert!(err.starts_with("error: podman was not found\n"), "{err}");
+}
+
+/// `create` ends with the `ppp run` line that starts the agent, and users
+/// paste it. A workspace named like a command substitution must come back
+/// as that name, not run on the host.
+#[test]
+fn the_run_hint_create_prints_is_safe_to_paste() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    // Quotes balanced, so that an unquoted hint runs every part of it.
+    let ws = env.root().join(r#"$(touch pwned) `touch pwned2`; touch pwned3 'it'"s""#);
+    std::fs::create_dir_all(&ws).unwrap();
+    let out = env.ok(&["create", "--name", "red", "opencode", ws.to_str().unwrap()]);
+    let hint = out
+        .split_once("start the agent with `")
+        .and_then(|(_, rest)| rest.strip_suffix("`\n"))
+        .unwrap_or_else(|| panic!("no hint in {out:?}"));
+    // Pasted into a shell, with `ppp` a stub that records its argv.
+    let paste = tempfile::tempdir().unwrap();
+    let bin = paste.path().join("bin");
+    let cwd = paste.path().join("cwd");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::write(bin.join("ppp"), "#!/bin/sh\nprintf '%s\\0' \"$@\" > \"$ARGV_OUT\"\n").unwrap();
+    std::fs::set_permissions(bin.join("ppp"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let argv_out = paste.path().join("argv");
+    let sh = Command::new("sh")
+        .args(["-c", hint])
+        .current_dir(&cwd)
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("ARGV_OUT", &argv_out)
+        .output()
+        .unwrap();
+    let made: Vec<_> = std::fs::read_dir(&cwd).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(made.is_empty(), "pasting `{hint}` ran something: {made:?}");
+    assert!(sh.status.success(), "{hint}: {}", netns::describe(&sh));
+    let argv = std::fs::read(&argv_out).unwrap();
+    let argv: Vec<&str> = std::str::from_utf8(&argv).unwrap().split_terminator('\0').collect();
+    let ws = std::fs::canonicalize(&ws).unwrap();
+    assert_eq!(argv, ["run", "--name", "red", "opencode", ws.to_str().unwrap()], "{hint}");
 }
