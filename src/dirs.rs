@@ -6,7 +6,8 @@
 //! - data:   `$PPP_DATA`,   else `$XDG_DATA_HOME/ppp`,   else `~/.local/share/ppp`
 //! - cache:  `$PPP_CACHE`,  else `$XDG_CACHE_HOME/ppp`,  else `~/.cache/ppp`
 //!
-//! This module only computes paths; it never creates or touches them.
+//! This module only computes paths; it never creates or touches them (it
+//! reads links to compare a workspace with them, never more).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -213,6 +214,59 @@ impl Dirs {
     }
 }
 
+impl Dirs {
+    /// Refuse a workspace that is, holds or lies inside one of ppp's roots
+    /// (`~` holds them all by default). The workspace is mounted read-write
+    /// into the sandbox, so the agent could read the file store's secrets
+    /// and rewrite its own policy, keys and records there. Both sides are
+    /// compared with symlinks resolved, so a link to `~` is `~`.
+    pub fn check_workspace(&self, workspace: &Path) -> Result<()> {
+        let ws = resolve_existing(workspace);
+        for (what, root) in [("config", &self.config), ("data", &self.data), ("cache", &self.cache)] {
+            let root = resolve_existing(root);
+            let cause = if ws == root {
+                format!("it is ppp's {what} directory")
+            } else if root.starts_with(&ws) {
+                format!("it contains ppp's {what} directory `{}`", root.display())
+            } else if ws.starts_with(&root) {
+                format!("it is inside ppp's {what} directory `{}`", root.display())
+            } else {
+                continue;
+            };
+            return Err(anyhow::anyhow!(cause).context(
+                crate::error::fail(format!("workspace `{}` cannot be used", workspace.display()))
+                    .hint(
+                        "mount a project directory instead, e.g. `~/src/app`: the agent can change its \
+                         workspace, and ppp's directories hold its policy, keys and secrets",
+                    )
+                    .code(2),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `p` with symlinks resolved as far as it exists: its longest existing
+/// ancestor canonicalised, the rest appended. A root that ppp has not
+/// created yet is still compared where it will be.
+fn resolve_existing(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        if let Ok(c) = std::fs::canonicalize(cur) {
+            return rest.iter().rev().fold(c, |acc, name| acc.join(name));
+        }
+        // `..` has no file name: such a path is compared as written.
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                cur = parent;
+            }
+            _ => return p.to_owned(),
+        }
+    }
+}
+
 fn absolute(var: &str, p: PathBuf) -> Result<PathBuf> {
     if p.is_absolute() {
         return Ok(p);
@@ -260,6 +314,52 @@ mod tests {
         assert_eq!(d.cache, PathBuf::from("/p/cache"));
         assert_eq!(d.sandbox_policy("a"), PathBuf::from("/home/u/.local/share/ppp/sandboxes/a/policy.yaml"));
         assert_eq!(d.wg_keys(51820), PathBuf::from("/home/u/.local/share/ppp/wg/keys-51820.conf"));
+    }
+
+    #[test]
+    fn a_workspace_holding_or_inside_ppps_dirs_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path().join("home");
+        std::fs::create_dir_all(home.join(".local/share/ppp/sandboxes")).unwrap();
+        std::fs::create_dir_all(home.join("src/app")).unwrap();
+        std::fs::create_dir_all(t.path().join("cache")).unwrap();
+        std::os::unix::fs::symlink(&home, t.path().join("link")).unwrap();
+        let dirs = Dirs {
+            // The config root does not exist yet: compared where it will be.
+            config: home.join(".config/ppp"),
+            // Through a link: resolved before comparing.
+            data: t.path().join("link/.local/share/ppp"),
+            cache: t.path().join("cache"),
+        };
+        let refused = |ws: &Path| {
+            let err = dirs.check_workspace(ws).expect_err(&ws.display().to_string());
+            crate::error::render(&err)
+        };
+        let home_c = std::fs::canonicalize(&home).unwrap();
+        let (text, code) = refused(&home);
+        assert_eq!(code, 2);
+        assert!(text.starts_with(&format!("error: workspace `{}` cannot be used\n", home.display())), "{text}");
+        assert!(
+            text.contains(&format!(
+                "caused by: it contains ppp's config directory `{}`",
+                home_c.join(".config/ppp").display()
+            )),
+            "{text}"
+        );
+        assert!(text.contains("hint: mount a project directory instead"), "{text}");
+        assert!(refused(&t.path().join("link")).0.contains("it contains ppp's config directory"));
+        assert!(refused(&home.join(".local")).0.contains("it contains ppp's data directory"));
+        assert!(refused(&home.join(".local/share/ppp")).0.contains("it is ppp's data directory"));
+        assert!(
+            refused(&t.path().join("link/.local/share/ppp/sandboxes")).0.contains("it is inside ppp's data directory")
+        );
+        assert!(refused(&t.path().join("cache")).0.contains("it is ppp's cache directory"));
+        assert!(refused(t.path()).0.contains("it contains"));
+        dirs.check_workspace(&home.join("src/app")).unwrap();
+        dirs.check_workspace(&home.join("src")).unwrap();
+        // A sibling whose name merely starts like a root is not inside it.
+        std::fs::create_dir_all(t.path().join("cache2")).unwrap();
+        dirs.check_workspace(&t.path().join("cache2")).unwrap();
     }
 
     #[test]

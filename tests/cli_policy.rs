@@ -113,6 +113,31 @@ fn bad_resources_add_nothing() {
     assert_eq!(std::fs::read(w.config().join("policies.yaml")).unwrap(), before, "file untouched");
 }
 
+/// `ppp policy allow network "*.$DOMAIN"` with `DOMAIN` unset: `*.` must
+/// not become `*` (every one-label host), nor `**.` become `**`.
+#[test]
+fn a_wildcard_with_no_domain_is_refused() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    let before = std::fs::read(w.config().join("policies.yaml")).unwrap();
+    for res in ["*.", "**.", "*.:443", "example.com,*."] {
+        let (code, out, err) = output(&mut w.ppp(["policy", "allow", "network", res]));
+        assert_eq!(code, 2, "{res}: {err}");
+        assert_eq!(out, "", "{res}");
+        let bad = res.rsplit(',').next().unwrap();
+        assert!(
+            err.starts_with("error: ") && err.contains(&format!("`{bad}` has no domain after the wildcard")),
+            "{res}: {err}"
+        );
+        assert!(
+            err.contains("hint: name the domain, e.g. `*.example.com`; to match every host, write `**`"),
+            "{res}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(w.config().join("policies.yaml")).unwrap(), before, "file untouched");
+    assert_eq!(check(&w, &["intranet"])["decision"], "deny");
+}
+
 #[test]
 fn presets_are_idempotent_and_switching_needs_force() {
     let w = World::new();
@@ -321,12 +346,44 @@ fn log_reads_the_tail() {
     let table = ok(&mut w.ppp(["policy", "log", "--limit", "1"]));
     assert_eq!(
         table,
-        "TIME                  SANDBOX  DECISION  METHOD  HOST              STATUS\n\
+        "TIME                  SANDBOX  DECISION  METHOD  DESTINATION       STATUS\n\
          2026-11-29T10:08:19Z  blue     allow     GET     h499.example:443  200\n"
     );
     assert_eq!(ok(&mut w.ppp(["policy", "log", "--type", "filesystem", "-q"])), "");
     let empty = World::new();
     assert_eq!(ok(&mut empty.ppp(["policy", "log", "-q"])), "", "no flows yet");
+}
+
+/// A guest sending an allowed name to an address of its own choosing must
+/// not look like normal traffic: the table shows the address connected to
+/// and marks the flow whose address the name does not resolve to.
+#[test]
+fn log_shows_the_address_and_marks_a_misdirected_flow() {
+    let w = World::new();
+    let flows = [
+        serde_json::json!({"sandbox": "red", "timestamp": "2026-11-29T10:00:00Z", "kind": "http",
+            "host": "api.example.com", "ip": "203.0.113.7", "port": 443, "method": "POST", "status": 200,
+            "decision": "allow", "matched_rule": null, "bytes_out": 10, "bytes_in": 20, "resolved": true}),
+        serde_json::json!({"sandbox": "red", "timestamp": "2026-11-29T10:00:01Z", "kind": "http",
+            "host": "api.example.com", "ip": "10.77.0.9", "port": 80, "method": "GET", "status": 403,
+            "decision": "deny", "matched_rule": null, "bytes_out": 0, "bytes_in": 0, "resolved": false}),
+        serde_json::json!({"sandbox": "red", "timestamp": "2026-11-29T10:00:02Z", "kind": "tcp",
+            "host": null, "ip": "2001:db8::9", "port": 22, "method": null, "status": null,
+            "decision": "allow", "matched_rule": null, "bytes_out": 1, "bytes_in": 2}),
+        serde_json::json!({"sandbox": "red", "timestamp": "2026-11-29T10:00:03Z", "kind": "http",
+            "host": "10.77.0.9", "ip": "10.77.0.9", "port": 8080, "method": "GET", "status": 200,
+            "decision": "allow", "matched_rule": null, "bytes_out": 1, "bytes_in": 2, "resolved": null}),
+    ];
+    let text: String = flows.iter().map(|f| f.to_string() + "\n").collect();
+    std::fs::write(w.data().join("flows.jsonl"), &text).unwrap();
+    insta::assert_snapshot!("log_table_marks_misdirected", ok(&mut w.ppp(["policy", "log"])));
+    // `--json` passes every record through as the proxy wrote it.
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "--json"])), text);
+    // No mark, no legend.
+    std::fs::write(w.data().join("flows.jsonl"), flows[0].to_string() + "\n").unwrap();
+    let table = ok(&mut w.ppp(["policy", "log"]));
+    assert_eq!(table.lines().count(), 2, "{table}");
+    assert!(!table.contains('!'), "{table}");
 }
 
 #[test]

@@ -14,20 +14,41 @@ use crate::sandbox::lifecycle::{self, Request};
 pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
     let req = Request::new(&args.spec)?;
+    // Before anything is created: the agent must not get ppp's own state.
+    for ws in &req.workspace {
+        dirs.check_workspace(ws)?;
+    }
     let podman = Podman::detect()?;
     let rec = lifecycle::create(dirs, &podman, &req, ctx.ui())?;
     if ctx.quiet {
         crate::output::println(&rec.name)?;
     } else {
         crate::output::println(&format!(
-            "created sandbox `{}` ({} on port {}); start the agent with `ppp run --name {} {} {}`",
+            "created sandbox `{}` ({} on port {}); start the agent with `{}`",
             rec.name,
             rec.agent,
             rec.port,
-            rec.name,
-            rec.agent,
-            rec.workspace.first().map_or(".", String::as_str)
+            run_hint(&rec.name, &rec.agent, rec.workspace.first().map_or(".", String::as_str))
         ))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `ppp run` line that starts the agent, every word quoted as a POSIX
+/// shell needs it: users paste it, and a workspace named `$(touch x)` must
+/// reach ppp as that name, not run on the host.
+fn run_hint(name: &str, agent: &str, workspace: &str) -> String {
+    ["ppp", "run", "--name", name, agent, workspace].map(crate::podman::shell_quote).join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_run_hint_quotes_what_a_shell_would_expand() {
+        assert_eq!(super::run_hint("red", "opencode", "/home/me/app"), "ppp run --name red opencode /home/me/app");
+        assert_eq!(
+            super::run_hint("red", "opencode", "/w/$(touch x) `id` it's ~ *"),
+            r"ppp run --name red opencode '/w/$(touch x) `id` it'\''s ~ *'"
+        );
+    }
 }

@@ -507,15 +507,54 @@ fn log(
                     field(f, "sandbox"),
                     field(f, "decision"),
                     field(f, "method"),
-                    format!("{}:{}", field(f, "host"), field(f, "port")),
+                    destination(f),
                     field(f, "status"),
                 ]
             })
             .collect();
-        text = output::table(&["TIME", "SANDBOX", "DECISION", "METHOD", "HOST", "STATUS"], &rows);
+        text = output::table(&["TIME", "SANDBOX", "DECISION", "METHOD", "DESTINATION", "STATUS"], &rows);
+        if flows.iter().any(misdirected) {
+            text.push_str(MISDIRECTED_LEGEND);
+        }
     }
     output::print(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Said under the table when a row carries the mark.
+const MISDIRECTED_LEGEND: &str = "! the address connected to is not one the name resolves to\n";
+
+/// True when the proxy checked the flow's address against what its name
+/// resolves to and it was not among them (`"resolved": false`): a guest
+/// sending an allowed name to an address of its own choosing.
+fn misdirected(f: &serde_json::Value) -> bool {
+    f.get("resolved") == Some(&serde_json::Value::Bool(false))
+}
+
+/// A flow's DESTINATION cell: the name and port, then the address actually
+/// connected to when it says more than the name (`api.example.com:443
+/// (10.77.0.9)`), then ` !` when that address is not one the name resolves
+/// to. The address is shown because a name alone hides where the bytes went.
+fn destination(f: &serde_json::Value) -> String {
+    let text = |k: &str| f.get(k).and_then(serde_json::Value::as_str).filter(|s| !s.is_empty());
+    let host = text("host");
+    let ip = text("ip");
+    let port = match f.get("port") {
+        Some(serde_json::Value::Number(n)) => format!(":{n}"),
+        _ => String::new(),
+    };
+    // IPv6 in brackets, so the port is not read as part of the address.
+    let addr = |a: &str| if a.contains(':') { format!("[{a}]") } else { a.to_owned() };
+    let mut cell = match (host, ip) {
+        (Some(h), Some(a)) if h != a && h.trim_matches(['[', ']']) != a => format!("{h}{port} ({a})"),
+        (_, Some(a)) => format!("{}{port}", addr(a)),
+        (Some(h), None) => format!("{h}{port}"),
+        (None, None) => format!("-{port}"),
+    };
+    if misdirected(f) {
+        cell.push_str(" !");
+    }
+    cell
 }
 
 fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
@@ -627,4 +666,39 @@ fn rm(
     proxy::reload_or_warn(dirs);
     output::print(&lines(removed.iter().map(|r| r.id)))?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn destination_shows_the_address_connected_to_and_marks_a_misdirected_one() {
+        let cases = [
+            (
+                json!({"host": "api.example.com", "ip": "10.77.0.9", "port": 443, "resolved": false}),
+                "api.example.com:443 (10.77.0.9) !",
+            ),
+            (
+                json!({"host": "api.example.com", "ip": "203.0.113.7", "port": 443, "resolved": true}),
+                "api.example.com:443 (203.0.113.7)",
+            ),
+            (json!({"host": "api.example.com", "ip": "2001:db8::7", "port": 443}), "api.example.com:443 (2001:db8::7)"),
+            (json!({"host": "api.example.com", "ip": null, "port": 443, "resolved": null}), "api.example.com:443"),
+            (json!({"host": "10.77.0.9", "ip": "10.77.0.9", "port": 80}), "10.77.0.9:80"),
+            (json!({"host": null, "ip": "2001:db8::7", "port": 22}), "[2001:db8::7]:22"),
+            (json!({"host": null, "ip": "10.77.0.9", "port": 22, "resolved": false}), "10.77.0.9:22 !"),
+            (json!({"host": "h.example", "port": 443}), "h.example:443"),
+            (json!({"port": 443}), "-:443"),
+            (json!({}), "-"),
+        ];
+        for (flow, want) in cases {
+            assert_eq!(super::destination(&flow), want, "{flow}");
+        }
+        // Only `false` marks: `true`, null, absent and odd values do not.
+        for v in [json!(true), json!(null), json!("false"), json!(0)] {
+            assert!(!super::misdirected(&json!({"resolved": v})), "{v}");
+        }
+        assert!(!super::misdirected(&json!({})));
+    }
 }

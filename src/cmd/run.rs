@@ -21,6 +21,10 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
     // Validated first: an unknown agent or a missing path is an error
     // before anything is created or started.
     let req = Request::new(&args.spec)?;
+    // Before anything is created: the agent must not get ppp's own state.
+    for ws in &req.workspace {
+        dirs.check_workspace(ws)?;
+    }
     let podman = Podman::detect()?;
     let existing = match &args.spec.name {
         Some(name) => sandbox::load(dirs, name)?,

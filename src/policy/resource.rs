@@ -155,7 +155,7 @@ impl Resource {
         if host.is_empty() {
             return Err(err(format!("`{s}` has no host")));
         }
-        let pattern = if host == "**" || host == "**." {
+        let pattern = if host == "**" {
             Pattern::Any
         } else if looks_like_ipv4(host) {
             parse_ip(s, host, Family::V4)?
@@ -377,6 +377,14 @@ fn canonical_net(net: IpNet) -> IpNet {
 
 fn parse_host_pattern(orig: &str, host: &str) -> Result<Pattern> {
     let h = host.strip_suffix('.').unwrap_or(host);
+    // `*.` or `**.` is what `*.$DOMAIN` becomes when the variable is empty.
+    // With the trailing dot dropped it would be `*` (every one-label host)
+    // or `**` (everything): a rule far wider than the one meant, so a
+    // pattern of wildcards alone with a trailing dot is refused.
+    if h.len() < host.len() && h.split('.').all(|l| !l.is_empty() && l.chars().all(|c| matches!(c, '*' | '?'))) {
+        return Err(err(format!("`{orig}` has no domain after the wildcard"))
+            .with_hint("name the domain, e.g. `*.example.com`; to match every host, write `**`"));
+    }
     if let Some(c) = h.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '*' | '?'))) {
         let e = err(format!("`{orig}` contains invalid character `{}`", c.escape_debug()));
         return Err(if c.is_ascii() {
@@ -522,7 +530,6 @@ mod tests {
             ("Example.COM.", "example.com"),
             ("EXAMPLE.com.:443", "example.com:443"),
             ("*.Example.com", "*.example.com"),
-            ("**.", "**"),
             ("**:0443", "**:443"),
             ("API-*.Example.com", "api-*.example.com"),
             (r"^API\D+$", r"^API\D+$"),
@@ -602,6 +609,21 @@ mod tests {
             ("a{2,1}", "`a{2,1}` is not a valid regex: invalid repetition count range, the start must be <= the end"),
             (r"\p{Greek}", r"`\p{Greek}` is not a valid regex: Unicode not allowed here"),
             ("(a|b):", "`(a|b):` has an empty port"),
+            // Wildcards with no domain after them: never widened to `*`/`**`.
+            ("*.", "`*.` has no domain after the wildcard"),
+            ("**.", "`**.` has no domain after the wildcard"),
+            ("*.:443", "`*.:443` has no domain after the wildcard"),
+            ("**.:443", "`**.:443` has no domain after the wildcard"),
+            ("?.", "`?.` has no domain after the wildcard"),
+            ("*.*.", "`*.*.` has no domain after the wildcard"),
+            ("*..", "`*..` has an empty label"),
+            ("**..", "`**..` has an empty label"),
+            // Dots alone look like an IPv4 address, and are not one.
+            (".", "`.` is not a valid IPv4 address"),
+            (".:443", "`.` is not a valid IPv4 address"),
+            ("..", "`..` is not a valid IPv4 address"),
+            (" *.", "` *.` contains whitespace"),
+            ("*. ", "`*. ` contains whitespace"),
         ];
         for (input, want) in cases {
             assert_eq!(e(input), want, "input {input:?}");
@@ -631,6 +653,8 @@ mod tests {
         assert_eq!(hint("[10.0.0.1]:443"), "brackets are for IPv6; write `10.0.0.1:443`");
         assert!(hint("2001:db8::zz").contains("[2001:db8::1]:443"));
         assert!(hint("bücher.de").contains("punycode"));
+        assert_eq!(hint("*."), "name the domain, e.g. `*.example.com`; to match every host, write `**`");
+        assert_eq!(hint("**.:443"), hint("*."));
         let f: crate::error::Failure = Resource::parse("10.0.0.1/8").unwrap_err().into();
         let (text, _) = crate::error::render(&anyhow::Error::from(f));
         assert_eq!(text, "error: `10.0.0.1/8` has host bits set\nhint: the network is `10.0.0.0/8`\n");
@@ -644,6 +668,9 @@ mod tests {
         p("::/0");
         p("**:443");
         p("*:443");
+        // A trailing dot after a domain is the fully qualified form.
+        assert_eq!(p("*.Example.com.").to_string(), "*.example.com");
+        assert_eq!(p("api-*.").to_string(), "api-*");
         // `(?x)` comments would swallow the anchors, so they fail up front.
         assert!(e("(?x)a#b").contains("is not a valid regex"), "{}", e("(?x)a#b"));
     }
