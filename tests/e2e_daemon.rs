@@ -743,3 +743,195 @@ fn a_reload_that_denies_a_destination_cuts_its_open_streams() {
     let _ = child.wait();
     assert_eq!(line.trim(), "cut", "the stream outlived the rule that allowed it");
 }
+
+/// `tests/support/agent_servers.py` in the upstream namespace, on the
+/// upstream's address (8443 HTTPS, 8080 git), stopped on drop.
+struct AgentServers {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl AgentServers {
+    fn start(topo: &netns::Topology) -> Self {
+        let dir = topo.path().join("agent-servers");
+        std::fs::create_dir_all(dir.join("git")).unwrap();
+        let up = topo.path().join("upstream");
+        let ready = dir.join("ready");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/agent_servers.py");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &topo.upstream_ns()])
+            .arg(netns::venv_python())
+            .arg(script)
+            .arg(UPSTREAM_IP.to_string())
+            .args([up.join("srv.pem"), up.join("srv.key"), dir.clone(), ready.clone()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("servers.err")).unwrap())
+            .spawn()
+            .expect("agent_servers.py starts");
+        let mut s = AgentServers { child, dir };
+        wait_until("the agent servers to listen", netns::DEADLINE, || {
+            if let Ok(Some(status)) = s.child.try_wait() {
+                panic!("agent_servers.py exited early ({status})");
+            }
+            ready.exists()
+        });
+        s
+    }
+
+    /// A bare repository `name` under the git root holding one commit with
+    /// `size` bytes of incompressible data, so its pack is that big.
+    fn big_repo(&self, name: &str, size: usize) {
+        let work = self.dir.join(format!("{name}-work"));
+        std::fs::create_dir_all(&work).unwrap();
+        let mut data = vec![0u8; size];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for b in &mut data {
+            // xorshift: incompressible enough that the pack stays `size` big.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        std::fs::write(work.join("blob.bin"), data).unwrap();
+        let git = |args: &[&str], cwd: &Path| {
+            let out = Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"])
+                .args(args)
+                .current_dir(cwd)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "git {args:?}: {}", describe(&out));
+        };
+        git(&["init", "-q"], &work);
+        git(&["add", "blob.bin"], &work);
+        git(&["commit", "-qm", "big"], &work);
+        let bare = self.dir.join("git").join(format!("{name}.git"));
+        git(&["clone", "-q", "--bare", work.to_str().unwrap(), bare.to_str().unwrap()], &self.dir);
+    }
+}
+
+impl Drop for AgentServers {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 12: what agents really send and receive, through the real tunnel
+/// with the real daemon and addon: an SSE stream whose events arrive one by
+/// one, chunked uploads and downloads bigger than any old cap, `Expect:
+/// 100-continue`, HTTP/1.1 pipelining, HTTP/2 from the guest, and a `git
+/// clone` whose pack is over 50 MiB.
+#[test]
+fn agent_traffic_streams_through_the_tunnel() {
+    netns::require_env();
+    let rig = rig();
+    let servers = AgentServers::start(&rig.topo);
+    let red = &rig.guests[0];
+    let ca = rig.topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem");
+    let ca = ca.to_str().unwrap();
+    let tls = |host: &str| format!("{host}:8443:{UPSTREAM_IP}");
+
+    // SSE: the server sends event 1, then waits for the test to have read
+    // it. A proxy that buffers the response never hands event 1 over.
+    let mut sse = Command::new("ip")
+        .args(["netns", "exec", &red.ns, "curl", "-sS", "-N", "-m", "60", "--cacert", ca, "--resolve"])
+        .arg(tls("echo.test"))
+        .arg("https://echo.test:8443/sse?n=5&gate=sse-gate")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut events = std::io::BufReader::new(sse.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut events, &mut line).unwrap();
+    assert_eq!(line.trim(), "data: 1", "the first event arrived before the stream ended");
+    std::fs::write(servers.dir.join("sse-gate"), "").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut events, &mut rest).unwrap();
+    assert!(sse.wait().unwrap().success());
+    assert!(rest.contains("data: 5"), "{rest}");
+
+    // A chunked download of 64 MiB (the old cap was 10 MiB, and chunked
+    // bodies were buffered whole before it was checked).
+    let out = red.curl(&[
+        "--cacert",
+        ca,
+        "--resolve",
+        &tls("echo.test"),
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download}",
+        "https://echo.test:8443/download?bytes=67108864",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200 67108864", "{}", describe(&out));
+
+    // A chunked upload of 16 MiB to the LLM API (its key is injected, so no
+    // upload limit applies by default), and one with `Expect: 100-continue`.
+    let big = rig.topo.path().join("conversation.bin");
+    std::fs::write(&big, vec![b'c'; 16 << 20]).unwrap();
+    let want = {
+        use sha2::Digest as _;
+        format!("{:x}", sha2::Sha256::digest(std::fs::read(&big).unwrap()))
+    };
+    for extra in [["-H", "Transfer-Encoding: chunked"], ["-H", "Expect: 100-continue"]] {
+        let out = red.curl(&[
+            "-m",
+            "60",
+            "--cacert",
+            ca,
+            "--resolve",
+            &tls("api.anthropic.com"),
+            extra[0],
+            extra[1],
+            "--data-binary",
+            &format!("@{}", big.display()),
+            "https://api.anthropic.com:8443/sink",
+        ]);
+        let body = String::from_utf8_lossy(&out.stdout);
+        let got: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{extra:?}: {}", describe(&out)));
+        assert_eq!((got["bytes"].as_u64(), got["sha256"].as_str()), (Some(16 << 20), Some(want.as_str())), "{extra:?}");
+    }
+
+    // HTTP/1.1 pipelining: two requests in one write, two answers in order.
+    let pipelined = red.run(&[
+        "bash",
+        "-c",
+        &format!(
+            "exec 3<>/dev/tcp/{UPSTREAM_IP}/80; printf 'GET /p1 HTTP/1.1\\r\\nHost: echo.test\\r\\n\\r\\nGET /p2 HTTP/1.1\\r\\nHost: echo.test\\r\\nConnection: close\\r\\n\\r\\n' >&3; timeout 10 cat <&3"
+        ),
+    ]);
+    let text = String::from_utf8_lossy(&pipelined.stdout);
+    assert_eq!(text.matches("HTTP/1.1 200").count(), 2, "{}", describe(&pipelined));
+    assert!(text.find("\"/p1\"") < text.find("\"/p2\""), "{text}");
+
+    // HTTP/2 from the guest (ALPN h2).
+    let out = red.curl(&[
+        "--http2",
+        "--cacert",
+        ca,
+        "--resolve",
+        &resolve("echo.test", 443),
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{http_version}",
+        "https://echo.test/h2",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200 2", "{}", describe(&out));
+
+    // git clone over smart HTTP of a repository whose pack is over 50 MiB.
+    servers.big_repo("big", 60 << 20);
+    let clone = rig.topo.path().join("clone");
+    // The guest resolves echo.test through ppp's resolver, as a
+    // provisioned sandbox does.
+    let resolv = rig.topo.path().join("resolv-tunnel.conf");
+    std::fs::write(&resolv, "nameserver 10.0.0.53\n").unwrap();
+    let out = red.run_with_resolv(
+        &resolv,
+        &["git", "clone", "-q", "http://echo.test:8080/git/big.git", clone.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "git clone through the tunnel: {}", describe(&out));
+    assert_eq!(std::fs::metadata(clone.join("blob.bin")).unwrap().len(), 60 << 20);
+}

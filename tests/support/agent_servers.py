@@ -1,0 +1,190 @@
+"""The servers agents really talk to, for tests/e2e_traffic.rs.
+
+Runs inside the test's upstream network namespace, never in the root one,
+with the upstream's test certificate:
+
+* HTTPS on ADDR:8443 (HTTP/1.1):
+  - GET /sse?n=N&gate=NAME: a text/event-stream. Event 1 is sent at once;
+    the rest only after the file DIR/NAME exists, which the test creates
+    once it has read event 1. A proxy that buffers the stream never hands
+    event 1 over, so the test fails by its deadline instead of by timing.
+  - GET /sse-idle?idle=S: one event, S seconds of silence, one more.
+  - POST|PUT /sink: reads the body as it comes (Content-Length or chunked)
+    without keeping it, answers {"bytes", "sha256", "expect"}.
+  - GET /download?bytes=N: N bytes (a repeating pattern), chunked.
+* HTTP on ADDR:8080: git's smart HTTP (`git http-backend`) for the bare
+  repositories under DIR/git.
+
+READY is created once every socket listens.
+
+usage: agent_servers.py ADDR CERT KEY DIR READY
+"""
+
+import hashlib
+import http.server
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+addr, cert, key, root, ready = sys.argv[1:6]
+PATTERN = bytes(range(256)) * 256  # 64 KiB
+
+
+class Agentish(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("%s %s\n" % (self.client_address[0], fmt % args))
+
+    def query(self):
+        return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+
+    def chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def start_stream(self, content_type):
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def do_GET(self):
+        path = urllib.parse.urlsplit(self.path).path
+        q = self.query()
+        if path == "/sse":
+            self.start_stream("text/event-stream")
+            self.chunk(b"data: 1\n\n")
+            gate = os.path.join(root, os.path.basename(q.get("gate", "gate")))
+            deadline = time.monotonic() + 60
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            for i in range(2, int(q.get("n", "5")) + 1):
+                self.chunk(b"data: %d\n\n" % i)
+            self.chunk(b"")
+        elif path == "/sse-idle":
+            self.start_stream("text/event-stream")
+            self.chunk(b"data: hello\n\n")
+            time.sleep(float(q.get("idle", "1")))
+            self.chunk(b"data: after-idle\n\n")
+            self.chunk(b"")
+        elif path == "/download":
+            left = int(q.get("bytes", "0"))
+            self.start_stream("application/octet-stream")
+            while left > 0:
+                n = min(left, len(PATTERN))
+                self.chunk(PATTERN[:n])
+                left -= n
+            self.chunk(b"")
+        else:
+            self.send_error(404)
+
+    def do_POST(self):
+        h = hashlib.sha256()
+        total = 0
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                left = size
+                while left:
+                    data = self.rfile.read(min(left, 1 << 16))
+                    h.update(data)
+                    total += len(data)
+                    left -= len(data)
+                self.rfile.readline()
+        else:
+            left = int(self.headers.get("Content-Length") or 0)
+            while left:
+                data = self.rfile.read(min(left, 1 << 16))
+                if not data:
+                    break
+                h.update(data)
+                total += len(data)
+                left -= len(data)
+        out = json.dumps({"bytes": total, "sha256": h.hexdigest(), "expect": self.headers.get("Expect")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_PUT = do_POST
+
+
+class Git(http.server.BaseHTTPRequestHandler):
+    """`git http-backend` as CGI: enough of RFC 3875 for git's smart HTTP,
+    with the request body and the response streamed, not held."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("git %s\n" % (fmt % args))
+
+    def do_any(self):
+        url = urllib.parse.urlsplit(self.path)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": os.path.join(root, "git"),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": self.command,
+            "PATH_INFO": urllib.parse.unquote(url.path.removeprefix("/git")),
+            "QUERY_STRING": url.query,
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "REMOTE_ADDR": self.client_address[0],
+        }
+        if self.headers.get("Content-Length"):
+            env["CONTENT_LENGTH"] = self.headers["Content-Length"]
+        if self.headers.get("Git-Protocol"):
+            env["GIT_PROTOCOL"] = self.headers["Git-Protocol"]
+        p = subprocess.Popen(["git", "http-backend"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        left = int(self.headers.get("Content-Length") or 0)
+        while left:
+            data = self.rfile.read(min(left, 1 << 16))
+            if not data:
+                break
+            p.stdin.write(data)
+            left -= len(data)
+        p.stdin.close()
+        status, headers = "200 OK", []
+        while True:
+            line = p.stdout.readline().rstrip(b"\r\n")
+            if not line:
+                break
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "status":
+                status = value.strip()
+            else:
+                headers.append((name, value.strip()))
+        code, _, reason = status.partition(" ")
+        self.send_response(int(code), reason)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        while data := p.stdout.read(1 << 16):
+            self.wfile.write(data)
+        p.wait()
+
+    do_GET = do_POST = do_any
+
+
+https = http.server.ThreadingHTTPServer((addr, 8443), Agentish)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+https.socket = ctx.wrap_socket(https.socket, server_side=True)
+git = http.server.ThreadingHTTPServer((addr, 8080), Git)
+for server in (https, git):
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+open(ready, "w").close()
+threading.Event().wait()
