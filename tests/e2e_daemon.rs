@@ -745,9 +745,11 @@ fn a_reload_that_denies_a_destination_cuts_its_open_streams() {
 }
 
 /// `tests/support/agent_servers.py` in the upstream namespace, on the
-/// upstream's address (8443 HTTPS, 8080 git), stopped on drop.
+/// upstream's address (8443 HTTPS, 8080 git), and an OCI registry on 5000,
+/// stopped on drop.
 struct AgentServers {
     child: Child,
+    registry: Child,
     dir: PathBuf,
 }
 
@@ -769,14 +771,68 @@ impl AgentServers {
             .stderr(std::fs::File::create(dir.join("servers.err")).unwrap())
             .spawn()
             .expect("agent_servers.py starts");
-        let mut s = AgentServers { child, dir };
+        // An OCI registry (Debian's docker-registry) over TLS on :5000.
+        let registry_bin = "/usr/bin/docker-registry";
+        assert!(Path::new(registry_bin).exists(), "{registry_bin} is missing: run make test-deps");
+        let config = dir.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: \
+                 {UPSTREAM_IP}:5000\n  tls:\n    certificate: {}\n    key: {}\n",
+                dir.join("registry").display(),
+                up.join("srv.pem").display(),
+                up.join("srv.key").display()
+            ),
+        )
+        .unwrap();
+        let registry = Command::new("ip")
+            .args(["netns", "exec", &topo.upstream_ns(), registry_bin, "serve"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("registry.err")).unwrap())
+            .spawn()
+            .expect("docker-registry starts");
+        let mut s = AgentServers { child, registry, dir };
         wait_until("the agent servers to listen", netns::DEADLINE, || {
             if let Ok(Some(status)) = s.child.try_wait() {
                 panic!("agent_servers.py exited early ({status})");
             }
             ready.exists()
         });
+        let upstream = topo.upstream_ns();
+        wait_until("the registry to listen", netns::DEADLINE, || {
+            netns::run(&[
+                "ip",
+                "netns",
+                "exec",
+                &upstream,
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{UPSTREAM_IP}/5000"),
+            ])
+            .status
+            .success()
+        });
         s
+    }
+
+    /// Put a layer blob of `size` bytes into repository `repo` the way a
+    /// push leaves it on disk (the blob and the repository's link to it),
+    /// and return its digest.
+    fn layer(&self, repo: &str, size: usize) -> String {
+        use sha2::Digest as _;
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let hex = format!("{:x}", sha2::Sha256::digest(&data));
+        let v2 = self.dir.join("registry/docker/registry/v2");
+        let blob = v2.join(format!("blobs/sha256/{}/{hex}", &hex[..2]));
+        std::fs::create_dir_all(&blob).unwrap();
+        std::fs::write(blob.join("data"), data).unwrap();
+        let link = v2.join(format!("repositories/{repo}/_layers/sha256/{hex}"));
+        std::fs::create_dir_all(&link).unwrap();
+        std::fs::write(link.join("link"), format!("sha256:{hex}")).unwrap();
+        format!("sha256:{hex}")
     }
 
     /// A bare repository `name` under the git root holding one commit with
@@ -813,8 +869,10 @@ impl AgentServers {
 
 impl Drop for AgentServers {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for c in [&mut self.child, &mut self.registry] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -934,4 +992,18 @@ fn agent_traffic_streams_through_the_tunnel() {
     );
     assert!(out.status.success(), "git clone through the tunnel: {}", describe(&out));
     assert_eq!(std::fs::metadata(clone.join("blob.bin")).unwrap().len(), 60 << 20);
+
+    // An image layer of 100 MiB from an OCI registry, as the guest's podman
+    // pulls it (the fake podman has no image store: the blob is what moves).
+    let digest = servers.layer("ppp/agent", 100 << 20);
+    let out = red.run(&[
+        "bash",
+        "-c",
+        &format!(
+            "curl -sS -m 120 --cacert {ca} --resolve {} https://echo.test:5000/v2/ppp/agent/blobs/{digest} | sha256sum",
+            format!("echo.test:5000:{UPSTREAM_IP}")
+        ),
+    ]);
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(got.split_whitespace().next(), digest.strip_prefix("sha256:"), "{}", describe(&out));
 }
