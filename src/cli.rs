@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Failure, fail};
+use crate::policy::limits::Size;
 use crate::policy::{Preset, Rule, Source, Verdict};
 
 /// Run AI coding agents in isolated microVM sandboxes.
@@ -644,10 +645,13 @@ pub enum PolicyCommand {
     },
     /// Allow connections to hosts, IPs or CIDR ranges
     #[command(after_help = RESOURCE_HELP)]
-    Allow(PolicyAddArgs),
+    Allow(PolicyAllowArgs),
     /// Deny connections to hosts, IPs or CIDR ranges
     #[command(after_help = RESOURCE_HELP)]
     Deny(PolicyAddArgs),
+    /// Show or set the body-size limits for uploads and downloads
+    #[command(after_help = LIMITS_HELP)]
+    Limits(PolicyLimitsArgs),
     /// Show the decision for a target without changing anything
     #[command(after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443")]
     Check {
@@ -774,6 +778,51 @@ pub struct PolicyAddArgs {
     #[arg(long, value_name = "SANDBOX")]
     pub sandbox: Option<String>,
 }
+
+/// `ppp policy allow`: a rule, and optionally its own body-size limits.
+#[derive(Debug, Args)]
+pub struct PolicyAllowArgs {
+    #[command(flatten)]
+    pub rule: PolicyAddArgs,
+
+    /// This rule's own upload limit, over `ppp policy limits` (e.g. 64MiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub upload: Option<Size>,
+
+    /// This rule's own download limit, over `ppp policy limits` (e.g. 2GiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub download: Option<Size>,
+}
+
+/// `ppp policy limits`.
+#[derive(Debug, Args)]
+pub struct PolicyLimitsArgs {
+    /// Set this sandbox's limits instead of the global ones
+    #[arg(long, value_name = "SANDBOX")]
+    pub sandbox: Option<String>,
+
+    /// Largest request body (e.g. 8MiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub upload: Option<Size>,
+
+    /// Largest response body (e.g. 2GiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub download: Option<Size>,
+
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size(text: &str) -> Result<Size, String> {
+    text.parse()
+}
+
+const LIMITS_HELP: &str = "Bodies are streamed; a limit cuts a flow when its count is crossed (413).\n\
+Which limit applies: the allow rule's own (ppp policy allow --upload/--download), else the\n\
+sandbox's, else the global one, else the defaults: uploads 1MiB except to hosts ppp injects\n\
+a key into (none), downloads none.\n\n\
+Examples:\n  ppp policy limits\n  ppp policy limits --upload 8MiB\n  ppp policy limits --sandbox my-box --download 20GiB";
 
 /// `ppp secret …`.
 #[derive(Debug, Subcommand)]

@@ -11,11 +11,13 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Ctx;
-use crate::cli::{FlowTypeFilter, PolicyAddArgs, PolicyCommand, RuleTypeFilter, SourceFilter, SourceSelector};
+use crate::cli::{
+    FlowTypeFilter, PolicyAddArgs, PolicyCommand, PolicyLimitsArgs, RuleTypeFilter, SourceFilter, SourceSelector,
+};
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{
-    self, Engine, GlobalFile, Preset, Resource, Rule, SandboxFile, Scope, Source, Target, Verdict, flowlog,
+    self, Engine, FlowLimits, GlobalFile, Limits, Preset, Resource, Rule, Scope, Source, Target, Verdict, flowlog,
 };
 use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
@@ -25,8 +27,11 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
     match cmd {
         PolicyCommand::Init { preset, force } => init(dirs, *preset, *force),
-        PolicyCommand::Allow(a) => add(dirs, Verdict::Allow, a),
-        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a),
+        PolicyCommand::Allow(a) => {
+            add(dirs, Verdict::Allow, &a.rule, Limits { upload: a.upload, download: a.download })
+        }
+        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default()),
+        PolicyCommand::Limits(a) => limits(dirs, a),
         PolicyCommand::Check { target, sandbox, json, verbose, .. } => {
             check(dirs, target, sandbox.as_deref(), *json, *verbose)
         }
@@ -49,8 +54,6 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
 const NO_POLICY_HINT: &str = "no global policy exists, so everything is denied; choose a preset with \
                               `ppp policy init balanced` (or `allow-all`, `deny-all`)";
 
-use crate::policy::DEFAULT_WITHOUT_FILE;
-
 fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
     let path = dirs.global_policy();
     let lock = state::Lock::acquire(&dirs.state_lock())?;
@@ -65,7 +68,7 @@ fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
         Some(mut f) if f.preset.is_none() && f.rules.iter().all(|r| r.source != Source::Preset) => {
             let mut rules = preset.rules();
             rules.append(&mut f.rules);
-            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules, ..f }
         }
         Some(f) if !force => {
             let what = f.preset.map_or_else(|| "hand-made rules".to_owned(), |p| format!("preset `{p}`"));
@@ -77,9 +80,9 @@ fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
             f.rules.retain(|r| r.source != Source::Preset);
             let mut rules = preset.rules();
             rules.append(&mut f.rules);
-            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules, ..f }
         }
-        None => GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules: preset.rules() },
+        None => GlobalFile::from_preset(preset),
     };
     policy::save_global(&path, &next)?;
     drop(lock);
@@ -120,7 +123,7 @@ fn parse_resources(list: &str) -> Result<Vec<Resource>> {
     Ok(out)
 }
 
-fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode> {
+fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<ExitCode> {
     let resources = parse_resources(&args.resources)?;
     if let Some(s) = &args.sandbox {
         sandbox::validate_name(s)?;
@@ -132,13 +135,18 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
         for resource in resources {
             // Adding the same rule twice is a no-op that reports the
             // existing id, so scripts can re-run safely.
+            // With --upload/--download it sets the existing rule's limits.
             if let Some(existing) =
-                rules.iter().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
+                rules.iter_mut().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
             {
+                existing.upload = limits.upload.or(existing.upload);
+                existing.download = limits.download.or(existing.download);
                 ids.push(existing.id);
                 continue;
             }
-            let rule = Rule::new(decision, resource, Source::Local);
+            let mut rule = Rule::new(decision, resource, Source::Local);
+            rule.upload = limits.upload;
+            rule.download = limits.download;
             ids.push(rule.id);
             rules.push(rule);
         }
@@ -154,7 +162,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
             f
         } else {
             created_file = true;
-            GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }
+            GlobalFile::without_file()
         };
         apply(&mut file.rules);
         policy::save_global(&path, &file)?;
@@ -166,6 +174,66 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
     }
     output::print(&lines(ids.iter()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ppp policy limits`: set the global or a sandbox's limits, or show the
+/// ones in force.
+fn limits(dirs: &Dirs, args: &PolicyLimitsArgs) -> Result<ExitCode> {
+    if let Some(s) = &args.sandbox {
+        sandbox::validate_name(s)?;
+    }
+    let set = Limits { upload: args.upload, download: args.download };
+    if !set.is_empty() {
+        let lock = state::Lock::acquire(&dirs.state_lock())?;
+        if let Some(name) = &args.sandbox {
+            let path = dirs.sandbox_policy(name);
+            let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
+            file.upload = set.upload.or(file.upload);
+            file.download = set.download.or(file.download);
+            policy::save_sandbox(&path, &file)?;
+        } else {
+            let path = dirs.global_policy();
+            let mut file = policy::load_global(&path)?.unwrap_or_else(GlobalFile::without_file);
+            file.upload = set.upload.or(file.upload);
+            file.download = set.download.or(file.download);
+            policy::save_global(&path, &file)?;
+        }
+        drop(lock);
+        proxy::reload_or_warn(dirs);
+    }
+    let (global, _) = global_or_default(dirs)?;
+    let sandbox = match &args.sandbox {
+        Some(name) => policy::load_sandbox(&dirs.sandbox_policy(name))?.map(|f| f.limits()),
+        None => None,
+    };
+    let applied = policy::limits::resolve(None, sandbox, global.limits());
+    if args.json {
+        output::json(&applied)?;
+    } else {
+        output::print(&describe_limits(&applied))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `upload: 1MiB (default; none to hosts ppp injects a key into)` and the
+/// download line, as `policy limits` and `policy ls` show them.
+fn describe_limits(l: &FlowLimits) -> String {
+    use policy::limits::From;
+    let one = |a: &policy::limits::Applied, default_note: &str| {
+        let size = a.bytes.map_or_else(|| "none".to_owned(), |b| policy::limits::Size::Bytes(b).to_string());
+        let from = match a.from {
+            From::Rule => "rule",
+            From::Sandbox => "sandbox",
+            From::Global => "global",
+            From::Default => default_note,
+        };
+        format!("{size} ({from})")
+    };
+    format!(
+        "upload: {}\ndownload: {}\n",
+        one(&l.upload, "default; none to hosts ppp injects a key into"),
+        one(&l.download, "default")
+    )
 }
 
 /// One item per line.
@@ -181,7 +249,7 @@ fn lines<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
 fn global_or_default(dirs: &Dirs) -> Result<(GlobalFile, bool)> {
     Ok(match policy::load_global(&dirs.global_policy())? {
         Some(f) => (f, true),
-        None => (GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }, false),
+        None => (GlobalFile::without_file(), false),
     })
 }
 
@@ -350,6 +418,8 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, w
         output::json(&LsJson { default: global.default, preset: global.preset, policy_exists: exists, rules: listed })?;
         return Ok(ExitCode::SUCCESS);
     }
+    // The column appears only when a rule has limits of its own.
+    let any_limits = listed.iter().any(|l| !l.rule.limits().is_empty());
     let rows: Vec<Vec<String>> = listed
         .iter()
         .map(|l| {
@@ -361,6 +431,9 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, w
                 l.rule.resource.to_string(),
                 l.rule.source.to_string(),
             ];
+            if any_limits {
+                row.push(l.rule.limits().describe());
+            }
             if wide {
                 row.push(fmt_time(l.rule.created_at));
             }
@@ -368,12 +441,22 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, w
         })
         .collect();
     let mut header = vec!["ID", "SCOPE", "DECISION", "RESOURCE", "SOURCE"];
+    if any_limits {
+        header.push("LIMITS");
+    }
     if wide {
         header.push("CREATED");
     }
     let mut text = output::table(&header, &rows);
     let preset = global.preset.map(|p| format!(" (preset `{p}`)")).unwrap_or_default();
     let _ = writeln!(text, "default: {}{preset}", global.default);
+    let sandbox_limits = match only {
+        Some(s) => policy::load_sandbox(&dirs.sandbox_policy(s))?.map(|f| f.limits()),
+        None => None,
+    };
+    for line in describe_limits(&policy::limits::resolve(None, sandbox_limits, global.limits())).lines() {
+        let _ = writeln!(text, "{line}");
+    }
     output::print(&text)?;
     if !exists {
         eprintln!("hint: {NO_POLICY_HINT}");
@@ -582,7 +665,7 @@ fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
             f.rules.retain(|r| r.source != Source::Local);
             if f.rules.len() != before {
                 removed += before - f.rules.len();
-                policy::save_sandbox(&path, &SandboxFile { rules: f.rules })?;
+                policy::save_sandbox(&path, &f)?;
             }
         }
     }
