@@ -397,7 +397,8 @@ fn defences_through_the_real_daemon() {
     assert!(body.contains("ppp policy allow network --sandbox blue 169.254.169.254\n"), "{body}");
     assert!(!body.contains("--sandbox blue api.anthropic.com"), "{body}");
 
-    // Uploads over 1 MiB get 413, and nothing reaches the upstream.
+    // Uploads over 1 MiB are refused (413, logged; the connection is closed
+    // rather than the body read, ADR 0019), and nothing reaches the upstream.
     let big = rig.topo.path().join("big.bin");
     std::fs::write(&big, vec![b'x'; 2 * 1024 * 1024]).unwrap();
     let before = rig.upstream.requests().len();
@@ -411,8 +412,11 @@ fn defences_through_the_real_daemon() {
             "http://echo.test/up",
         ],
     );
-    assert_eq!(code, "413", "{body}");
+    assert!(code == "413" || code == "000", "{code}: {body}");
     assert_eq!(rig.upstream.requests().len(), before, "the upload never reached upstream");
+    wait_until("the 413 in flows.jsonl", netns::DEADLINE, || {
+        d.flows().iter().any(|f| f["host"] == "echo.test" && f["status"] == 413)
+    });
 
     // A DNS query for a denied name is refused, and the refusal logged.
     let out = rig.guests[1].run(&["dig", "+time=3", "+tries=1", "@10.0.0.53", "denied.example", "A"]);
@@ -526,8 +530,12 @@ fn servers_come_and_go_with_claimed_ports_through_the_real_daemon() {
 
 /// How much mitmdump may grow while one guest floods it (issue 11: 64 MiB).
 const FLOOD_GROWTH_KIB: u64 = 64 * 1024;
-/// What the big floods send: 4 GiB, as the issue names.
-const FLOOD_BYTES: u64 = 4 << 30;
+/// What the big floods send: 4 GiB, as the issue names, unless
+/// `PPP_TEST_FLOOD_BYTES` says otherwise (a smaller flood is enough to see
+/// the unfixed proxy fail; the tunnel here carries ~16 MB/s).
+fn flood_bytes() -> u64 {
+    std::env::var("PPP_TEST_FLOOD_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(4 << 30)
+}
 
 /// What [`flood`] saw.
 struct Flood {
@@ -645,8 +653,9 @@ fn a_4_gib_chunked_upload_does_not_grow_mitmdump() {
         // The proxy closes the connection; the guest's side sees no reset
         // (see docs/addon.md), so curl stops at its own timeout.
         let cmd = format!(
-            "head -c {FLOOD_BYTES} /dev/zero | curl -sS -m 30 -o /dev/null -w '%{{http_code}}' -T - \
-             --resolve {host}:80:{ip} http://{host}{path}"
+            "head -c {} /dev/zero | curl -sS -m 30 -o /dev/null -w '%{{http_code}}' -T - \
+             --resolve {host}:80:{ip} http://{host}{path}",
+            flood_bytes()
         );
         let f = flood(&rig, &["sh", "-c", &cmd], Duration::from_secs(900));
         f.assert_bounded(&format!("a chunked upload to {host}"));
@@ -675,7 +684,8 @@ fn a_4_gib_chunked_download_streams_through_with_bounded_memory() {
     netns::require_env();
     let rig = rig();
     blue_reaches_upstream(&rig);
-    let url = format!("http://echo.test/chunked/{FLOOD_BYTES}");
+    let bytes = flood_bytes();
+    let url = format!("http://echo.test/chunked/{bytes}");
     let resolve = resolve("echo.test", 80);
     let argv = [
         "curl",
@@ -695,10 +705,10 @@ fn a_4_gib_chunked_download_streams_through_with_bounded_memory() {
     let out = f.stdout();
     let fields: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(fields.first().copied(), Some("200"), "{}", describe(&f.out));
-    assert_eq!(fields.get(1).copied(), Some(FLOOD_BYTES.to_string().as_str()), "the whole body arrived");
+    assert_eq!(fields.get(1).copied(), Some(bytes.to_string().as_str()), "the whole body arrived");
     eprintln!("download throughput: {} MB/s", fields[2].parse::<f64>().unwrap_or(0.0) / 1e6);
     wait_until("the download in flows.jsonl", netns::DEADLINE, || {
-        rig.daemon.flows().iter().any(|f| f["host"] == "echo.test" && f["bytes_in"] == FLOOD_BYTES)
+        rig.daemon.flows().iter().any(|f| f["host"] == "echo.test" && f["bytes_in"] == bytes)
     });
 }
 
@@ -711,7 +721,8 @@ fn a_4_gib_websocket_stream_does_not_grow_mitmdump() {
     let rig = rig();
     blue_reaches_upstream(&rig);
     let script = netns::flood_script();
-    let (total, msg) = (FLOOD_BYTES.to_string(), (1u32 << 20).to_string());
+    let bytes = flood_bytes();
+    let (total, msg) = (bytes.to_string(), (1u32 << 20).to_string());
     let ip = UPSTREAM_IP.to_string();
     let argv = [python(), script.display().to_string(), "ws".into(), ip, "echo.test".into(), total, msg];
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
@@ -719,9 +730,9 @@ fn a_4_gib_websocket_stream_does_not_grow_mitmdump() {
     f.assert_bounded("a 4 GiB WebSocket stream");
     let out: Value = serde_json::from_str(&f.stdout()).unwrap_or_else(|_| panic!("{}", describe(&f.out)));
     assert_eq!(out["reply"]["echo"], "done", "{out}");
-    assert_eq!(out["reply"]["bytes"], FLOOD_BYTES, "every byte went through: {out}");
+    assert_eq!(out["reply"]["bytes"], bytes, "every byte went through: {out}");
     wait_until("the WebSocket's line in flows.jsonl", netns::DEADLINE, || {
-        rig.daemon.flows().iter().any(|f| f["kind"] == "websocket" && f["bytes_out"].as_u64() >= Some(FLOOD_BYTES))
+        rig.daemon.flows().iter().any(|f| f["kind"] == "websocket" && f["bytes_out"].as_u64() >= Some(bytes))
     });
 }
 
@@ -819,8 +830,9 @@ fn latencies(g: &Guest, n: usize) -> Vec<f64> {
     out
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+/// The `percent`th percentile of `sorted` (nearest rank).
+fn pct(sorted: &[f64], percent: usize) -> f64 {
+    sorted[(sorted.len() - 1) * percent / 100]
 }
 
 /// A benchmark, not a test (no timed assertion): blue's latency idle and
@@ -850,13 +862,13 @@ fn bench_other_sandbox_latency_under_a_flood() {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let (r50, r90) = (pct(&busy, 0.5) / pct(&idle, 0.5), pct(&busy, 0.9) / pct(&idle, 0.9));
+        let (r50, r90) = (pct(&busy, 50) / pct(&idle, 50), pct(&busy, 90) / pct(&idle, 90));
         println!(
             "round {round}: idle p50 {:.1} ms p90 {:.1} ms; flooded p50 {:.1} ms p90 {:.1} ms; ratio p50 {r50:.2} p90 {r90:.2}",
-            pct(&idle, 0.5) * 1e3,
-            pct(&idle, 0.9) * 1e3,
-            pct(&busy, 0.5) * 1e3,
-            pct(&busy, 0.9) * 1e3
+            pct(&idle, 50) * 1e3,
+            pct(&idle, 90) * 1e3,
+            pct(&busy, 50) * 1e3,
+            pct(&busy, 90) * 1e3
         );
         ratios.0.push(r50);
         ratios.1.push(r90);
@@ -865,7 +877,7 @@ fn bench_other_sandbox_latency_under_a_flood() {
     ratios.1.sort_by(f64::total_cmp);
     println!(
         "median of {rounds} rounds: flooded/idle latency p50 {:.2}, p90 {:.2} (goal <= 2.00)",
-        pct(&ratios.0, 0.5),
-        pct(&ratios.1, 0.5)
+        pct(&ratios.0, 50),
+        pct(&ratios.1, 50)
     );
 }

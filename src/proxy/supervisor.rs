@@ -336,7 +336,7 @@ impl Tail {
 
 /// Rotate the log at `path` once it is over `max` bytes: its content moves
 /// to `<path>.1` (replacing the older one) and the file is emptied in
-/// place, because mitmdump keeps writing to it (O_APPEND) for as long as it
+/// place, because mitmdump keeps writing to it (`O_APPEND`) for as long as it
 /// runs. What mitmdump appends while the content is copied is carried over;
 /// a line written between that and the truncation is lost. Whether it
 /// rotated.
