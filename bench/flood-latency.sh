@@ -13,6 +13,7 @@
 #
 # Usage: bench/flood-latency.sh
 # Env: REQUESTS (per side and round, default 60), ROUNDS (default 3),
+# FLOOD (which floods: download, dns or both, the default "download,dns"),
 # PPP_TEST_VENV / PPP_TEST_MITMDUMP (as for the tests).
 set -euo pipefail
 # shellcheck source=bench/lib.sh

@@ -846,6 +846,7 @@ fn bench_other_sandbox_latency_under_a_flood() {
     blue_reaches_upstream(&rig);
     let n: usize = std::env::var("REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let kinds = std::env::var("FLOOD").unwrap_or_else(|_| "download,dns".to_owned());
     let blue = &rig.guests[1];
     let script = netns::flood_script().display().to_string();
     let py = python();
@@ -854,11 +855,17 @@ fn bench_other_sandbox_latency_under_a_flood() {
     let mut ratios = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let idle = latencies(blue, n);
-        let mut download = rig.guests[0].spawn(&["curl", "-sS", "-o", "/dev/null", "--resolve", &resolve_echo, &url]);
-        let mut dns = rig.guests[0].spawn(&[&py, &script, "dns", "10.0.0.53", "53", &format!("b{round}-"), "1000000"]);
+        let mut floods = Vec::new();
+        if kinds.contains("download") {
+            floods.push(rig.guests[0].spawn(&["curl", "-sS", "-o", "/dev/null", "--resolve", &resolve_echo, &url]));
+        }
+        if kinds.contains("dns") {
+            let prefix = format!("b{round}-");
+            floods.push(rig.guests[0].spawn(&[&py, &script, "dns", "10.0.0.53", "53", &prefix, "1000000"]));
+        }
         std::thread::sleep(Duration::from_secs(2)); // the flood at full speed
         let busy = latencies(blue, n);
-        for c in [&mut download, &mut dns] {
+        for c in &mut floods {
             let _ = c.kill();
             let _ = c.wait();
         }
