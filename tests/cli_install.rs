@@ -83,13 +83,8 @@ fn a_bin_directory_off_path_is_said() {
     let bindir = home.join(".cargo/bin");
     place_binary(&bindir);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
-    let out = Command::new(script)
-        .arg("man")
-        .env_clear()
-        .env("HOME", &home)
-        .env("PATH", "/usr/bin:/bin")
-        .output()
-        .unwrap();
+    let out =
+        Command::new(script).arg("man").env_clear().env("HOME", &home).env("PATH", "/usr/bin:/bin").output().unwrap();
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("note: {} is not on PATH", bindir.display())), "{err}");
