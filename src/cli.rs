@@ -151,7 +151,7 @@ pub enum Command {
     /// Run a command inside a sandbox
     Exec(ExecArgs),
     /// Manage kits: declarative sandbox extensions (experimental)
-    #[command(subcommand)]
+    #[command(subcommand, after_help = KIT_HELP)]
     Kit(KitCommand),
     /// List sandboxes
     Ls(LsArgs),
@@ -187,6 +187,31 @@ pub enum Command {
     #[command(name = "__man", hide = true)]
     Man(ManArgs),
 }
+
+/// The kit format, in `ppp kit --help` and `man ppp-kit`: installed users
+/// have no docs/kits.md, and kit errors point here.
+const KIT_HELP: &str = "\
+A kit is a directory with a kit.yaml (unknown fields are errors):
+  apiVersion: ppp.kit/v1
+  kind: Kit
+  metadata:
+    name: tools              # 1-63 of a-z, 0-9, -
+    version: 0.1.0           # semver, optionally -pre and +build
+  spec:
+    secrets:                 # at most 64; each must be stored before the kit applies
+      - service: github
+    network:                 # entries as `ppp policy allow` takes them; at most 1024
+      allow: [\"registry.npmjs.org\", \"*.pypi.org\"]
+      deny: [\"telemetry.example.com\"]
+    env:                     # at most 256; values at most 64 KiB
+      TOOLS_HOME: /opt/tools
+    startup:                 # at most 64; each a non-empty argv, run at every start
+      - command: [\"sh\", \"-c\", \"mkdir -p /opt/tools\"]
+    files:                   # at most 256; each 1 MiB, 8 MiB in all
+      - path: /etc/tools/config.toml   # absolute, no `..`
+        content: \"answer = 42\\n\"      # or source: a path inside the kit directory
+        mode: \"0600\"                   # octal, at most 0777; default 0644
+kit.yaml itself is at most 256 KiB.";
 
 /// What `ppp __complete` completes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -226,3 +226,13 @@ fn mistyped_command_names_the_near_ones() {
     assert_eq!(code, 2);
     assert!(err.contains("tip: a similar subcommand exists: 'check'"), "{err}");
 }
+
+/// An empty resource (`"$HOST"` unset) suggests naming a host, not `**`,
+/// which would allow everything.
+#[test]
+fn empty_resource_suggests_a_host() {
+    let w = World::new();
+    let (code, err) = fails(&w, &mut w.ppp(["policy", "allow", "network", ""]));
+    assert_eq!(code, 2);
+    assert_eq!(err, "error: resource is empty\nhint: name a host, such as `api.example.com` or `*.example.com`\n");
+}
