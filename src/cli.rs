@@ -470,8 +470,9 @@ pub struct DiagnoseArgs {
     #[arg(short, long, value_enum, default_value_t = DiagnoseFormat::Table)]
     pub output: DiagnoseFormat,
 
-    /// Upload the report and print its address
-    #[arg(long)]
+    /// Write the report as a GitHub issue body to a file and print the `gh`
+    /// command that files it; ppp itself sends nothing
+    #[arg(long, conflicts_with = "output")]
     pub upload: bool,
 }
 
