@@ -427,7 +427,11 @@ fn kit_errors_point_at_help_that_shows_a_valid_kit() {
     let help = ppp_ok(&w, &["kit", "--help"]);
     let start = help.find("  apiVersion:").expect("the help shows a kit.yaml");
     let end = help.find("kit.yaml itself").expect("and its size limit");
-    let yaml: String = help[start..end].lines().map(|l| format!("{}\n", l.strip_prefix("  ").unwrap_or(l))).collect();
+    let mut yaml = String::new();
+    for line in help[start..end].lines() {
+        yaml.push_str(line.strip_prefix("  ").unwrap_or(line));
+        yaml.push('\n');
+    }
     let shown = w.path().join("shown");
     std::fs::create_dir_all(&shown).unwrap();
     std::fs::write(shown.join("kit.yaml"), &yaml).unwrap();
