@@ -183,6 +183,10 @@ class Verdict:
     # was about, which the 403 names (the request's Host may differ).
     tls: bool = False
     sni: str | None = None
+    # The body-size limits of an allowed flow, as the daemon decided them:
+    # {"upload": {"bytes": N | None, "from": "rule|sandbox|global|default"},
+    #  "download": {...}}.
+    limits: Any = None
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
@@ -501,6 +505,15 @@ def _cap_websocket_messages() -> None:
     ws_layer.WebsocketLayer.relay_messages = relay_messages
 
 
+def _size_text(n: int) -> str:
+    """Bytes as ppp's sizes print them: the largest binary unit that
+    divides them (`64MiB`, `1536KiB`, `100B`), as `Size`'s Display does."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
 # json.dumps builds a new encoder on every call that passes separators.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -516,14 +529,12 @@ class PppAddon:
         self._decisions: Lru = Lru(CACHE_MAX)
         self._gen_path = ""
         self._flow_path = ""
-        self._max_request = 1024 * 1024
         # Secrets are never injected when upstream certificates go unchecked.
         self._ssl_insecure = False
         # flow.id -> the secret values injected into its request, scrubbed
         # from its response; dropped when the flow ends (bounded all the
         # same: an entry outlives a flow only if mitmproxy never ends it).
         self._scrub: Lru = Lru(CACHE_MAX)
-        self._max_response = 0
         self._secrets: Lru = Lru(CACHE_MAX)
         self._registry: dict[int, str] = {}
         self._registry_stamp: tuple[int, int] | None = None
@@ -558,14 +569,10 @@ class PppAddon:
         _cap_http1_headers()
         _cap_websocket_messages()
         loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
-        loader.add_option("ppp_max_request_bytes", int, 1024 * 1024, "Largest request body ppp forwards (0: no limit)")
-        loader.add_option("ppp_max_response_bytes", int, 0, "Largest response body ppp forwards (0: no limit)")
 
     def configure(self, updated: set[str]) -> None:
         # Read here, not per request: an option lookup costs a few µs.
         self._ssl_insecure = bool(getattr(ctx.options, "ssl_insecure", False))
-        self._max_request = ctx.options.ppp_max_request_bytes
-        self._max_response = ctx.options.ppp_max_response_bytes
         if "ppp_state_dir" in updated or self.daemon is None:
             self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
             self._gen_path = os.path.join(self.state_dir, "generation")
@@ -695,9 +702,6 @@ class PppAddon:
         meta = flow.metadata.get("ppp") or {}
         if meta.get("decision") == "allow" and meta.get("sandbox"):
             self._live[flow.id] = (flow, meta["sandbox"], meta.get("host"), meta.get("ip"), meta.get("port", 0), "http")
-
-    def websocket_end(self, flow: http.HTTPFlow) -> None:
-        self._live.pop(flow.id, None)
 
     def client_connected(self, client: connection.Client) -> None:
         port = self._port(client)
@@ -870,6 +874,7 @@ class PppAddon:
                 resource=rule.get("resource") if rule else None,
                 reason=reason,
                 generation=r.get("generation"),
+                limits=r.get("limits"),
             )
         self._saw_generation(r.get("generation"))
         if cache:
@@ -1048,10 +1053,40 @@ class PppAddon:
             meta["ip"], meta["port"] = addr
         flow.metadata["ppp"] = meta
 
-    def _too_large(self, flow: http.HTTPFlow, what: str, limit: int) -> None:
-        body = f"blocked by ppp: the {what} body exceeds {limit} bytes\n"
-        flow.response = http.Response.make(413, body.encode(), {"content-type": "text/plain; charset=utf-8"})
+    def _limit(self, flow: http.HTTPFlow, direction: str) -> int:
+        """The flow's limit for `direction` ("upload" or "download") in
+        bytes, 0 for none. The daemon decided it with the policy; only one
+        case is the addon's: the default upload limit is an exfiltration
+        gate, and a request that carries an injected key goes to the
+        service the key is for (LLM APIs take tens of MiB)."""
+        meta = flow.metadata.get("ppp") or {}
+        applied = (meta.get("limits") or {}).get(direction) or {}
+        if direction == "upload" and applied.get("from") == "default" and meta.get("key_injected"):
+            return 0
+        return int(applied.get("bytes") or 0)
+
+    def _raise_hint(self, flow: http.HTTPFlow, direction: str, limit: int) -> str:
+        """The command that raises the limit a flow hit: a rule of its own
+        for this host in this sandbox, at twice the limit or more."""
+        meta = flow.metadata.get("ppp") or {}
+        target = meta.get("host") or meta.get("ip") or flow.request.pretty_host
+        size = _size_text(max(limit * 2, 1 << 20))
+        return f"ppp policy allow network --sandbox {meta.get('sandbox') or '<name>'} --{direction} {size} {target}"
+
+    def _too_large(self, flow: http.HTTPFlow, direction: str, limit: int) -> None:
         meta = flow.metadata.setdefault("ppp", {})
+        applied = (meta.get("limits") or {}).get(direction) or {}
+        where = {
+            "rule": "the rule that allows this host",
+            "sandbox": "this sandbox's policy",
+            "global": "the global policy",
+        }.get(applied.get("from"), "ppp's default")
+        what = "request" if direction == "upload" else "response"
+        body = (
+            f"blocked by ppp: the {what} body is larger than the {direction} limit of {_size_text(limit)} "
+            f"({where})\nto raise it: {self._raise_hint(flow, direction, limit)}\n"
+        )
+        flow.response = http.Response.make(413, body.encode(), {"content-type": "text/plain; charset=utf-8"})
         meta["decision"] = "deny"
         log.info("ppp: %s body over %d bytes refused for %s", what, limit, flow.request.pretty_host)
 
@@ -1380,14 +1415,11 @@ class PppAddon:
                 and canonical_host(client.sni) == host
                 and not self._ssl_insecure
             )
+            meta["limits"] = v.limits
             if flow.request.authority and flow.request.http_version.startswith("HTTP/1"):
                 # Absolute-form: forward origin-form, so an upstream that
                 # routes by the target sees the name that was decided.
                 flow.request.authority = ""
-            limit = self._max_request
-            cl = header_text(flow.request.headers, b"content-length")
-            if cl and cl.strip().isdigit() and int(cl) > limit:
-                self._too_large(flow, "request", limit)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: HTTP policy check failed, denying")
             self._deny_http(flow, sandbox, host, deny(f"internal error: {type(e).__name__}"))
@@ -1421,9 +1453,16 @@ class PppAddon:
                     if meta.get("secret_ok"):
                         self._inject(flow, meta["sandbox"], meta["host"])
             if flow.response is None:
+                # The limit is known once the key is in: the default upload
+                # limit does not apply to a request that carries one.
+                limit = self._limit(flow, "upload")
+                cl = header_text(flow.request.headers, b"content-length")
+                if limit and cl and cl.strip().isdigit() and int(cl) > limit:
+                    self._too_large(flow, "upload", limit)
+            if flow.response is None:
                 # Streamed as it arrives, counted against the limit; never
                 # held whole in memory.
-                flow.request.stream = self._counter(flow, "request", self._max_request)
+                flow.request.stream = self._counter(flow, "request", self._limit(flow, "upload"))
             else:
                 self._refused_body(flow)
         except Exception as e:  # noqa: BLE001
@@ -1439,11 +1478,11 @@ class PppAddon:
         if flow.response is not None or meta.get("decision") != "allow":
             return
         try:
-            limit = self._max_request
+            limit = self._limit(flow, "upload")
             raw = flow.request.raw_content
             if raw is not None and limit and len(raw) > limit:
                 # A body that was buffered after all (a replayed flow).
-                self._too_large(flow, "request", limit)
+                self._too_large(flow, "upload", limit)
                 return
             if meta.get("secret_ok") and not meta.get("injected"):
                 self._inject(flow, meta["sandbox"], meta["host"])
@@ -1466,7 +1505,8 @@ class PppAddon:
                 if len(kept) != len(fields):
                     headers.fields = kept
                 headers[r["header"]] = r["value"]
-                self._scrub.setdefault(flow.id, []).append(r["value"].encode())
+                flow.metadata["ppp"]["key_injected"] = True
+                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                 # An uncompressed answer, so that a key echoed back can be
                 # found and scrubbed.
                 headers["accept-encoding"] = "identity"
@@ -1486,7 +1526,7 @@ class PppAddon:
                 if isinstance(s, dict) and s.get("placeholder") and isinstance(s.get("value"), str)
             ]
             if pairs:
-                self._scrub.setdefault(flow.id, []).extend(v.encode() for _, v in pairs if v)
+                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), *(v.encode() for _, v in pairs if v)]
                 for name in set(flow.request.headers.keys()):
                     vals = flow.request.headers.get_all(name)
                     new = [self._sub(v, pairs) for v in vals]
@@ -1535,14 +1575,14 @@ class PppAddon:
         try:
             if flow.response is None or flow.metadata.get("ppp", {}).get("decision") != "allow":
                 return
-            limit = self._max_response
+            limit = self._limit(flow, "download")
             cl = header_text(flow.response.headers, b"content-length")
             if limit and cl and cl.strip().isdigit() and int(cl) > limit:
                 # Declared too large: answer 413 now and stream the upstream
                 # body into the void, so it is never buffered. mitmproxy sends
                 # these headers at once, then what `stream` returns per chunk;
                 # the final call (with b"") emits the 413's body.
-                self._too_large(flow, "response", limit)
+                self._too_large(flow, "download", limit)
                 assert flow.response is not None
                 body = flow.response.raw_content or b""
                 sent = False
@@ -1569,7 +1609,7 @@ class PppAddon:
         self._scrub.pop(flow.id, None)
         try:
             meta = flow.metadata.get("ppp", {})
-            limit = self._max_response
+            limit = self._limit(flow, "download")
             if (
                 limit
                 and meta.get("decision") == "allow"
@@ -1578,7 +1618,7 @@ class PppAddon:
                 and len(flow.response.raw_content or b"") > limit
             ):
                 # A body that was buffered after all (set by another addon).
-                self._too_large(flow, "response", limit)
+                self._too_large(flow, "download", limit)
             self._log_http(flow)
         except Exception:  # noqa: BLE001
             log.exception("ppp: response hook failed")
@@ -1606,7 +1646,11 @@ class PppAddon:
             meta[key] = n
             if limit and n > limit:
                 if not meta.get("aborted"):
-                    meta["aborted"] = f"the {what} body exceeds {limit} bytes"
+                    direction = "upload" if what == "request" else "download"
+                    meta["aborted"] = (
+                        f"the {what} body exceeds the {direction} limit of {_size_text(limit)}; "
+                        f"to raise it: {self._raise_hint(flow, direction, limit)}"
+                    )
                     meta["decision"] = "deny"
                     meta["status"] = 413
                     log.info(
@@ -1711,6 +1755,7 @@ class PppAddon:
             self._count_message(flow, ws.messages, m.from_client, len(m.content), "ws_")
 
     def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self._live.pop(flow.id, None)
         meta = flow.metadata.get("ppp")
         if meta is not None and meta.get("decision") == "allow":
             # The HTTP flow was logged at its 101; the stream gets a line

@@ -32,12 +32,23 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
         }
         PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default()),
         PolicyCommand::Limits(a) => limits(dirs, a),
-        PolicyCommand::Check { target, sandbox, json, verbose, .. } => {
-            check(dirs, target, sandbox.as_deref(), *json, *verbose)
+        PolicyCommand::Check { target, sandbox, json, verbose, exit_code, .. } => {
+            let verdict = check(dirs, target, sandbox.as_deref(), *json, *verbose)?;
+            // `--exit-code` makes the answer testable in scripts, as
+            // `git diff --exit-code` does: 1 on deny. Without it a deny is
+            // an answer, not a failure.
+            Ok(if *exit_code && verdict == Verdict::Deny { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
-        PolicyCommand::Ls { sandbox, decision, source, kind, include_inactive, json, wide } => {
+        PolicyCommand::Ls { sandbox, decision, source, kind, include_inactive, json, wide, quiet } => {
             let filter = Filter { decision: *decision, source: *source, kind: *kind };
-            ls(dirs, sandbox.as_deref(), &filter, *include_inactive, *json, *wide)
+            let form = if *json {
+                Form::Json
+            } else if *quiet {
+                Form::Ids
+            } else {
+                Form::Table
+            };
+            ls(dirs, sandbox.as_deref(), &filter, *include_inactive, form, *wide)
         }
         PolicyCommand::Inspect { id, json } => inspect(dirs, id, *json),
         PolicyCommand::Log { sandbox, json, limit, quiet, kind } => {
@@ -172,7 +183,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> 
     if created_file {
         eprintln!("note: created the global policy with default `deny`; `ppp policy init` chooses a preset");
     }
-    output::print(&lines(ids.iter()))?;
+    output::print(&lines(ids.iter().map(short_id)))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -236,6 +247,13 @@ fn describe_limits(l: &FlowLimits) -> String {
     )
 }
 
+/// A rule id as every human-facing output shows it: its first 8
+/// characters, which `inspect` and `rm --id` take back as a prefix. JSON and
+/// `ls --wide` show the whole id.
+fn short_id(id: &uuid::Uuid) -> String {
+    id.to_string()[..8].to_owned()
+}
+
 /// One item per line.
 fn lines<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
     let mut s = String::new();
@@ -270,7 +288,8 @@ struct CheckJson<'a> {
     default_used: bool,
 }
 
-fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<ExitCode> {
+/// Print the decision for `target`; returns it for `--exit-code`.
+fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<Verdict> {
     let t = Target::parse(target).map_err(|e| bad_input(format!("invalid target: {}", e.message()), &e))?;
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
@@ -302,7 +321,7 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             (None, host) => format!("{}:{}", host.as_deref().unwrap_or_default(), t.port),
         };
         let why = match &d.matched_rule {
-            Some(m) => format!("rule {} `{}` ({}, {})", m.rule.id, m.rule.resource, m.scope, m.rule.source),
+            Some(m) => format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), m.rule.resource, m.scope, m.rule.source),
             None if exists => format!("the global default `{}`", d.verdict),
             None => "no policy exists".to_owned(),
         };
@@ -321,7 +340,10 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
                 if single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some() {
                     output::println(&format!(
                         "  matches: {} {} `{}` ({scope}, {})",
-                        rule.id, rule.decision, rule.resource, rule.source
+                        short_id(&rule.id),
+                        rule.decision,
+                        rule.resource,
+                        rule.source
                     ))?;
                 }
             }
@@ -330,7 +352,16 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
     if !exists {
         eprintln!("hint: {NO_POLICY_HINT}");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(d.verdict)
+}
+
+/// How `policy ls` prints.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Table,
+    /// `-q`: ids only, one a line, as the table shows them.
+    Ids,
+    Json,
 }
 
 struct Filter {
@@ -386,7 +417,7 @@ fn sandboxes_with_policy(dirs: &Dirs) -> Result<Vec<String>> {
     Ok(names)
 }
 
-fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, wide: bool) -> Result<ExitCode> {
+fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, form: Form, wide: bool) -> Result<ExitCode> {
     if let Some(s) = only {
         sandbox::validate_name(s)?;
     }
@@ -414,18 +445,30 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, w
             sandbox: Some(name),
         }));
     }
-    if json {
-        output::json(&LsJson { default: global.default, preset: global.preset, policy_exists: exists, rules: listed })?;
-        return Ok(ExitCode::SUCCESS);
+    let id = |r: &Rule| if wide { r.id.to_string() } else { short_id(&r.id) };
+    match form {
+        Form::Json => {
+            output::json(&LsJson {
+                default: global.default,
+                preset: global.preset,
+                policy_exists: exists,
+                rules: listed,
+            })?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Form::Ids => {
+            output::print(&lines(listed.iter().map(|l| id(l.rule))))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Form::Table => {}
     }
     // The column appears only when a rule has limits of its own.
     let any_limits = listed.iter().any(|l| !l.rule.limits().is_empty());
     let rows: Vec<Vec<String>> = listed
         .iter()
         .map(|l| {
-            let id = l.rule.id.to_string();
             let mut row = vec![
-                if wide { id } else { id[..8].to_owned() },
+                id(l.rule),
                 l.sandbox.map_or_else(|| "global".to_owned(), ToOwned::to_owned),
                 l.rule.decision.to_string(),
                 l.rule.resource.to_string(),
@@ -507,7 +550,7 @@ fn by_id_prefix<'a, T>(items: &'a [T], id: impl Fn(&T) -> String, prefix: &str) 
     match hits.len() {
         0 => Ok(None),
         1 => Ok(Some(hits[0])),
-        n => Err(fail(format!("`{prefix}` matches {n} rules")).hint("give more characters of the id").into()),
+        n => Err(fail(format!("`{prefix}` matches {n} rules")).hint("give more characters of the id").code(2).into()),
     }
 }
 
@@ -516,6 +559,7 @@ fn inspect(dirs: &Dirs, id: &str, json: bool) -> Result<ExitCode> {
     let Some(f) = by_id_prefix(&rules, |f| f.rule.id.to_string(), id)? else {
         return Err(fail(format!("no rule has id `{id}`"))
             .hint("list rules with `ppp policy ls --include-inactive`")
+            .code(2)
             .into());
     };
     if json {
@@ -563,6 +607,29 @@ fn log(
     } else {
         flowlog::tail(&dirs.flows_log(), limit, sandbox_name)?
     };
+    // A removed sandbox's connections stay in the log and are still shown;
+    // a name with neither a sandbox nor a logged connection is a mistake.
+    if let Some(s) = sandbox_name
+        && flows.is_empty()
+        && sandbox::load(dirs, s)?.is_none()
+        && flowlog::tail(&dirs.flows_log(), 1, Some(s))?.is_empty()
+    {
+        return Err(fail(format!("no sandbox named `{s}`, and no connection from one is logged"))
+            .hint("list sandboxes with `ppp ls`; `ppp policy log` alone shows every sandbox's connections")
+            .code(2)
+            .into());
+    }
+    if flows.is_empty() && !json && !quiet {
+        let why = match (kind, sandbox_name) {
+            (FlowTypeFilter::Filesystem, _) => {
+                "no filesystem flows: the proxy records network connections only".to_owned()
+            }
+            (_, Some(s)) => format!("no connections logged for sandbox `{s}` yet"),
+            (_, None) => "no connections logged yet: they appear here once a sandbox connects out".to_owned(),
+        };
+        output::println(&why)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let field = |v: &serde_json::Value, k: &str| -> String {
         match &v[k] {
             serde_json::Value::Null => "-".to_owned(),
@@ -724,7 +791,10 @@ fn rm(
         let doomed_ids = doomed.ids(rules)?;
         if doomed_ids.is_empty() {
             let what = doomed.describe();
-            return Err(fail(format!("no rule with {what} in {place}")).hint("list rules with `ppp policy ls`").into());
+            return Err(fail(format!("no rule with {what} in {place}"))
+                .hint("list rules with `ppp policy ls`")
+                .code(2)
+                .into());
         }
         let (gone, kept) = std::mem::take(rules).into_iter().partition(|r| doomed_ids.contains(&r.id));
         *rules = kept;
@@ -739,7 +809,10 @@ fn rm(
     } else {
         let path = dirs.global_policy();
         let Some(mut f) = policy::load_global(&path)? else {
-            return Err(fail(format!("no rule matches in {place}: it does not exist")).hint(NO_POLICY_HINT).into());
+            return Err(fail(format!("no rule matches in {place}: it does not exist"))
+                .hint(NO_POLICY_HINT)
+                .code(2)
+                .into());
         };
         let gone = select(&mut f.rules)?;
         policy::save_global(&path, &f)?;
@@ -747,7 +820,7 @@ fn rm(
     };
     drop(lock);
     proxy::reload_or_warn(dirs);
-    output::print(&lines(removed.iter().map(|r| r.id)))?;
+    output::print(&lines(removed.iter().map(|r| short_id(&r.id))))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -244,7 +244,12 @@ mod tests {
         // Another sandbox got no such answer.
         assert!(!r.answered("blue", "api.test", ip("93.184.216.34"), t0));
         // Kept at least ANSWER_MIN, whatever the TTL said.
-        assert!(r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN.saturating_sub(Duration::from_secs(1))));
+        assert!(r.answered(
+            "red",
+            "api.test",
+            ip("93.184.216.34"),
+            t0 + ANSWER_MIN.saturating_sub(Duration::from_secs(1))
+        ));
         assert!(!r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN + Duration::from_secs(1)));
     }
 

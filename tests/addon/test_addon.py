@@ -67,6 +67,22 @@ def ask(req: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def red_fox_limits(lines: str) -> Iterator[None]:
+    """red-fox's policy.yaml with top-level limit lines (`upload: 10B`),
+    reloaded into the daemon; the file and policy restored after."""
+    policy = Path(STATE) / "sandboxes" / "red-fox" / "policy.yaml"
+    before = policy.read_text()
+    try:
+        policy.write_text(lines + before)
+        reply = ask({"op": "reload"})
+        assert reply["ok"], reply
+        yield
+    finally:
+        policy.write_text(before)
+        ask({"op": "reload"})
+
+
+@contextlib.contextmanager
 def blue_allows(host: str, n: int) -> Iterator[None]:
     """blue's policy.yaml with one more rule (id ending in `n`) allowing
     `host`, reloaded into the daemon; the file and policy restored after."""
@@ -102,6 +118,11 @@ def server(ip: str, port: int) -> connection.Server:
 
 
 SANDBOXES = {51820: "red-fox", 51821: "blue"}
+
+
+def flat(out: bytes | list[bytes]) -> bytes:
+    """What a `stream` function's return sends: bytes, or a list of them."""
+    return out if isinstance(out, bytes) else b"".join(out)
 
 
 def resolved(port: int, name: str, ip: str) -> None:
@@ -321,7 +342,7 @@ class Live(Base):
         self.addon.error(f)
         row = self.flows()[-1]
         self.assertEqual((row["status"], row["decision"], row["bytes_out"]), (413, "deny", 17 * 65536 + 1))
-        self.assertIn("exceeds 1048576", row["reason"])
+        self.assertIn("exceeds the upload limit of 1MiB", row["reason"])
         # Responses: no limit by default, streamed and counted.
         f = http_flow(51820, "www.allowed.test")
         self.addon.requestheaders(f)
@@ -333,9 +354,11 @@ class Live(Base):
             self.assertEqual(f.response.stream(chunk), chunk)
         self.addon.response(f)
         self.assertEqual((self.flows()[-1]["status"], self.flows()[-1]["bytes_in"]), (200, 200 * 65536))
-        # With a response limit: a declared Content-Length over it is
+        # With a download limit: a declared Content-Length over it is
         # answered 413 and the upstream body discarded as it streams.
-        self.tctx.configure(self.addon, ppp_max_response_bytes=10 * 1024 * 1024)
+        limits = red_fox_limits("download: 10MiB\nupload: 10B\n")
+        limits.__enter__()
+        self.addCleanup(limits.__exit__, None, None, None)
         f = http_flow(51820, "www.allowed.test")
         self.addon.requestheaders(f)
         self.addon.request(f)
@@ -346,7 +369,8 @@ class Live(Base):
         self.assertTrue(callable(f.response.stream))
         self.assertEqual(f.response.stream(b"z" * 65536), [])
         body = f.response.stream(b"")
-        self.assertIn(b"exceeds", body)
+        self.assertIn(b"larger than the download limit of 10MiB (this sandbox's policy)", body)
+        self.assertIn(b"to raise it: ppp policy allow network --sandbox red-fox --download 20MiB www.allowed.test", body)
         self.assertEqual(int(f.response.headers["content-length"]), len(body))
         self.assertEqual(f.response.stream(b""), [])
         self.addon.response(f)
@@ -361,10 +385,34 @@ class Live(Base):
         for _ in range(160):
             self.assertEqual(f.response.stream(chunk), chunk)
         self.assertEqual(f.response.stream(chunk), [])
-        self.assertIn("response body exceeds", f.metadata["ppp"]["aborted"])
-        self.tctx.configure(self.addon, ppp_max_request_bytes=10)
+        self.assertIn("response body exceeds the download limit of 10MiB", f.metadata["ppp"]["aborted"])
         self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413)
         self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200)
+
+    def test_limits_come_from_the_policy_and_keys_lift_the_default_upload_gate(self) -> None:
+        big = b"x" * (2 * 1024 * 1024)
+        # The default upload gate (1 MiB) names itself and the command.
+        f = http_flow(51820, "www.allowed.test", content=big)
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 413)
+        self.assertIn("larger than the upload limit of 1MiB (ppp's default)", f.response.text)
+        self.assertIn("to raise it: ppp policy allow network --sandbox red-fox --upload 2MiB www.allowed.test", f.response.text)
+        # A request that carries an injected key is not gated by default.
+        f = http_flow(51820, "api.anthropic.com", content=big)
+        self.addon.requestheaders(f)
+        self.assertIsNone(f.response)
+        self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+        self.assertEqual(self.addon._limit(f, "upload"), 0)
+        # ... but a limit the policy sets applies to it too.
+        with red_fox_limits("upload: 1MiB\n"):
+            f = http_flow(51820, "api.anthropic.com", content=big)
+            self.addon.requestheaders(f)
+            self.assertEqual(f.response.status_code, 413)
+            self.assertIn("(this sandbox's policy)", f.response.text)
+        # Plain HTTP to the same host carries no key, so the gate applies.
+        f = http_flow(51820, "api.anthropic.com", dport=80, content=big)
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 413)
 
     def test_a_refused_request_body_is_never_buffered(self) -> None:
         # Small declared bodies are read, so the guest gets its 403.
@@ -422,7 +470,10 @@ class Live(Base):
         self.assertEqual((row["kind"], row["bytes_out"], row["bytes_in"]), ("tcp", 50000, 50000))
         f = tflow.twebsocketflow(messages=False)
         f.client_conn, f.server_conn = client(51820), server("10.9.1.1", 80)
+        f.client_conn.timestamp_tls_setup = None  # ws://, no TLS
+        f.request.authority = ""  # origin-form, as a guest sends it
         f.request.headers["host"] = "www.allowed.test"
+        resolved(51820, "www.allowed.test", "10.9.1.1")
         self.addon.requestheaders(f)
         self.addon.response(f)
         for i in range(100):
@@ -776,7 +827,7 @@ class Live(Base):
         stream = f.response.stream
         self.assertTrue(callable(stream))
         # The key split over chunk boundaries is still caught.
-        body = b"".join(stream(c) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
+        body = b"".join(flat(stream(c)) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
         self.assertEqual(body, b"aaa " + A.REDACTED + b" bbb")
 
     def test_scrubber_never_loses_or_reorders_bytes(self) -> None:
@@ -790,7 +841,7 @@ class Live(Base):
             cuts = sorted(rnd.sample(range(len(whole) + 1), min(len(whole) + 1, rnd.randint(0, 5))))
             chunks = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
             sc = A.Scrubber([secret])
-            out = b"".join(sc(c) for c in [*chunks, b""])
+            out = b"".join(flat(sc(c)) for c in [*chunks, b""])
             self.assertEqual(out, whole.replace(secret, A.REDACTED), (parts, chunks))
 
     def test_a_tls_denial_names_the_sni_and_a_daemon_failure_suggests_no_rule(self) -> None:
