@@ -10,8 +10,10 @@ MAKEFLAGS += --no-builtin-rules
 
 CARGO ?= cargo
 
-# `make install PREFIX=/usr/local` installs to $(PREFIX)/bin; without PREFIX,
-# cargo's own default (~/.cargo/bin) applies.
+# `make install PREFIX=/usr/local` installs to $(PREFIX)/bin and the man pages
+# to $(PREFIX)/share/man; without PREFIX, cargo's own default (~/.cargo/bin,
+# pages in ~/.cargo/share/man) applies. MANDIR and PPP_DATA, given on the
+# command line, reach scripts/install.sh through the environment.
 PREFIX ?=
 
 # The pinned mitmproxy venv the end-to-end tests run, built by test-deps.
@@ -22,11 +24,13 @@ export PPP_TEST_VENV PPP_TEST_MITMDUMP
 
 SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh fuzz/*.sh assets/*.sh) tests/fake-podman/guest-bin/sudo .ci/run
 
-.PHONY: help build install man test-deps test check check-versions lint clippy fmt fmt-check bench fuzz clean
+.PHONY: help build install install-man man test-deps test check check-versions lint clippy fmt fmt-check bench fuzz clean
 
 help:
 	@echo 'make build       release build (cargo build --release --locked)'
-	@echo 'make install     ppp to $$PREFIX (default ~/.cargo) and the mitmproxy venv to $$PPP_DATA/venv, then `ppp version`'
+	@echo 'make install     ppp to $$PREFIX/bin (default ~/.cargo/bin), man pages to $$MANDIR (default share/man beside it),'
+	@echo '                 the mitmproxy venv to $$PPP_DATA/venv (default ~/.local/share/ppp), then `ppp version`'
+	@echo 'make install-man only the man pages, from the ppp already installed'
 	@echo 'make man         one man page per command into target/man (ppp.1, ppp-policy-allow.1, ...)'
 	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
 	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
@@ -41,6 +45,9 @@ build:
 
 install:
 	PREFIX="$(PREFIX)" scripts/install.sh
+
+install-man:
+	PREFIX="$(PREFIX)" scripts/install.sh man
 
 # Generated from the clap tree by the hidden `ppp __man DIR`, like --help.
 man:

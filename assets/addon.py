@@ -27,6 +27,7 @@ See docs/addon.md for how each kind of denial is enforced.
 # registering them in sys.modules, and dataclasses then cannot resolve string
 # annotations.
 import asyncio
+import collections
 import dataclasses
 import ipaddress
 import itertools
@@ -41,7 +42,10 @@ from typing import Any
 
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
 from mitmproxy.net.dns import response_codes
-from mitmproxy.proxy import mode_specs, server_hooks
+from mitmproxy.proxy import commands, mode_specs, server_hooks
+from mitmproxy.proxy import events as proxy_events
+from mitmproxy.proxy.layers import websocket as ws_layer
+from mitmproxy.proxy.layers.http import _http1
 
 _log = logging.getLogger("ppp")
 
@@ -91,6 +95,33 @@ FLOW_LOG_RECHECK = 1.0
 TUNNELS_WRITE_EVERY = 1.0
 # Timeout of one daemon round trip (seconds).
 DAEMON_TIMEOUT = 2.0
+# The largest HTTP/1 header block (request line or status line included)
+# mitmproxy may buffer: past it the client gets 431 (a server's response
+# 502) and the connection is closed. mitmproxy 12.2.3 has no such limit for
+# HTTP/1 ("FIXME: protect against header size DoS" in _http1.py); HTTP/2's
+# is h2's 64 KiB default header list size. See docs/adr/0019.
+MAX_HEADER_BYTES = 64 * 1024
+# The largest request body mitmproxy may buffer for a request ppp refused at
+# requestheaders (403, 413, 431, 503). mitmproxy only sends a response once
+# it read the whole request, so a larger (or chunked) body gets the
+# connection closed instead: answering would mean buffering what the guest
+# chose to send.
+REFUSED_BODY_DRAIN = 64 * 1024
+# The largest WebSocket message mitmproxy may reassemble: its WebSocket
+# layer holds a message whole until its last frame.
+MAX_WS_MESSAGE = 16 * 1024 * 1024
+# Size at which flows.jsonl is rotated to flows.jsonl.1 (one old file kept).
+FLOW_LOG_MAX = 32 * 1024 * 1024
+# A denial (a refused DNS query, a refused connection or request) is logged
+# once per (sandbox, kind, name, port) per window, and at most LOG_BUDGET
+# denials per sandbox per window; the rest are counted, and the count is
+# carried by the sandbox's next line that is logged.
+LOG_WINDOW = 60.0
+LOG_BUDGET = 120
+# Entries kept in each bounded cache (decisions, secrets, log throttles).
+CACHE_MAX = 4096
+# Client connections remembered as denied (dropped on disconnect anyway).
+DENIED_MAX = 16384
 # Headers a client may use to carry its own credentials; removed before ppp
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
@@ -101,6 +132,30 @@ _AUTH_BYTES = frozenset(h.encode() for h in AUTH_HEADERS)
 # (connection_strategy=lazy and a response set here), so it needs no egress
 # policy, and it works with no DNS and no internet.
 LOCAL_HOST = "mitm.it"
+
+
+class Lru(collections.OrderedDict):  # type: ignore[type-arg]
+    """A dict that keeps at most `maxsize` entries, dropping the least
+    recently used: every key a guest can choose (host names, DNS names,
+    connection ids) lands in one of these, so none may grow without bound."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            value = self[key]
+        except KeyError:
+            return default
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            self.popitem(last=False)
 
 
 class DaemonError(Exception):
@@ -128,6 +183,10 @@ class Verdict:
     # was about, which the 403 names (the request's Host may differ).
     tls: bool = False
     sni: str | None = None
+    # The body-size limits of an allowed flow, as the daemon decided them:
+    # {"upload": {"bytes": N | None, "from": "rule|sandbox|global|default"},
+    #  "download": {...}}.
+    limits: Any = None
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
@@ -236,8 +295,8 @@ def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
 # parse_ip's answers by input text, with the address's text form: every
 # request parses the same few strings (its destination, its Host), and
 # `ipaddress` costs several microseconds a call, more when it fails.
-_IP_MEMO: dict[str, tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str | None]] = {}
 _IP_MEMO_MAX = 4096
+_IP_MEMO: Lru = Lru(_IP_MEMO_MAX)
 
 
 def _ip_entry(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str | None]:
@@ -245,9 +304,7 @@ def _ip_entry(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address 
     if hit is None:
         ip = _parse_ip(text)
         hit = (ip, str(ip) if ip is not None else None)
-        if len(_IP_MEMO) >= _IP_MEMO_MAX:
-            _IP_MEMO.clear()  # bounded: a guest can send any Host
-        _IP_MEMO[text] = hit
+        _IP_MEMO[text] = hit  # bounded (LRU): a guest can send any Host
     return hit
 
 
@@ -360,7 +417,7 @@ class Scrubber:
                 data = data.replace(v, REDACTED)
         return data
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         data = self.scrub(self.tail + chunk)
         if chunk == b"" or self.keep == 0:
             self.tail = b""
@@ -369,7 +426,92 @@ class Scrubber:
         # itself never is, so nothing is replaced twice.
         cut = max(len(data) - self.keep, 0)
         self.tail = data[cut:]
-        return data[:cut]
+        # Never b"" mid-stream: mitmproxy would send it as an empty chunk,
+        # which ends a chunked body.
+        return data[:cut] or []
+
+
+def _cap_http1_headers() -> None:
+    """Bound the HTTP/1 header block mitmproxy buffers, both ways.
+
+    mitmproxy 12.2.3's HTTP/1 readers (`Http1Server`/`Http1Client.read_headers`
+    in proxy/layers/http/_http1.py) keep appending to their ReceiveBuffer until
+    a blank line arrives, with no limit and no option for one. Each is wrapped
+    once: after the real reader ran on new data, a head still incomplete and
+    past MAX_HEADER_BYTES gets the connection closed (a guest gets 431, a
+    server's response becomes a 502 for the guest). Reads are at most 64 KiB,
+    so at most MAX_HEADER_BYTES + 64 KiB is ever held; a complete head over
+    the limit is answered 431 at requestheaders. HTTP/2 needs nothing: h2
+    refuses a header list over 64 KiB (its default) and keeps at most 64
+    CONTINUATION frames."""
+    for cls, from_client in ((_http1.Http1Server, True), (_http1.Http1Client, False)):
+        orig = cls.read_headers
+        if getattr(orig, "ppp_capped", False):
+            continue
+
+        def read_headers(self: Any, event: Any, _orig: Any = orig, _from_client: bool = from_client) -> Any:
+            yield from _orig(self, event)
+            if (
+                isinstance(event, proxy_events.DataReceived)
+                and self.state == self.read_headers
+                and len(self.buf) > MAX_HEADER_BYTES
+            ):
+                self.buf = _http1.ReceiveBuffer()
+                why = f"header block exceeds {MAX_HEADER_BYTES} bytes (blocked by ppp)"
+                if _from_client:
+                    log.info("ppp: a request %s; closing the connection", why)
+                    yield commands.SendData(self.conn, _http1.make_error_response(431, f"request {why}"))
+                    yield commands.CloseConnection(self.conn)
+                    self.state = self.done
+                else:
+                    log.info("ppp: a response %s; closing the connection", why)
+                    yield commands.CloseConnection(self.conn)
+                    if self.stream_id:
+                        yield _http1.ReceiveHttp(
+                            _http1.ResponseProtocolError(
+                                self.stream_id, f"response {why}", _http1.ErrorCode.GENERIC_SERVER_ERROR
+                            )
+                        )
+
+        read_headers.ppp_capped = True  # type: ignore[attr-defined]
+        cls.read_headers = read_headers
+
+
+def _cap_websocket_messages() -> None:
+    """Bound the WebSocket message mitmproxy reassembles.
+
+    Its WebSocket layer (proxy/layers/websocket.py, `relay_messages`) joins a
+    message's frames in `frame_buf` until the last one, with no limit. The
+    layer's relay is wrapped once: a message past MAX_WS_MESSAGE closes both
+    connections and is dropped. Finished messages are dropped from the flow
+    by `websocket_message`."""
+    orig = ws_layer.WebsocketLayer.relay_messages
+    if getattr(orig, "ppp_capped", False):
+        return
+
+    def relay_messages(self: Any, event: Any, _orig: Any = orig) -> Any:
+        if getattr(self, "ppp_closed", False) and isinstance(event, proxy_events.DataReceived):
+            return  # the rest of a refused message
+        yield from _orig(self, event)
+        for w in (getattr(self, "client_ws", None), getattr(self, "server_ws", None)):
+            if w is not None and sum(len(b) for b in w.frame_buf) > MAX_WS_MESSAGE:
+                w.frame_buf = [b""]
+                self.ppp_closed = True
+                log.info("ppp: a WebSocket message over %d bytes; closing the connection", MAX_WS_MESSAGE)
+                yield commands.CloseConnection(self.context.client)
+                yield commands.CloseConnection(self.context.server)
+
+    relay_messages.ppp_capped = True  # type: ignore[attr-defined]
+    ws_layer.WebsocketLayer.relay_messages = relay_messages
+
+
+def _size_text(n: int) -> str:
+    """Bytes as ppp's sizes print them: the largest binary unit that
+    divides them (`64MiB`, `1536KiB`, `100B`), as `Size`'s Display does."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
 
 
 # json.dumps builds a new encoder on every call that passes separators.
@@ -383,26 +525,26 @@ class PppAddon:
         self.generation: int | None = None
         self._gen_stamp: tuple[int, int, int] | None = None
         self._last_poll = 0.0
-        self._decisions: dict[tuple[str, str | None, str | None, int, str], Verdict] = {}
+        # Keyed by what the guest chose (names, addresses): bounded.
+        self._decisions: Lru = Lru(CACHE_MAX)
         self._gen_path = ""
         self._flow_path = ""
-        self._max_request = 1024 * 1024
         # Secrets are never injected when upstream certificates go unchecked.
         self._ssl_insecure = False
         # flow.id -> the secret values injected into its request, scrubbed
-        # from its response; dropped when the flow ends.
-        self._scrub: dict[str, list[bytes]] = {}
-        self._max_response = 10 * 1024 * 1024
-        self._secrets: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
+        # from its response; dropped when the flow ends (bounded all the
+        # same: an entry outlives a flow only if mitmproxy never ends it).
+        self._scrub: Lru = Lru(CACHE_MAX)
+        self._secrets: Lru = Lru(CACHE_MAX)
         self._registry: dict[int, str] = {}
         self._registry_stamp: tuple[int, int] | None = None
         # Client connections denied at TLS/TCP/UDP level, by client id:
         # server_connect refuses any upstream connection for them.
-        self._denied: dict[str, Verdict] = {}
+        self._denied: Lru = Lru(DENIED_MAX)
         # The generation stamp whose `modes` list was last applied.
         self._modes_stamp: tuple[int, int, int] | None = None
         # WireGuard listen port -> wall-clock time of its latest connection.
-        self._seen: dict[int, float] = {}
+        self._seen: Lru = Lru(CACHE_MAX)
         self._seen_saved: dict[int, float] = {}
         self._seen_saved_at = 0.0
         self._watcher: asyncio.Task[None] | None = None
@@ -414,19 +556,23 @@ class PppAddon:
         self._live_generation: int | None = None
         # flows.jsonl: open descriptor and when its path was last checked.
         self._flow_log: tuple[int, float] | None = None
+        # Bytes in the open flows.jsonl, as far as this process knows.
+        self._flow_log_size = 0
+        # Log throttles: (sandbox, kind, name, port) -> window start, and
+        # sandbox -> [window start, lines logged, lines suppressed].
+        self._logged: Lru = Lru(CACHE_MAX)
+        self._log_budget: Lru = Lru(CACHE_MAX)
 
     # ---- options -------------------------------------------------------
 
     def load(self, loader: Any) -> None:
+        _cap_http1_headers()
+        _cap_websocket_messages()
         loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
-        loader.add_option("ppp_max_request_bytes", int, 1024 * 1024, "Largest request body ppp forwards")
-        loader.add_option("ppp_max_response_bytes", int, 10 * 1024 * 1024, "Largest response body ppp forwards")
 
     def configure(self, updated: set[str]) -> None:
         # Read here, not per request: an option lookup costs a few µs.
         self._ssl_insecure = bool(getattr(ctx.options, "ssl_insecure", False))
-        self._max_request = ctx.options.ppp_max_request_bytes
-        self._max_response = ctx.options.ppp_max_response_bytes
         if "ppp_state_dir" in updated or self.daemon is None:
             self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
             self._gen_path = os.path.join(self.state_dir, "generation")
@@ -556,9 +702,6 @@ class PppAddon:
         meta = flow.metadata.get("ppp") or {}
         if meta.get("decision") == "allow" and meta.get("sandbox"):
             self._live[flow.id] = (flow, meta["sandbox"], meta.get("host"), meta.get("ip"), meta.get("port", 0), "http")
-
-    def websocket_end(self, flow: http.HTTPFlow) -> None:
-        self._live.pop(flow.id, None)
 
     def client_connected(self, client: connection.Client) -> None:
         port = self._port(client)
@@ -731,6 +874,7 @@ class PppAddon:
                 resource=rule.get("resource") if rule else None,
                 reason=reason,
                 generation=r.get("generation"),
+                limits=r.get("limits"),
             )
         self._saw_generation(r.get("generation"))
         if cache:
@@ -753,7 +897,14 @@ class PppAddon:
 
     # ---- flow log ------------------------------------------------------
 
-    def log_flow(self, **fields: Any) -> None:
+    def log_flow(self, **fields: Any) -> bool:
+        """Append one flow to flows.jsonl; whether it was (a denial may be
+        throttled, see `_throttle`)."""
+        if fields.get("decision") == "deny":
+            suppressed = self._throttle(fields)
+            if suppressed is None:
+                return False
+            fields["suppressed"] = suppressed
         record = {
             "sandbox": fields.get("sandbox"),
             "timestamp": now_rfc3339(),
@@ -773,16 +924,32 @@ class PppAddon:
             record["resolved"] = fields["resolved"]
         if fields.get("reason"):
             # Only where a denial has no 403 body to say why (refused DNS
-            # queries and answers); never a secret: the addon's own words.
+            # queries and answers, bodies cut off mid-stream); never a
+            # secret: the addon's own words.
             record["reason"] = fields["reason"]
+        if fields.get("suppressed"):
+            # Lines of this sandbox not logged since its previous one (the
+            # throttle of `_throttle`).
+            record["suppressed"] = fields["suppressed"]
         if not self.state_dir:
-            return
+            return True
         line = (_JSON.encode(record) + "\n").encode()
         try:
             os.write(self._flow_fd(), line)  # one write: concurrent appenders never interleave
+            self._flow_log_size += len(line)
+            if self._flow_log_size > FLOW_LOG_MAX:
+                self._rotate_flow_log()
         except OSError as e:
             self._close_flow_log()
             log.warning("ppp: could not append to flows.jsonl: %s", e)
+        return True
+
+    def _rotate_flow_log(self) -> None:
+        """flows.jsonl -> flows.jsonl.1 (replacing the older one): the log
+        holds at most twice FLOW_LOG_MAX. Readers (`ppp policy log`, the
+        TUI) read the rotated file after the current one."""
+        self._close_flow_log()
+        os.replace(self._flow_path, self._flow_path + ".1")
 
     def _flow_fd(self) -> int:
         """The open flows.jsonl, reopened when the file was replaced or
@@ -802,6 +969,7 @@ class PppAddon:
         if self._flow_log is None:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self._flow_log = (fd, now)
+            self._flow_log_size = os.fstat(fd).st_size
         return self._flow_log[0]
 
     def _close_flow_log(self) -> None:
@@ -885,10 +1053,40 @@ class PppAddon:
             meta["ip"], meta["port"] = addr
         flow.metadata["ppp"] = meta
 
-    def _too_large(self, flow: http.HTTPFlow, what: str, limit: int) -> None:
-        body = f"blocked by ppp: the {what} body exceeds {limit} bytes\n"
-        flow.response = http.Response.make(413, body.encode(), {"content-type": "text/plain; charset=utf-8"})
+    def _limit(self, flow: http.HTTPFlow, direction: str) -> int:
+        """The flow's limit for `direction` ("upload" or "download") in
+        bytes, 0 for none. The daemon decided it with the policy; only one
+        case is the addon's: the default upload limit is an exfiltration
+        gate, and a request that carries an injected key goes to the
+        service the key is for (LLM APIs take tens of MiB)."""
+        meta = flow.metadata.get("ppp") or {}
+        applied = (meta.get("limits") or {}).get(direction) or {}
+        if direction == "upload" and applied.get("from") == "default" and meta.get("key_injected"):
+            return 0
+        return int(applied.get("bytes") or 0)
+
+    def _raise_hint(self, flow: http.HTTPFlow, direction: str, limit: int) -> str:
+        """The command that raises the limit a flow hit: a rule of its own
+        for this host in this sandbox, at twice the limit or more."""
+        meta = flow.metadata.get("ppp") or {}
+        target = meta.get("host") or meta.get("ip") or flow.request.pretty_host
+        size = _size_text(max(limit * 2, 1 << 20))
+        return f"ppp policy allow network --sandbox {meta.get('sandbox') or '<name>'} --{direction} {size} {target}"
+
+    def _too_large(self, flow: http.HTTPFlow, direction: str, limit: int) -> None:
         meta = flow.metadata.setdefault("ppp", {})
+        applied = (meta.get("limits") or {}).get(direction) or {}
+        where = {
+            "rule": "the rule that allows this host",
+            "sandbox": "this sandbox's policy",
+            "global": "the global policy",
+        }.get(applied.get("from"), "ppp's default")
+        what = "request" if direction == "upload" else "response"
+        body = (
+            f"blocked by ppp: the {what} body is larger than the {direction} limit of {_size_text(limit)} "
+            f"({where})\nto raise it: {self._raise_hint(flow, direction, limit)}\n"
+        )
+        flow.response = http.Response.make(413, body.encode(), {"content-type": "text/plain; charset=utf-8"})
         meta["decision"] = "deny"
         log.info("ppp: %s body over %d bytes refused for %s", what, limit, flow.request.pretty_host)
 
@@ -988,8 +1186,9 @@ class PppAddon:
         if not meta or meta.get("logged"):
             return
         meta["logged"] = True
-        out = sum(len(m.content) for m in flow.messages if m.from_client)
-        inn = sum(len(m.content) for m in flow.messages if not m.from_client)
+        # Counted by the message hooks, which drop each message once relayed.
+        out = meta.get("bytes_out", 0) + sum(len(m.content) for m in flow.messages if m.from_client)
+        inn = meta.get("bytes_in", 0) + sum(len(m.content) for m in flow.messages if not m.from_client)
         self.log_flow(
             sandbox=meta.get("sandbox"),
             kind=meta.get("kind"),
@@ -1120,26 +1319,55 @@ class PppAddon:
         """Answer REFUSED (for a denied query, or an answer the rebinding
         defence refuses) and log it."""
         flow.response = flow.request.fail(response_codes.REFUSED)
-        log.info("ppp: [%s] refused the DNS %s for %s: %s", sandbox, what, name, v.reason)
         try:
-            self._log_dns(flow, sandbox, name, v)
+            # proxy.log gets a line only when flows.jsonl does (throttled).
+            if self._log_dns(flow, sandbox, name, v):
+                log.info("ppp: [%s] refused the DNS %s for %s: %s", sandbox, what, name, v.reason)
         except Exception:  # noqa: BLE001
             log.exception("ppp: could not log a refused DNS %s", what)
 
-    def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> None:
-        ip, _ = self._addr(flow.server_conn)
-        self.log_flow(
+    def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> bool:
+        """Log a refused query or answer unless throttled; whether it was."""
+        ip, port = self._addr(flow.server_conn)
+        return self.log_flow(
             sandbox=sandbox,
             kind="dns",
             host=name,
             ip=ip,
-            port=53,
+            # The port the guest sent to (5353 stays 5353).
+            port=port if port is not None else 53,
             status="REFUSED",
             decision="deny",
             matched_rule=v.rule_id,
             bytes_out=len(flow.request.packed),
             reason=v.reason,
         )
+
+    def _throttle(self, fields: dict[str, Any]) -> int | None:
+        """Whether a denial is logged: None when it is not, else how many of
+        this sandbox's denials were not logged since its last logged one.
+        A guest chooses how many refused queries and connections it makes,
+        and to which names, so each (sandbox, kind, name, port) of a DNS,
+        TLS, TCP or UDP denial is logged once per LOG_WINDOW, and each
+        sandbox's denials at most LOG_BUDGET times per LOG_WINDOW. Allowed
+        flows are always logged."""
+        now = time.monotonic()
+        sandbox = fields.get("sandbox")
+        key = (sandbox, fields.get("kind"), fields.get("host") or fields.get("ip"), fields.get("port"))
+        budget = self._log_budget.get(sandbox)
+        if budget is None or now - budget[0] >= LOG_WINDOW:
+            budget = [now, 0, budget[2] if budget is not None else 0]
+            self._log_budget[sandbox] = budget
+        # HTTP denials are each worth a line (each is a request, each got a
+        # response that says why), within the sandbox's budget.
+        last = self._logged.get(key) if fields.get("kind") != "http" else None
+        if (last is not None and now - last < LOG_WINDOW) or budget[1] >= LOG_BUDGET:
+            budget[2] += 1
+            return None
+        self._logged[key] = now
+        budget[1] += 1
+        suppressed, budget[2] = budget[2], 0
+        return suppressed
 
     # ---- HTTP ----------------------------------------------------------
 
@@ -1187,14 +1415,11 @@ class PppAddon:
                 and canonical_host(client.sni) == host
                 and not self._ssl_insecure
             )
+            meta["limits"] = v.limits
             if flow.request.authority and flow.request.http_version.startswith("HTTP/1"):
                 # Absolute-form: forward origin-form, so an upstream that
                 # routes by the target sees the name that was decided.
                 flow.request.authority = ""
-            limit = self._max_request
-            cl = header_text(flow.request.headers, b"content-length")
-            if cl and cl.strip().isdigit() and int(cl) > limit:
-                self._too_large(flow, "request", limit)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: HTTP policy check failed, denying")
             self._deny_http(flow, sandbox, host, deny(f"internal error: {type(e).__name__}"))
@@ -1215,6 +1440,35 @@ class PppAddon:
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         self._http_decide(flow)
+        try:
+            meta = flow.metadata.get("ppp", {})
+            if flow.response is None and meta.get("decision") == "allow":
+                if self._header_bytes(flow.request) > MAX_HEADER_BYTES:
+                    self._refuse_headers(flow)
+                else:
+                    # Headers only (placeholders are substituted in headers,
+                    # never in bodies), so the body can be streamed: the key
+                    # goes in now, before mitmproxy sends the headers on.
+                    meta["injected"] = True
+                    if meta.get("secret_ok"):
+                        self._inject(flow, meta["sandbox"], meta["host"])
+            if flow.response is None:
+                # The limit is known once the key is in: the default upload
+                # limit does not apply to a request that carries one.
+                limit = self._limit(flow, "upload")
+                cl = header_text(flow.request.headers, b"content-length")
+                if limit and cl and cl.strip().isdigit() and int(cl) > limit:
+                    self._too_large(flow, "upload", limit)
+            if flow.response is None:
+                # Streamed as it arrives, counted against the limit; never
+                # held whole in memory.
+                flow.request.stream = self._counter(flow, "request", self._limit(flow, "upload"))
+            else:
+                self._refused_body(flow)
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: requestheaders failed, denying")
+            self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
+            self._refused_body(flow)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if "ppp" not in flow.metadata:
@@ -1224,12 +1478,13 @@ class PppAddon:
         if flow.response is not None or meta.get("decision") != "allow":
             return
         try:
-            limit = self._max_request
+            limit = self._limit(flow, "upload")
             raw = flow.request.raw_content
-            if raw is not None and len(raw) > limit:
-                self._too_large(flow, "request", limit)
+            if raw is not None and limit and len(raw) > limit:
+                # A body that was buffered after all (a replayed flow).
+                self._too_large(flow, "upload", limit)
                 return
-            if meta.get("secret_ok"):
+            if meta.get("secret_ok") and not meta.get("injected"):
                 self._inject(flow, meta["sandbox"], meta["host"])
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: secret injection failed, denying")
@@ -1250,7 +1505,8 @@ class PppAddon:
                 if len(kept) != len(fields):
                     headers.fields = kept
                 headers[r["header"]] = r["value"]
-                self._scrub.setdefault(flow.id, []).append(r["value"].encode())
+                flow.metadata["ppp"]["key_injected"] = True
+                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                 # An uncompressed answer, so that a key echoed back can be
                 # found and scrubbed.
                 headers["accept-encoding"] = "identity"
@@ -1270,7 +1526,7 @@ class PppAddon:
                 if isinstance(s, dict) and s.get("placeholder") and isinstance(s.get("value"), str)
             ]
             if pairs:
-                self._scrub.setdefault(flow.id, []).extend(v.encode() for _, v in pairs if v)
+                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), *(v.encode() for _, v in pairs if v)]
                 for name in set(flow.request.headers.keys()):
                     vals = flow.request.headers.get_all(name)
                     new = [self._sub(v, pairs) for v in vals]
@@ -1302,37 +1558,49 @@ class PppAddon:
         if clean != fields:
             flow.response.headers.fields = clean
         previous = flow.response.stream
-        if callable(previous):
-            flow.response.stream = lambda chunk: previous(scrubber(chunk))
-        else:
+        if not callable(previous):
             flow.response.stream = scrubber
+            return
+
+        def scrub_then(chunk: bytes) -> bytes | list[bytes]:
+            out = scrubber(chunk)
+            if not out:
+                return [] if chunk else b""
+            assert isinstance(out, bytes)
+            return previous(out)
+
+        flow.response.stream = scrub_then
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         try:
-            self._scrub_response(flow)
             if flow.response is None or flow.metadata.get("ppp", {}).get("decision") != "allow":
                 return
-            limit = self._max_response
+            limit = self._limit(flow, "download")
             cl = header_text(flow.response.headers, b"content-length")
-            if cl and cl.strip().isdigit() and int(cl) > limit:
+            if limit and cl and cl.strip().isdigit() and int(cl) > limit:
                 # Declared too large: answer 413 now and stream the upstream
                 # body into the void, so it is never buffered. mitmproxy sends
                 # these headers at once, then what `stream` returns per chunk;
                 # the final call (with b"") emits the 413's body.
-                self._too_large(flow, "response", limit)
+                self._too_large(flow, "download", limit)
                 assert flow.response is not None
                 body = flow.response.raw_content or b""
                 sent = False
 
-                def discard(chunk: bytes) -> bytes:
+                def discard(chunk: bytes) -> bytes | list[bytes]:
                     nonlocal sent
                     if chunk == b"" and not sent:
                         sent = True
                         return body
-                    return b""
+                    # Not b"": an empty chunk would end a chunked body.
+                    return []
 
                 flow.response.stream = discard
                 flow.metadata["ppp_too_large"] = "streamed"
+            else:
+                flow.response.stream = self._counter(flow, "response", limit)
+                # Scrubbed before it is counted and passed on.
+                self._scrub_response(flow)
         except Exception:  # noqa: BLE001
             log.exception("ppp: responseheaders failed")
             flow.kill()
@@ -1341,15 +1609,16 @@ class PppAddon:
         self._scrub.pop(flow.id, None)
         try:
             meta = flow.metadata.get("ppp", {})
-            limit = self._max_response
+            limit = self._limit(flow, "download")
             if (
-                meta.get("decision") == "allow"
+                limit
+                and meta.get("decision") == "allow"
                 and flow.response is not None
                 and flow.metadata.get("ppp_too_large") != "streamed"
                 and len(flow.response.raw_content or b"") > limit
             ):
-                # No (or a false) Content-Length: caught once buffered.
-                self._too_large(flow, "response", limit)
+                # A body that was buffered after all (set by another addon).
+                self._too_large(flow, "download", limit)
             self._log_http(flow)
         except Exception:  # noqa: BLE001
             log.exception("ppp: response hook failed")
@@ -1361,6 +1630,148 @@ class PppAddon:
         except Exception:  # noqa: BLE001
             log.exception("ppp: error hook failed")
 
+    # ---- bounded memory: bodies, headers, messages -----------------------
+
+    def _counter(self, flow: http.HTTPFlow, what: str, limit: int) -> Any:
+        """A `stream` callable that passes each chunk on and counts it into
+        the flow's metadata (for the flow log); past `limit` (0: none) it
+        drops the rest and aborts the flow. mitmproxy stores nothing of a
+        streamed body (`store_streamed_bodies` is off)."""
+        meta = flow.metadata.setdefault("ppp", {})
+        key = "bytes_out" if what == "request" else "bytes_in"
+        meta[key] = 0
+
+        def count(chunk: bytes) -> bytes | list[bytes]:
+            n = meta[key] + len(chunk)
+            meta[key] = n
+            if limit and n > limit:
+                if not meta.get("aborted"):
+                    direction = "upload" if what == "request" else "download"
+                    meta["aborted"] = (
+                        f"the {what} body exceeds the {direction} limit of {_size_text(limit)}; "
+                        f"to raise it: {self._raise_hint(flow, direction, limit)}"
+                    )
+                    meta["decision"] = "deny"
+                    meta["status"] = 413
+                    log.info(
+                        "ppp: [%s] %s body over %d bytes for %s: closing the connection",
+                        meta.get("sandbox"),
+                        what,
+                        limit,
+                        meta.get("host"),
+                    )
+                    self._abort(flow)
+                # Not b"": an empty chunk would end a chunked body, and the
+                # upstream would take the truncated body as complete.
+                return []
+            return chunk
+
+        return count
+
+    @staticmethod
+    def _abort(flow: http.HTTPFlow) -> None:
+        """Close the guest's connection now. `flow.kill()` does not stop a
+        flow in transit (mitmproxy issue 4711), so the connection handler is
+        asked to close the client: mitmproxy then closes the upstream
+        connection too, mid-body, so the upstream never sees a complete
+        request."""
+        client = flow.client_conn
+        try:
+            proxyserver = ctx.master.addons.get("proxyserver")
+            handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
+        except Exception:  # noqa: BLE001
+            handler = None
+        if handler is None:
+            log.warning("ppp: no live connection to close for %s; dropping the rest of its body", client.id)
+            return
+
+        def close() -> None:
+            try:
+                handler.close_connection(client)
+            except Exception:  # noqa: BLE001
+                pass  # already gone
+
+        # Not from inside the layer that is calling us.
+        asyncio.get_running_loop().call_soon(close)
+
+    def _refused_body(self, flow: http.HTTPFlow) -> None:
+        """A request ppp answered at requestheaders: mitmproxy reads its whole
+        body before sending the answer. A small declared body is let through
+        (the guest then reads why); anything larger, chunked or of unknown
+        length gets the connection closed instead of buffered."""
+        req = flow.request
+        cl = header_text(req.headers, b"content-length").strip()
+        te = header_text(req.headers, b"transfer-encoding")
+        if not te and cl.isdigit() and int(cl) <= REFUSED_BODY_DRAIN:
+            return
+        if not te and not cl:
+            if req.http_version.startswith("HTTP/1"):
+                return  # HTTP/1 without either has no body
+            if req.method.upper() in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE"):
+                # HTTP/2 and 3 mark the end of a request in a frame this hook
+                # cannot see: a request that usually has no body is assumed
+                # to have none (a gap: docs/addon.md, Known gaps).
+                return
+        if flow.killable:
+            flow.kill()
+
+    @staticmethod
+    def _header_bytes(msg: http.Message) -> int:
+        return sum(len(k) + len(v) + 4 for k, v in msg.headers.fields)
+
+    def _refuse_headers(self, flow: http.HTTPFlow) -> None:
+        body = f"blocked by ppp: the request header block exceeds {MAX_HEADER_BYTES} bytes\n"
+        flow.response = http.Response.make(431, body.encode(), {"content-type": "text/plain; charset=utf-8"})
+        meta = flow.metadata.setdefault("ppp", {})
+        meta["decision"] = "deny"
+        log.info("ppp: [%s] request headers over %d bytes refused", meta.get("sandbox"), MAX_HEADER_BYTES)
+
+    @staticmethod
+    def _count_message(flow: Any, messages: list[Any], from_client: bool, size: int, prefix: str = "bytes_") -> None:
+        """Count a relayed TCP/UDP/WebSocket message for the flow log and
+        drop it from the flow: mitmproxy appends every message to the flow
+        for as long as the connection lives."""
+        meta = flow.metadata.setdefault("ppp", {})
+        key = prefix + ("out" if from_client else "in")
+        meta[key] = meta.get(key, 0) + size
+        # The hook is given the list with this message last; mitmproxy
+        # sends the message from its own reference, so clearing is safe.
+        messages.clear()
+
+    def tcp_message(self, flow: tcp.TCPFlow) -> None:
+        if flow.messages:
+            m = flow.messages[-1]
+            self._count_message(flow, flow.messages, m.from_client, len(m.content))
+
+    def udp_message(self, flow: udp.UDPFlow) -> None:
+        if flow.messages:
+            m = flow.messages[-1]
+            self._count_message(flow, flow.messages, m.from_client, len(m.content))
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        ws = flow.websocket
+        if ws is not None and ws.messages:
+            m = ws.messages[-1]
+            self._count_message(flow, ws.messages, m.from_client, len(m.content), "ws_")
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self._live.pop(flow.id, None)
+        meta = flow.metadata.get("ppp")
+        if meta is not None and meta.get("decision") == "allow":
+            # The HTTP flow was logged at its 101; the stream gets a line
+            # of its own with what it carried.
+            self.log_flow(
+                sandbox=meta.get("sandbox"),
+                kind="websocket",
+                host=meta.get("host"),
+                ip=meta.get("ip"),
+                port=meta.get("port"),
+                decision="allow",
+                matched_rule=meta.get("matched_rule"),
+                bytes_out=meta.get("ws_out", 0),
+                bytes_in=meta.get("ws_in", 0),
+            )
+
     def _log_http(self, flow: http.HTTPFlow) -> None:
         meta = flow.metadata.get("ppp", {})
         if meta.get("logged"):
@@ -1371,6 +1782,12 @@ class PppAddon:
         else:
             ip, port = self._addr(flow.server_conn)
             ip, port = meta.get("ip", ip), meta.get("port", port)
+        # Streamed bodies were counted as they passed; buffered ones are here.
+        out = meta.get("bytes_out") or len(flow.request.raw_content or b"")
+        inn = meta.get("bytes_in") or (len(flow.response.raw_content or b"") if flow.response else 0)
+        status = flow.response.status_code if flow.response else None
+        if meta.get("aborted"):
+            status = meta.get("status", status)
         self.log_flow(
             sandbox=meta.get("sandbox"),
             kind="http",
@@ -1378,11 +1795,12 @@ class PppAddon:
             ip=ip,
             port=port,
             method=flow.request.method,
-            status=flow.response.status_code if flow.response else None,
+            status=status,
             decision=meta.get("decision", "deny"),
             matched_rule=meta.get("matched_rule"),
-            bytes_out=len(flow.request.raw_content or b""),
-            bytes_in=len(flow.response.raw_content or b"") if flow.response else 0,
+            bytes_out=out,
+            bytes_in=inn,
+            reason=meta.get("aborted"),
             resolved=meta.get("resolved"),
         )
 

@@ -72,7 +72,10 @@ pub const AGENTS: &[Agent] = &[
 pub fn find(name: &str) -> Result<&'static Agent> {
     AGENTS.iter().find(|a| a.name == name).ok_or_else(|| {
         let known: Vec<&str> = AGENTS.iter().map(|a| a.name).collect();
-        fail(format!("unknown agent `{name}`")).hint(format!("ppp runs these agents: {}", known.join(", "))).into()
+        fail(format!("unknown agent `{name}`"))
+            .hint(format!("ppp runs these agents: {}", known.join(", ")))
+            .code(2)
+            .into()
     })
 }
 

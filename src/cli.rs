@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Failure, fail};
+use crate::policy::limits::Size;
 use crate::policy::{Preset, Rule, Source, Verdict};
 
 /// Run AI coding agents in isolated microVM sandboxes.
@@ -32,15 +33,106 @@ pub struct Cli {
     pub debug: bool,
 
     /// Print no progress; `create` and `ls` print only names
-    // `ls -q` and `policy log -q` declare their own `quiet` with a more
-    // precise help line. Sharing the id makes clap skip the global copy
-    // there and carry the value both ways, so `ppp -q ls` and `ppp ls -q`
-    // mean the same.
+    // `ls -q`, `policy ls|log -q`, `secret ls -q` and `template ls -q`
+    // declare their own `quiet` with a more precise help line. Sharing the
+    // id makes clap skip the global copy there and carry the value both
+    // ways, so `ppp -q ls` and `ppp ls -q` mean the same.
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Parse the process's command line, or print clap's error and exit.
+pub fn matches() -> clap::ArgMatches {
+    use clap::CommandFactory as _;
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    Cli::command().try_get_matches_from(&argv).unwrap_or_else(|e| with_subcommand_tip(e, &Cli::command(), &argv).exit())
+}
+
+/// `err`, with the names one slip away added in front of clap's own "a
+/// similar subcommand exists" tip. clap's suggestions are on, but it
+/// proposes only names whose Jaro similarity exceeds 0.7, which short names
+/// with one slip miss (`rn` is 0.61 from `run`) or rank below a longer one
+/// (`secret st` gets `set-custom`, not `set`). One edit (two for longer
+/// words) catches those.
+pub fn with_subcommand_tip(mut err: clap::Error, cmd: &clap::Command, argv: &[std::ffi::OsString]) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::InvalidSubcommand {
+        return err;
+    }
+    let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidSubcommand) else {
+        return err;
+    };
+    let typed = typed.clone();
+    // The mistyped word belongs to the deepest command named before it
+    // (`ppp policy alow`); global flags take no values, so every earlier
+    // word that names a subcommand is one.
+    let mut at = cmd;
+    for word in argv.iter().skip(1) {
+        let word = word.to_string_lossy();
+        if word == typed {
+            break;
+        }
+        if let Some(sub) = at.find_subcommand(&*word) {
+            at = sub;
+        }
+    }
+    let names: Vec<&str> = at.get_subcommands().filter(|c| !c.is_hide_set()).map(clap::Command::get_name).collect();
+    let mut near = similar_names(&typed, &names);
+    if let Some(ContextValue::Strings(clap_says)) = err.get(ContextKind::SuggestedSubcommand) {
+        for n in clap_says {
+            if !near.contains(n) {
+                near.push(n.clone());
+            }
+        }
+    }
+    if !near.is_empty() {
+        err.insert(ContextKind::SuggestedSubcommand, ContextValue::Strings(near));
+    }
+    err
+}
+
+/// The names in `names` within one edit of `typed` (two when it has five or
+/// more characters), those that contain its letters in order first: `rn`
+/// is `run` with a letter dropped before it is `rm` with one changed.
+fn similar_names(typed: &str, names: &[&str]) -> Vec<String> {
+    let limit = if typed.chars().count() >= 5 { 2 } else { 1 };
+    let mut near: Vec<(bool, &str)> =
+        names.iter().filter(|n| edit_distance(typed, n) <= limit).map(|n| (!is_subsequence(typed, n), *n)).collect();
+    near.sort_by_key(|&(later, _)| later);
+    near.into_iter().map(|(_, n)| n.to_owned()).collect()
+}
+
+/// Whether the characters of `short` appear in `long` in order.
+fn is_subsequence(short: &str, long: &str) -> bool {
+    let mut rest = long.chars();
+    short.chars().all(|c| rest.any(|l| l == c))
+}
+
+/// Edits (insert, delete, change, swap two neighbours) from `a` to `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// The top-level commands.
@@ -60,7 +152,7 @@ pub enum Command {
     /// Run a command inside a sandbox
     Exec(ExecArgs),
     /// Manage kits: declarative sandbox extensions (experimental)
-    #[command(subcommand)]
+    #[command(subcommand, after_help = KIT_HELP)]
     Kit(KitCommand),
     /// List sandboxes
     Ls(LsArgs),
@@ -96,6 +188,31 @@ pub enum Command {
     #[command(name = "__man", hide = true)]
     Man(ManArgs),
 }
+
+/// The kit format, in `ppp kit --help` and `man ppp-kit`: installed users
+/// have no docs/kits.md, and kit errors point here.
+const KIT_HELP: &str = "\
+A kit is a directory with a kit.yaml (unknown fields are errors):
+  apiVersion: ppp.kit/v1
+  kind: Kit
+  metadata:
+    name: tools              # 1-63 of a-z, 0-9, -
+    version: 0.1.0           # semver, optionally -pre and +build
+  spec:
+    secrets:                 # at most 64; each must be stored before the kit applies
+      - service: github
+    network:                 # entries as `ppp policy allow` takes them; at most 1024
+      allow: [\"registry.npmjs.org\", \"*.pypi.org\"]
+      deny: [\"telemetry.example.com\"]
+    env:                     # at most 256; values at most 64 KiB
+      TOOLS_HOME: /opt/tools
+    startup:                 # at most 64; each a non-empty argv, run at every start
+      - command: [\"sh\", \"-c\", \"mkdir -p /opt/tools\"]
+    files:                   # at most 256; each 1 MiB, 8 MiB in all
+      - path: /etc/tools/config.toml   # absolute, no `..`
+        content: \"answer = 42\\n\"      # or source: a path inside the kit directory
+        mode: \"0600\"                   # octal, at most 0777; default 0644
+kit.yaml itself is at most 256 KiB.";
 
 /// What `ppp __complete` completes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -354,8 +471,9 @@ pub struct DiagnoseArgs {
     #[arg(short, long, value_enum, default_value_t = DiagnoseFormat::Table)]
     pub output: DiagnoseFormat,
 
-    /// Upload the report and print its address
-    #[arg(long)]
+    /// Write the report as a GitHub issue body to a file and print the `gh`
+    /// command that files it; ppp itself sends nothing
+    #[arg(long, conflicts_with = "output")]
     pub upload: bool,
 }
 
@@ -644,12 +762,17 @@ pub enum PolicyCommand {
     },
     /// Allow connections to hosts, IPs or CIDR ranges
     #[command(after_help = RESOURCE_HELP)]
-    Allow(PolicyAddArgs),
+    Allow(PolicyAllowArgs),
     /// Deny connections to hosts, IPs or CIDR ranges
     #[command(after_help = RESOURCE_HELP)]
     Deny(PolicyAddArgs),
+    /// Show or set the body-size limits for uploads and downloads
+    #[command(after_help = LIMITS_HELP)]
+    Limits(PolicyLimitsArgs),
     /// Show the decision for a target without changing anything
-    #[command(after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443")]
+    #[command(
+        after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443\n\nExit status: 0 for allow and, without --exit-code, for deny; 1 for deny with --exit-code;\n2 for a mistake such as a malformed TARGET"
+    )]
     Check {
         /// Rule kind
         #[arg(value_enum)]
@@ -666,6 +789,9 @@ pub enum PolicyCommand {
         /// Also print every rule that matched
         #[arg(short, long)]
         verbose: bool,
+        /// Exit 1 when the decision is deny, for scripts
+        #[arg(long)]
+        exit_code: bool,
     },
     /// List rules
     Ls {
@@ -690,6 +816,9 @@ pub enum PolicyCommand {
         /// Show full ids and timestamps
         #[arg(long)]
         wide: bool,
+        /// Print only rule ids
+        #[arg(short, long)]
+        quiet: bool,
     },
     /// Show one rule in full
     Inspect {
@@ -775,6 +904,51 @@ pub struct PolicyAddArgs {
     pub sandbox: Option<String>,
 }
 
+/// `ppp policy allow`: a rule, and optionally its own body-size limits.
+#[derive(Debug, Args)]
+pub struct PolicyAllowArgs {
+    #[command(flatten)]
+    pub rule: PolicyAddArgs,
+
+    /// This rule's own upload limit, over `ppp policy limits` (e.g. 64MiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub upload: Option<Size>,
+
+    /// This rule's own download limit, over `ppp policy limits` (e.g. 2GiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub download: Option<Size>,
+}
+
+/// `ppp policy limits`.
+#[derive(Debug, Args)]
+pub struct PolicyLimitsArgs {
+    /// Set this sandbox's limits instead of the global ones
+    #[arg(long, value_name = "SANDBOX")]
+    pub sandbox: Option<String>,
+
+    /// Largest request body (e.g. 8MiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub upload: Option<Size>,
+
+    /// Largest response body (e.g. 2GiB, or none)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub download: Option<Size>,
+
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size(text: &str) -> Result<Size, String> {
+    text.parse()
+}
+
+const LIMITS_HELP: &str = "Bodies are streamed; a limit cuts a flow when its count is crossed (413).\n\
+Which limit applies: the allow rule's own (ppp policy allow --upload/--download), else the\n\
+sandbox's, else the global one, else the defaults: uploads 1MiB except to hosts ppp injects\n\
+a key into (none), downloads none.\n\n\
+Examples:\n  ppp policy limits\n  ppp policy limits --upload 8MiB\n  ppp policy limits --sandbox my-box --download 20GiB";
+
 /// `ppp secret …`.
 #[derive(Debug, Subcommand)]
 pub enum SecretCommand {
@@ -819,6 +993,9 @@ pub enum SecretCommand {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        /// Print only names
+        #[arg(short, long)]
+        quiet: bool,
     },
     /// Remove a secret
     #[command(override_usage = "ppp secret rm [OPTIONS] [-g | SANDBOX] SERVICE|PLACEHOLDER")]
@@ -950,6 +1127,9 @@ pub enum TemplateCommand {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        /// Print only tags
+        #[arg(short, long)]
+        quiet: bool,
     },
     /// Remove a template
     Rm {
@@ -1071,6 +1251,28 @@ mod tests {
             let e = rm(bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_one_letter_slip_gets_a_subcommand_tip() {
+        let tip = |argv: &[&str]| {
+            let argv: Vec<std::ffi::OsString> = argv.iter().map(Into::into).collect();
+            let err = Cli::command().try_get_matches_from(&argv).unwrap_err();
+            let err = with_subcommand_tip(err, &Cli::command(), &argv);
+            assert_eq!(err.exit_code(), 2);
+            err.render().to_string()
+        };
+        let text = tip(&["ppp", "rn", "opencode", "."]);
+        assert!(text.contains("tip: some similar subcommands exist: 'run', 'rm'"), "{text}");
+        let text = tip(&["ppp", "-q", "polcy", "ls"]);
+        assert!(text.contains("tip: a similar subcommand exists: 'policy'"), "{text}");
+        let text = tip(&["ppp", "policy", "lg"]);
+        assert!(text.contains("'log'") && text.contains("'ls'"), "{text}");
+        let text = tip(&["ppp", "secret", "st", "-g", "x"]);
+        assert!(text.contains("tip: some similar subcommands exist: 'set', 'set-custom'"), "{text}");
+        let text = tip(&["ppp", "zzzzzz"]);
+        assert!(!text.contains("tip:"), "nothing near: {text}");
+        assert!(!tip(&["ppp", "mn"]).contains("__man"), "hidden commands are not suggested");
     }
 
     #[test]

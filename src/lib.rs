@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, FromArgMatches as _};
+use clap::FromArgMatches as _;
 
 pub mod agent;
 pub mod assets;
@@ -35,7 +35,7 @@ pub mod versions;
 
 /// Parse the command line, run the command, render any error.
 pub fn main() -> ExitCode {
-    let matches = cli::Cli::command().get_matches();
+    let matches = cli::matches();
     let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_tracing(cli.debug);
     // Only the command's name: its arguments may hold a secret (`-t KEY`).

@@ -331,7 +331,7 @@ pub fn parse_gib(text: &str) -> Option<u64> {
 }
 
 /// A size in bytes; a bare number is in units of `bare`.
-fn parse_bytes(text: &str, bare: u64) -> Option<u64> {
+pub(crate) fn parse_bytes(text: &str, bare: u64) -> Option<u64> {
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);

@@ -317,15 +317,44 @@ fn bad_probe_timeout_is_a_usage_error() {
     assert!(err.starts_with("error: `PPP_PROBE_TIMEOUT` is `soon`, not a number of seconds\nhint: "), "{err}");
 }
 
+/// `--upload` writes the github-issue form to a private file and prints
+/// the exact `gh` command that files it; ppp sends nothing itself. Issue 14:
+/// the flag was advertised and always failed.
 #[test]
-fn upload_is_refused_with_a_hint() {
+fn upload_writes_an_issue_body_and_prints_the_gh_command() {
+    use std::os::unix::fs::PermissionsExt;
     let w = World::new();
+    // gh on PATH: a stand-in that records being run, which it must not be.
+    w.fake("gh", &format!("touch {}", w.path().join("gh-ran").display()));
     let (code, out, err) = output(&mut w.ppp(["diagnose", "--upload"]));
-    assert_eq!(code, 2);
-    assert_eq!(out, "");
-    assert_eq!(
-        err,
-        "error: `ppp diagnose --upload` is not supported\n\
-         hint: run `ppp diagnose -o github-issue` and paste its output into the issue\n"
+    assert_eq!(code, 0, "{err}");
+    let first = out.lines().next().unwrap();
+    let path = std::path::PathBuf::from(first.strip_prefix("wrote the report as a GitHub issue body to ").unwrap());
+    assert!(path.starts_with(w.data().join("diagnose")), "{out}");
+    let body = std::fs::read_to_string(&path).unwrap();
+    assert!(body.starts_with("### ppp diagnose\n"), "the github-issue form: {body}");
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        out.ends_with(&format!(
+            "ppp sends nothing itself; to file it, run this in your clone of ppp's repository:\n  \
+             gh issue create --title 'ppp diagnose: ppp {version}' --body-file {}\n",
+            path.display()
+        )),
+        "{out}"
     );
+    assert!(out.contains("read it before you share it"), "{out}");
+    assert!(!w.path().join("gh-ran").exists(), "ppp never runs gh itself");
+
+    // Without gh: the file, and how to file it by hand.
+    std::fs::remove_file(w.bin().join("gh")).unwrap();
+    let (code, out, err) = output(w.ppp(["diagnose", "--upload"]).env("PATH", w.bin()));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("wrote the report as a GitHub issue body to "), "{out}");
+    assert!(out.contains("open a new issue in ppp's repository and paste the file"), "{out}");
+    assert!(!out.contains("gh issue create"), "{out}");
+
+    // It is its own format: `-o` with it is a usage mistake.
+    let (code, _, err) = output(&mut w.ppp(["diagnose", "--upload", "-o", "json"]));
+    assert_eq!(code, 2, "{err}");
 }

@@ -406,3 +406,34 @@ fn a_failing_startup_command_says_how_to_finish() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read_to_string(w.data().join("sandboxes/red/policy.yaml")).unwrap(), policy);
 }
+
+/// Kit errors point at `ppp kit --help`, which every installed ppp has
+/// (issue 14: they pointed at docs/kits.md), and that help shows a
+/// kit.yaml that is itself valid.
+#[test]
+fn kit_errors_point_at_help_that_shows_a_valid_kit() {
+    let w = World::new();
+    let empty = w.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = ppp_err(&w, &["kit", "validate", empty.to_str().unwrap()]);
+    assert!(
+        err.ends_with("hint: a kit is a directory with a `kit.yaml`; `ppp kit --help` shows its format\n"),
+        "{err}"
+    );
+    let kit = write_kit(&w.path().join("k"), &GOOD.replace("  env:\n", "  envv:\n"));
+    let err = ppp_err(&w, &["kit", "validate", kit.to_str().unwrap()]);
+    assert!(err.ends_with("hint: fix that line; `ppp kit --help` lists every field\n"), "{err}");
+
+    let help = ppp_ok(&w, &["kit", "--help"]);
+    let start = help.find("  apiVersion:").expect("the help shows a kit.yaml");
+    let end = help.find("kit.yaml itself").expect("and its size limit");
+    let mut yaml = String::new();
+    for line in help[start..end].lines() {
+        yaml.push_str(line.strip_prefix("  ").unwrap_or(line));
+        yaml.push('\n');
+    }
+    let shown = w.path().join("shown");
+    std::fs::create_dir_all(&shown).unwrap();
+    std::fs::write(shown.join("kit.yaml"), &yaml).unwrap();
+    assert_eq!(ppp_ok(&w, &["kit", "validate", shown.to_str().unwrap()]), "kit `tools` 0.1.0 is valid\n", "{yaml}");
+}

@@ -120,7 +120,7 @@ fn daemon_not_running() {
 fn unknown_agent() {
     let w = World::new();
     let (code, err) = fails(&w, &mut w.ppp(["create", "copilot", "."]));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2, "naming an agent that does not exist is a usage mistake");
     assert_eq!(err, "error: unknown agent `copilot`\nhint: ppp runs these agents: opencode, claude, codex, gemini\n");
 }
 
@@ -209,4 +209,30 @@ fn resources_with_spaces() {
         "error: resource 2 of `a.com, b.com`: ` b.com` contains whitespace\n\
          hint: separate resources with commas and no spaces, e.g. `api.example.com,cdn.example.com`\n"
     );
+}
+
+/// A command name with one slip gets clap's tip, even where clap's own
+/// measure finds nothing near (`rn`).
+#[test]
+fn mistyped_command_names_the_near_ones() {
+    let w = World::new();
+    let (code, out, err) = output(&mut w.ppp(["rn", "opencode", "."]));
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.starts_with("error: unrecognized subcommand 'rn'\n\n  tip: some similar subcommands exist: 'run', 'rm'\n"),
+        "{err}"
+    );
+    let (code, _, err) = output(&mut w.ppp(["policy", "chek", "network", "x.com"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("tip: a similar subcommand exists: 'check'"), "{err}");
+}
+
+/// An empty resource (`"$HOST"` unset) suggests naming a host, not `**`,
+/// which would allow everything.
+#[test]
+fn empty_resource_suggests_a_host() {
+    let w = World::new();
+    let (code, err) = fails(&w, &mut w.ppp(["policy", "allow", "network", ""]));
+    assert_eq!(code, 2);
+    assert_eq!(err, "error: resource is empty\nhint: name a host, such as `api.example.com` or `*.example.com`\n");
 }

@@ -48,7 +48,8 @@ fn allow_deny_and_check() {
     let ids: Vec<&str> = out.lines().collect();
     assert_eq!(ids.len(), 3, "{out}");
     for id in &ids {
-        uuid::Uuid::parse_str(id).unwrap();
+        // The same 8-character form `policy ls` shows (issue 14).
+        assert!(id.len() == 8 && id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
     }
     let file = yaml(&w.config().join("policies.yaml"));
     assert_eq!(file["default"], "deny");
@@ -56,11 +57,11 @@ fn allow_deny_and_check() {
     assert_eq!(file["rules"][1]["type"], "network");
     assert_eq!(file["rules"][1]["source"], "local");
     assert_eq!(file["rules"][1]["decision"], "allow");
-    assert_eq!(file["rules"][1]["id"], ids[1]);
+    assert_eq!(&file["rules"][1]["id"].as_str().unwrap()[..8], ids[1]);
 
     let v = check(&w, &["a.b.example.com"]);
     assert_eq!(v["decision"], "allow");
-    assert_eq!(v["matched_rule"]["id"], ids[0]);
+    assert!(v["matched_rule"]["id"].as_str().unwrap().starts_with(ids[0]), "{v}");
     assert_eq!(v["matched_rule"]["scope"], "global");
     assert_eq!(v["matched_rule"]["source"], "local");
     assert_eq!(v["matched_rule"]["resource"], "**.example.com");
@@ -78,7 +79,7 @@ fn allow_deny_and_check() {
     let deny = ok(&mut w.ppp(["policy", "deny", "network", "bad.example.com"]));
     let v = check(&w, &["bad.example.com"]);
     assert_eq!(v["decision"], "deny");
-    assert_eq!(v["matched_rule"]["id"], deny.trim());
+    assert!(v["matched_rule"]["id"].as_str().unwrap().starts_with(deny.trim()), "{v}");
 
     // Human output names the rule.
     let text = ok(&mut w.ppp(["policy", "check", "network", "bad.example.com"]));
@@ -166,7 +167,7 @@ fn presets_are_idempotent_and_switching_needs_force() {
     assert_eq!((f["default"].as_str(), f["preset"].as_str()), (Some("allow"), Some("allow-all")));
     let rules = f["rules"].as_array().unwrap();
     assert_eq!(rules.len(), 1, "preset rules replaced, local kept");
-    assert_eq!(rules[0]["id"], local.trim());
+    assert!(rules[0]["id"].as_str().unwrap().starts_with(local.trim()));
     assert_eq!(check(&w, &["evil.example"])["decision"], "allow");
 }
 
@@ -176,7 +177,7 @@ fn sandbox_policy_may_precede_the_sandbox() {
     ok(&mut w.ppp(["policy", "init", "allow-all"]));
     let id = ok(&mut w.ppp(["policy", "deny", "network", "--sandbox", "later", "**"]));
     let path = w.data().join("sandboxes/later/policy.yaml");
-    assert_eq!(yaml(&path)["rules"][0]["id"], id.trim());
+    assert!(yaml(&path)["rules"][0]["id"].as_str().unwrap().starts_with(id.trim()));
     assert_eq!(check(&w, &["x.com"])["decision"], "allow", "other sandboxes unaffected");
     let v = check(&w, &["x.com", "--sandbox", "later"]);
     assert_eq!(v["decision"], "deny");
@@ -198,8 +199,11 @@ fn ls_inspect_rm_reset() {
     let s = ok(&mut w.ppp(["policy", "allow", "network", "--sandbox", "sb", "s.example"])).trim().to_owned();
 
     let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--source", "local", "--json"]))).unwrap();
-    let ids: Vec<&str> = v["rules"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["rules"].as_array().unwrap().iter().map(|r| &r["id"].as_str().unwrap()[..8]).collect();
     assert_eq!(ids, [a.as_str(), d.as_str()]);
+    // `-q`, global or the command's own, prints the ids `allow` printed.
+    assert_eq!(ok(&mut w.ppp(["policy", "ls", "--source", "local", "-q"])), format!("{a}\n{d}\n"));
+    assert_eq!(ok(&mut w.ppp(["-q", "policy", "ls", "--source", "local"])), format!("{a}\n{d}\n"));
     assert_eq!((v["default"].as_str(), v["preset"].as_str()), (Some("deny"), Some("balanced")));
     let v: Value =
         serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "sb", "--source", "local", "--json"]))).unwrap();
@@ -218,17 +222,17 @@ fn ls_inspect_rm_reset() {
     assert!(table.contains(&format!("{}  global  deny      d.example  local", &d[..8])), "{table}");
     assert!(table.ends_with("default: deny (preset `balanced`)\n"), "{table}");
 
-    let text = ok(&mut w.ppp(["policy", "inspect", &s[..10]]));
+    let text = ok(&mut w.ppp(["policy", "inspect", &s]));
     assert!(text.contains(&format!("id:         {s}")) && text.contains("scope:      sandbox `sb`"), "{text}");
     let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "inspect", &a, "--json"]))).unwrap();
     assert_eq!((v["resource"].as_str(), v["scope"].as_str()), (Some("a.example"), Some("global")));
     let (code, _, err) = output(&mut w.ppp(["policy", "inspect", "ffffffff"]));
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
 
     assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--id", &a[..8]])).trim(), a);
     assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--resource", "D.Example."])).trim(), d);
     let (code, _, err) = output(&mut w.ppp(["policy", "rm", "network", "--resource", "s.example"]));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.contains("no rule with resource `s.example` in the global policy"), "{err}");
     assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--sandbox", "sb", "--resource", "s.example"])).trim(), s);
 
@@ -436,7 +440,7 @@ fn rm_by_source_removes_one_kits_rules_then_all_kits() {
     assert_eq!(ids(&yaml(&path)), [t1, local, other, t2], "the hand-written file parses");
 
     let rm = |source: &str| w.ppp(["policy", "rm", "network", "--sandbox", "red", "--source", source]);
-    assert_eq!(ok(&mut rm("kit:tools")), format!("{t1}\n{t2}\n"), "exactly kit:tools' rules");
+    assert_eq!(ok(&mut rm("kit:tools")), format!("{}\n{}\n", &t1[..8], &t2[..8]), "exactly kit:tools' rules");
     let f = yaml(&path);
     assert_eq!(ids(&f), [local, other]);
     assert_eq!(
@@ -448,12 +452,12 @@ fn rm_by_source_removes_one_kits_rules_then_all_kits() {
     assert_eq!(listed, [other]);
 
     let (code, out, err) = output(&mut rm("kit:tools"));
-    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
     assert!(err.contains("error: no rule with source `kit:tools` in the policy of sandbox `red`"), "{err}");
     assert!(err.contains("hint: list rules with `ppp policy ls`"), "{err}");
     assert_eq!(ids(&yaml(&path)), [local, other], "a failed rm changes nothing");
 
-    assert_eq!(ok(&mut rm("kit")), format!("{other}\n"), "`kit` removes every kit's rules");
+    assert_eq!(ok(&mut rm("kit")), format!("{}\n", &other[..8]), "`kit` removes every kit's rules");
     assert_eq!(ids(&yaml(&path)), [local]);
 
     let (code, _, err) = output(&mut rm("org"));
@@ -474,7 +478,7 @@ fn rm_by_source_removes_one_kits_rules_then_all_kits() {
     assert!(err.contains("--id <ID>|--resource <RESOURCE>|--source <SOURCE>"), "clap names all three: {err}");
     assert_eq!(ids(&yaml(&path)), [local], "refused commands change nothing");
 
-    assert_eq!(ok(&mut rm("local")), format!("{local}\n"));
+    assert_eq!(ok(&mut rm("local")), format!("{}\n", &local[..8]));
     assert!(yaml(&path)["rules"].as_array().unwrap().is_empty());
 }
 
@@ -484,7 +488,7 @@ fn rm_by_source_in_the_global_policy() {
     ok(&mut w.ppp(["policy", "init", "balanced"]));
     let a = ok(&mut w.ppp(["policy", "allow", "network", "a.example,b.example"]));
     let (code, _, err) = output(&mut w.ppp(["policy", "rm", "network", "--source", "kit"]));
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("no rule with source `kit` in the global policy"), "{err}");
     assert_eq!(ok(&mut w.ppp(["policy", "rm", "network", "--source", "local"])), a);
     let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--json"]))).unwrap();
@@ -495,4 +499,54 @@ fn rm_by_source_in_the_global_policy() {
     assert_eq!(out.lines().count(), n, "{out}");
     let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "ls", "--json"]))).unwrap();
     assert!(v["rules"].as_array().unwrap().is_empty(), "{v}");
+}
+
+/// `policy log` says in words that nothing is logged, and an unknown
+/// sandbox is a usage mistake, not an empty table (issue 14). A removed
+/// sandbox's connections stay readable by its name.
+#[test]
+fn log_says_when_nothing_is_logged_and_refuses_an_unknown_sandbox() {
+    let w = World::new();
+    assert_eq!(
+        ok(&mut w.ppp(["policy", "log"])),
+        "no connections logged yet: they appear here once a sandbox connects out\n"
+    );
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "--json"])), "", "machine formats stay empty");
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "-q"])), "");
+    assert_eq!(
+        ok(&mut w.ppp(["policy", "log", "--type", "filesystem"])),
+        "no filesystem flows: the proxy records network connections only\n"
+    );
+    let (code, out, err) = output(&mut w.ppp(["policy", "log", "ghost"]));
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert_eq!(
+        err,
+        "error: no sandbox named `ghost`, and no connection from one is logged\n\
+         hint: list sandboxes with `ppp ls`; `ppp policy log` alone shows every sandbox's connections\n"
+    );
+    w.stopped_sandbox("red");
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "red"])), "no connections logged for sandbox `red` yet\n");
+    let line = serde_json::json!({"sandbox": "gone", "timestamp": "2026-12-01T10:00:00Z", "host": "x.example",
+        "port": 443, "method": "GET", "status": 200, "decision": "allow", "matched_rule": null});
+    std::fs::write(w.data().join("flows.jsonl"), format!("{line}\n")).unwrap();
+    let table = ok(&mut w.ppp(["policy", "log", "gone"]));
+    assert!(table.starts_with("TIME") && table.contains("gone") && table.contains("x.example:443"), "{table}");
+    assert_eq!(ok(&mut w.ppp(["policy", "log", "red"])), "no connections logged for sandbox `red` yet\n");
+}
+
+/// `policy check --exit-code` lets a script test a decision: 1 on deny, 0
+/// on allow; without it a deny is an answer and exits 0.
+#[test]
+fn check_exit_code_is_one_on_deny() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    ok(&mut w.ppp(["policy", "allow", "network", "ok.example"]));
+    let run = |args: &[&str]| output(&mut w.ppp(args)).0;
+    assert_eq!(run(&["policy", "check", "network", "no.example"]), 0);
+    assert_eq!(run(&["policy", "check", "--exit-code", "network", "no.example"]), 1);
+    assert_eq!(run(&["policy", "check", "--exit-code", "--json", "network", "no.example"]), 1);
+    assert_eq!(run(&["policy", "check", "--exit-code", "network", "ok.example"]), 0);
+    let (code, out, err) = output(&mut w.ppp(["policy", "check", "--exit-code", "network", "no.example"]));
+    assert_eq!((code, err.as_str()), (1, ""), "a deny is no error: nothing on stderr");
+    assert!(out.starts_with("deny  no.example:443  by the global default `deny`"), "{out}");
 }

@@ -38,7 +38,7 @@ fn files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn unknown_agent_and_missing_path_fail_before_anything() {
     let w = World::new();
     let (code, _, err) = output(&mut w.ppp(["run", "copilot", "."]));
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.starts_with("error: unknown agent `copilot`\n"), "{err}");
     assert!(err.contains("hint: ppp runs these agents: opencode, claude, codex, gemini"), "{err}");
     let (code, _, err) = output(&mut w.ppp(["create", "opencode", "does/not/exist"]));

@@ -97,6 +97,9 @@ fn journey(ppp: &dyn Fn(&[&str]) -> Command, backend: &str) -> Vec<String> {
     assert_eq!(global[0]["hosts"][0], "api.gsa.usai.gov");
     let table = run(ppp(&["secret", "ls"]));
     assert!(table.starts_with("SCOPE    NAME"), "{table}");
+    let names = run(ppp(&["secret", "ls", "-g", "-q"]));
+    assert!(!names.is_empty() && names.lines().all(|l| !l.contains(' ')), "names only: {names}");
+    assert_eq!(run(ppp(&["-q", "secret", "ls", "-g"])), names, "the global -q means the same");
 
     let (code, _, err) = output(&mut ppp(&["secret", "set", "-g", "unknownsvc", "-t", "x"]));
     assert_eq!(code, 2);
@@ -104,7 +107,7 @@ fn journey(ppp: &dyn Fn(&[&str]) -> Command, backend: &str) -> Vec<String> {
 
     assert_eq!(run(ppp(&["secret", "rm", "red-fox", "openai", "-f"])), "removed `openai` for sandbox `red-fox`\n");
     let (code, _, err) = output(&mut ppp(&["secret", "rm", "red-fox", "openai", "-f"]));
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "a secret that is not stored is a usage mistake: {err}");
     let list: Value = serde_json::from_str(&run(ppp(&["secret", "ls", "--json"]))).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 3);
     seen.into_inner()

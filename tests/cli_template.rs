@@ -126,6 +126,9 @@ fn save_ls_export_load_rm() {
     let table = ok(&mut t.ppp(&["template", "ls"]));
     assert!(table.starts_with("TAG   ID"), "{table}");
     assert!(table.contains("base  "), "{table}");
+    // `-q`, the command's own or the global one, prints tags only.
+    assert_eq!(ok(&mut t.ppp(&["template", "ls", "-q"])), "base\n");
+    assert_eq!(ok(&mut t.ppp(&["-q", "template", "ls"])), "base\n");
 
     // Export, then load into a fresh cache.
     let file = t.w.path().join("base.tar");

@@ -404,7 +404,8 @@ fn defences_through_the_real_daemon() {
     assert!(body.contains("ppp policy allow network --sandbox red 169.254.169.254\n"), "{body}");
     assert!(!body.contains("--sandbox red meta.rebind.test"), "{body}");
 
-    // Uploads over 1 MiB get 413, and nothing reaches the upstream.
+    // Uploads over 1 MiB are refused (413, logged; the connection is closed
+    // rather than the body read, ADR 0019), and nothing reaches the upstream.
     let big = rig.topo.path().join("big.bin");
     std::fs::write(&big, vec![b'x'; 2 * 1024 * 1024]).unwrap();
     let before = rig.upstream.requests().len();
@@ -418,8 +419,11 @@ fn defences_through_the_real_daemon() {
             "http://echo.test/up",
         ],
     );
-    assert_eq!(code, "413", "{body}");
+    assert!(code == "413" || code == "000", "{code}: {body}");
     assert_eq!(rig.upstream.requests().len(), before, "the upload never reached upstream");
+    wait_until("the 413 in flows.jsonl", netns::DEADLINE, || {
+        d.flows().iter().any(|f| f["host"] == "echo.test" && f["status"] == 413)
+    });
 
     // A DNS query for a denied name is refused, and the refusal logged.
     let out = rig.guests[1].run(&["dig", "+time=3", "+tries=1", "@10.0.0.53", "denied.example", "A"]);
@@ -1006,4 +1010,365 @@ fn agent_traffic_streams_through_the_tunnel() {
     ]);
     let got = String::from_utf8_lossy(&out.stdout);
     assert_eq!(got.split_whitespace().next(), digest.strip_prefix("sha256:"), "{}", describe(&out));
+}
+
+/// How much mitmdump may grow while one guest floods it (issue 11: 64 MiB).
+const FLOOD_GROWTH_KIB: u64 = 64 * 1024;
+/// What the big floods send: 4 GiB, as the issue names, unless
+/// `PPP_TEST_FLOOD_BYTES` says otherwise (a smaller flood is enough to see
+/// the unfixed proxy fail; the tunnel here carries ~16 MB/s).
+fn flood_bytes() -> u64 {
+    std::env::var("PPP_TEST_FLOOD_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(4 << 30)
+}
+
+/// What [`flood`] saw.
+struct Flood {
+    out: std::process::Output,
+    /// mitmdump's peak RSS during the flood minus its RSS before, in KiB.
+    growth_kib: u64,
+    /// Whether the watch stopped the flood because mitmdump grew too much.
+    stopped: bool,
+    /// The other sandbox's requests during the flood: HTTP codes.
+    probes: Vec<String>,
+}
+
+impl Flood {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+
+    /// mitmdump stayed within its bound and blue worked all along.
+    fn assert_bounded(&self, what: &str) {
+        assert!(
+            !self.stopped && self.growth_kib <= FLOOD_GROWTH_KIB,
+            "{what}: mitmdump grew by {} MiB (limit {} MiB){}",
+            self.growth_kib / 1024,
+            FLOOD_GROWTH_KIB / 1024,
+            if self.stopped { "; the flood was stopped there" } else { "" }
+        );
+        assert!(!self.probes.is_empty(), "{what}: the other sandbox was never probed");
+        assert!(
+            self.probes.iter().all(|c| c == "200"),
+            "{what}: the other sandbox failed during the flood: {:?}",
+            self.probes
+        );
+        eprintln!("{what}: mitmdump grew by {} KiB; {} probes by blue, all 200", self.growth_kib, self.probes.len());
+    }
+}
+
+/// Blue may reach the upstream (its answers for api.anthropic.com live at
+/// the test's non-public address), so it can show it keeps working.
+fn blue_reaches_upstream(rig: &Rig) {
+    rig.daemon.ok(&["policy", "allow", "network", "--sandbox", "blue", "198.18.0.10"]);
+    let (body, code) = probe(&rig.guests[1]);
+    assert_eq!(code, "200", "blue works before the flood: {body}");
+}
+
+fn probe(g: &Guest) -> (String, String) {
+    curl(g, &["--resolve", &resolve("api.anthropic.com", 80), "http://api.anthropic.com/probe"])
+}
+
+/// Run `argv` in red (the attacker) while watching mitmdump's memory and
+/// probing blue. The flood is killed if mitmdump grows past the bound (so
+/// a run of the unfixed proxy fails instead of eating the machine's memory)
+/// or runs past `timeout`.
+fn flood(rig: &Rig, argv: &[&str], timeout: Duration) -> Flood {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pid = u32::try_from(rig.daemon.status()["mitmdump_pid"].as_u64().unwrap()).unwrap();
+    let (before, _) = netns::memory_kib(pid);
+    netns::reset_peak(pid);
+    let mut child = rig.guests[0].spawn(argv);
+    let done = AtomicBool::new(false);
+    let started = std::time::Instant::now();
+    let (stopped, probes) = std::thread::scope(|s| {
+        let prober = s.spawn(|| {
+            let mut codes = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                codes.push(probe(&rig.guests[1]).1);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            codes
+        });
+        let mut stopped = false;
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            let (rss, _) = netns::memory_kib(pid);
+            if rss > before + FLOOD_GROWTH_KIB {
+                stopped = true;
+                let _ = child.kill();
+                break;
+            }
+            if started.elapsed() > timeout {
+                let _ = child.kill();
+                done.store(true, Ordering::Relaxed);
+                panic!("`{}` ran longer than {timeout:?}", argv.join(" "));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        done.store(true, Ordering::Relaxed);
+        (stopped, prober.join().unwrap())
+    });
+    let out = child.wait_with_output().unwrap();
+    let (_, peak) = netns::memory_kib(pid);
+    eprintln!("`{}` took {:.1} s", argv.join(" "), started.elapsed().as_secs_f64());
+    Flood { out, growth_kib: peak.saturating_sub(before), stopped, probes }
+}
+
+fn python() -> String {
+    netns::venv_python().display().to_string()
+}
+
+/// Issue 11, point 4: `head -c 4G /dev/zero | curl -T - http://<any>/`, a
+/// chunked upload of 4 GiB, to an allowed host (over the 1 MiB request
+/// limit) and to a refused one. Neither is buffered: mitmdump stays within
+/// its bound, the upload is cut off (the upstream never receives a whole
+/// body), and the other sandbox keeps working meanwhile.
+#[test]
+fn a_4_gib_chunked_upload_does_not_grow_mitmdump() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    // The refused host's address is one red has no rule for; nothing serves it.
+    for (host, ip, path) in
+        [("echo.test", "198.18.0.10", "/upload-allowed"), ("refused-upload.test", "198.18.0.99", "/upload-refused")]
+    {
+        // The proxy closes the connection; the guest's side sees no reset
+        // (see docs/addon.md), so curl stops at its own timeout.
+        let cmd = format!(
+            "head -c {} /dev/zero | curl -sS -m 30 -o /dev/null -w '%{{http_code}}' -T - \
+             --resolve {host}:80:{ip} http://{host}{path}",
+            flood_bytes()
+        );
+        let f = flood(&rig, &["sh", "-c", &cmd], Duration::from_secs(900));
+        f.assert_bounded(&format!("a chunked upload to {host}"));
+        assert_ne!(f.stdout(), "200", "the upload to {host} was cut off: {}", describe(&f.out));
+        assert!(
+            !rig.upstream.requests().iter().any(|r| r["path"] == path),
+            "a whole body reached the upstream: {:?}",
+            rig.upstream.requests()
+        );
+    }
+    wait_until("both refusals in flows.jsonl", netns::DEADLINE, || {
+        let flows = rig.daemon.flows();
+        flows.iter().any(|f| {
+            f["host"] == "echo.test"
+                && f["status"] == 413
+                && f["reason"].as_str().is_some_and(|r| r.contains("request body exceeds"))
+        }) && flows.iter().any(|f| f["host"] == "refused-upload.test" && f["status"] == 403 && f["decision"] == "deny")
+    });
+}
+
+/// Issue 11, point 4: a 4 GiB chunked download streams through to the
+/// guest whole (no response limit by default, issue 12), and mitmdump holds
+/// none of it: memory stays within the bound, the other sandbox works.
+#[test]
+fn a_4_gib_chunked_download_streams_through_with_bounded_memory() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    let bytes = flood_bytes();
+    let url = format!("http://echo.test/chunked/{bytes}");
+    let resolve = resolve("echo.test", 80);
+    let argv = [
+        "curl",
+        "-sS",
+        "-m",
+        "900",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download} %{speed_download}",
+        "--resolve",
+        &resolve,
+        &url,
+    ];
+    let f = flood(&rig, &argv, Duration::from_secs(900));
+    f.assert_bounded("a 4 GiB chunked download");
+    let out = f.stdout();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.first().copied(), Some("200"), "{}", describe(&f.out));
+    assert_eq!(fields.get(1).copied(), Some(bytes.to_string().as_str()), "the whole body arrived");
+    eprintln!("download throughput: {} MB/s", fields[2].parse::<f64>().unwrap_or(0.0) / 1e6);
+    wait_until("the download in flows.jsonl", netns::DEADLINE, || {
+        rig.daemon.flows().iter().any(|f| f["host"] == "echo.test" && f["bytes_in"] == bytes)
+    });
+}
+
+/// Issue 11, point 4: 4 GiB over one WebSocket, in 1 MiB messages. The
+/// stream works end to end (the upstream counts every byte and answers a
+/// text message), and mitmdump keeps none of the messages.
+#[test]
+fn a_4_gib_websocket_stream_does_not_grow_mitmdump() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    let script = netns::flood_script();
+    let bytes = flood_bytes();
+    let (total, msg) = (bytes.to_string(), (1u32 << 20).to_string());
+    let ip = UPSTREAM_IP.to_string();
+    let argv = [python(), script.display().to_string(), "ws".into(), ip, "echo.test".into(), total, msg];
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let f = flood(&rig, &argv, Duration::from_secs(900));
+    f.assert_bounded("a 4 GiB WebSocket stream");
+    let out: Value = serde_json::from_str(&f.stdout()).unwrap_or_else(|_| panic!("{}", describe(&f.out)));
+    assert_eq!(out["reply"]["echo"], "done", "{out}");
+    assert_eq!(out["reply"]["bytes"], bytes, "every byte went through: {out}");
+    wait_until("the WebSocket's line in flows.jsonl", netns::DEADLINE, || {
+        rig.daemon.flows().iter().any(|f| f["kind"] == "websocket" && f["bytes_out"].as_u64() >= Some(bytes))
+    });
+}
+
+/// Issue 11, point 4: 20 requests with 11 MB of headers each. Today they
+/// grew mitmdump by 250 MB and went upstream; now each is refused (431, or
+/// closed) once its header block passes 64 KiB, and nothing reaches the
+/// upstream.
+#[test]
+fn huge_header_blocks_are_refused_before_they_are_buffered() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    let script = netns::flood_script();
+    let ip = UPSTREAM_IP.to_string();
+    let argv = [python(), script.display().to_string(), "headers".into(), ip, "echo.test".into()];
+    let mut argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    argv.extend(["11000000", "20"]);
+    let f = flood(&rig, &argv, Duration::from_secs(600));
+    f.assert_bounded("20 requests with 11 MB of headers");
+    let out: Value = serde_json::from_str(&f.stdout()).unwrap_or_else(|_| panic!("{}", describe(&f.out)));
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results.len(), 20, "{out}");
+    for r in results {
+        let r = r.as_str().unwrap();
+        assert!(r.starts_with("HTTP/1.1 431") || r == "closed", "a huge header block was answered {r:?}");
+    }
+    assert!(results.iter().any(|r| r.as_str().unwrap().starts_with("HTTP/1.1 431")), "none said why: {out}");
+    let reached: Vec<Value> = rig
+        .upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.starts_with("/big-headers")))
+        .collect();
+    assert!(reached.is_empty(), "{} huge requests reached the upstream", reached.len());
+    // A normal request on a new connection still works.
+    let (body, code) = curl(&rig.guests[0], &["--resolve", &resolve("echo.test", 80), "http://echo.test/after"]);
+    assert_eq!(code, "200", "{body}");
+}
+
+/// Issue 11, points 3 and 4: 20,000 distinct refused DNS names from one
+/// guest. mitmdump's caches stay bounded, the refusals are logged
+/// throttled (not one line per query), a query sent to port 5353 is logged
+/// with port 5353, and the other sandbox keeps working.
+#[test]
+fn a_flood_of_refused_dns_names_is_bounded_and_logged_throttled() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    let d = &rig.daemon;
+    let out = rig.guests[0].run(&["dig", "+time=3", "+tries=1", "-p", "5353", "@10.0.0.53", "mdns.flood.test", "A"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("status: REFUSED"), "{}", describe(&out));
+    wait_until("the 5353 refusal in flows.jsonl", netns::DEADLINE, || {
+        d.flows().iter().any(|f| f["host"] == "mdns.flood.test" && f["port"] == 5353)
+    });
+    let lines_before = d.flows().len();
+    let script = netns::flood_script();
+    let argv = [python(), script.display().to_string(), "dns".into(), "10.0.0.53".into(), "53".into()];
+    let mut argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    argv.extend(["n", "20000"]);
+    // A tighter bound than the big floods: 20,000 names at the 1.8 KB
+    // each they cost before are 35 MiB.
+    let f = flood(&rig, &argv, Duration::from_secs(300));
+    assert!(f.out.status.success(), "{}", describe(&f.out));
+    f.assert_bounded("20,000 refused DNS names");
+    assert!(f.growth_kib <= 16 * 1024, "mitmdump grew by {} KiB for 20,000 names", f.growth_kib);
+    // The last queries are in by the time a query after them is answered.
+    let out = rig.guests[0].run(&["dig", "+time=3", "+tries=1", "@10.0.0.53", "last.flood.test", "A"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("status: REFUSED"), "{}", describe(&out));
+    let logged = d.flows().len() - lines_before;
+    assert!(logged <= 2 * 120 + 10, "{logged} lines in flows.jsonl for 20,000 refused queries");
+    let carried: u64 = d.flows().iter().filter_map(|f| f["suppressed"].as_u64()).sum();
+    eprintln!("{logged} lines logged; {carried} refusals counted as suppressed so far");
+}
+
+/// Blue's request latency (seconds, curl's `time_total`) over `n` requests.
+fn latencies(g: &Guest, n: usize) -> Vec<f64> {
+    let mut out: Vec<f64> = (0..n)
+        .map(|_| {
+            let o = g.curl(&[
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{time_total}",
+                "--resolve",
+                &resolve("api.anthropic.com", 80),
+                "http://api.anthropic.com/latency",
+            ]);
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let (code, t) = text.split_once(' ').unwrap_or(("", ""));
+            assert_eq!(code, "200", "blue's request failed: {}", describe(&o));
+            t.trim().parse().unwrap()
+        })
+        .collect();
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+/// The `percent`th percentile of `sorted` (nearest rank).
+fn pct(sorted: &[f64], percent: usize) -> f64 {
+    sorted[(sorted.len() - 1) * percent / 100]
+}
+
+/// A benchmark, not a test (no timed assertion): blue's latency idle and
+/// while red floods the proxy (a chunked download at full speed plus
+/// refused DNS names), as ratios. Run by `bench/flood-latency.sh`.
+#[test]
+#[ignore = "a benchmark: run bench/flood-latency.sh"]
+fn bench_other_sandbox_latency_under_a_flood() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    let n: usize = std::env::var("REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let kinds = std::env::var("FLOOD").unwrap_or_else(|_| "download,dns".to_owned());
+    let blue = &rig.guests[1];
+    let script = netns::flood_script().display().to_string();
+    let py = python();
+    let resolve_echo = resolve("echo.test", 80);
+    let url = format!("http://echo.test/chunked/{}", 64u64 << 30);
+    let mut ratios = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let idle = latencies(blue, n);
+        let mut floods = Vec::new();
+        if kinds.contains("download") {
+            floods.push(rig.guests[0].spawn(&["curl", "-sS", "-o", "/dev/null", "--resolve", &resolve_echo, &url]));
+        }
+        if kinds.contains("dns") {
+            let prefix = format!("b{round}-");
+            floods.push(rig.guests[0].spawn(&[&py, &script, "dns", "10.0.0.53", "53", &prefix, "1000000"]));
+        }
+        std::thread::sleep(Duration::from_secs(2)); // the flood at full speed
+        let busy = latencies(blue, n);
+        for c in &mut floods {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let (r50, r90) = (pct(&busy, 50) / pct(&idle, 50), pct(&busy, 90) / pct(&idle, 90));
+        println!(
+            "round {round}: idle p50 {:.1} ms p90 {:.1} ms; flooded p50 {:.1} ms p90 {:.1} ms; ratio p50 {r50:.2} p90 {r90:.2}",
+            pct(&idle, 50) * 1e3,
+            pct(&idle, 90) * 1e3,
+            pct(&busy, 50) * 1e3,
+            pct(&busy, 90) * 1e3
+        );
+        ratios.0.push(r50);
+        ratios.1.push(r90);
+    }
+    ratios.0.sort_by(f64::total_cmp);
+    ratios.1.sort_by(f64::total_cmp);
+    println!(
+        "median of {rounds} rounds: flooded/idle latency p50 {:.2}, p90 {:.2} (goal <= 2.00)",
+        pct(&ratios.0, 50),
+        pct(&ratios.1, 50)
+    );
 }

@@ -11,11 +11,13 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::Ctx;
-use crate::cli::{FlowTypeFilter, PolicyAddArgs, PolicyCommand, RuleTypeFilter, SourceFilter, SourceSelector};
+use crate::cli::{
+    FlowTypeFilter, PolicyAddArgs, PolicyCommand, PolicyLimitsArgs, RuleTypeFilter, SourceFilter, SourceSelector,
+};
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{
-    self, Engine, GlobalFile, Preset, Resource, Rule, SandboxFile, Scope, Source, Target, Verdict, flowlog,
+    self, Engine, FlowLimits, GlobalFile, Limits, Preset, Resource, Rule, Scope, Source, Target, Verdict, flowlog,
 };
 use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
@@ -25,14 +27,28 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
     match cmd {
         PolicyCommand::Init { preset, force } => init(dirs, *preset, *force),
-        PolicyCommand::Allow(a) => add(dirs, Verdict::Allow, a),
-        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a),
-        PolicyCommand::Check { target, sandbox, json, verbose, .. } => {
-            check(dirs, target, sandbox.as_deref(), *json, *verbose)
+        PolicyCommand::Allow(a) => {
+            add(dirs, Verdict::Allow, &a.rule, Limits { upload: a.upload, download: a.download })
         }
-        PolicyCommand::Ls { sandbox, decision, source, kind, include_inactive, json, wide } => {
+        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default()),
+        PolicyCommand::Limits(a) => limits(dirs, a),
+        PolicyCommand::Check { target, sandbox, json, verbose, exit_code, .. } => {
+            let verdict = check(dirs, target, sandbox.as_deref(), *json, *verbose)?;
+            // `--exit-code` makes the answer testable in scripts, as
+            // `git diff --exit-code` does: 1 on deny. Without it a deny is
+            // an answer, not a failure.
+            Ok(if *exit_code && verdict == Verdict::Deny { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+        }
+        PolicyCommand::Ls { sandbox, decision, source, kind, include_inactive, json, wide, quiet } => {
             let filter = Filter { decision: *decision, source: *source, kind: *kind };
-            ls(dirs, sandbox.as_deref(), &filter, *include_inactive, *json, *wide)
+            let form = if *json {
+                Form::Json
+            } else if *quiet {
+                Form::Ids
+            } else {
+                Form::Table
+            };
+            ls(dirs, sandbox.as_deref(), &filter, *include_inactive, form, *wide)
         }
         PolicyCommand::Inspect { id, json } => inspect(dirs, id, *json),
         PolicyCommand::Log { sandbox, json, limit, quiet, kind } => {
@@ -49,8 +65,6 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
 const NO_POLICY_HINT: &str = "no global policy exists, so everything is denied; choose a preset with \
                               `ppp policy init balanced` (or `allow-all`, `deny-all`)";
 
-use crate::policy::DEFAULT_WITHOUT_FILE;
-
 fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
     let path = dirs.global_policy();
     let lock = state::Lock::acquire(&dirs.state_lock())?;
@@ -65,7 +79,7 @@ fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
         Some(mut f) if f.preset.is_none() && f.rules.iter().all(|r| r.source != Source::Preset) => {
             let mut rules = preset.rules();
             rules.append(&mut f.rules);
-            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules, ..f }
         }
         Some(f) if !force => {
             let what = f.preset.map_or_else(|| "hand-made rules".to_owned(), |p| format!("preset `{p}`"));
@@ -77,9 +91,9 @@ fn init(dirs: &Dirs, preset: Preset, force: bool) -> Result<ExitCode> {
             f.rules.retain(|r| r.source != Source::Preset);
             let mut rules = preset.rules();
             rules.append(&mut f.rules);
-            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules }
+            GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules, ..f }
         }
-        None => GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules: preset.rules() },
+        None => GlobalFile::from_preset(preset),
     };
     policy::save_global(&path, &next)?;
     drop(lock);
@@ -120,7 +134,7 @@ fn parse_resources(list: &str) -> Result<Vec<Resource>> {
     Ok(out)
 }
 
-fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode> {
+fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<ExitCode> {
     let resources = parse_resources(&args.resources)?;
     if let Some(s) = &args.sandbox {
         sandbox::validate_name(s)?;
@@ -132,13 +146,18 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
         for resource in resources {
             // Adding the same rule twice is a no-op that reports the
             // existing id, so scripts can re-run safely.
+            // With --upload/--download it sets the existing rule's limits.
             if let Some(existing) =
-                rules.iter().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
+                rules.iter_mut().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
             {
+                existing.upload = limits.upload.or(existing.upload);
+                existing.download = limits.download.or(existing.download);
                 ids.push(existing.id);
                 continue;
             }
-            let rule = Rule::new(decision, resource, Source::Local);
+            let mut rule = Rule::new(decision, resource, Source::Local);
+            rule.upload = limits.upload;
+            rule.download = limits.download;
             ids.push(rule.id);
             rules.push(rule);
         }
@@ -154,7 +173,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
             f
         } else {
             created_file = true;
-            GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }
+            GlobalFile::without_file()
         };
         apply(&mut file.rules);
         policy::save_global(&path, &file)?;
@@ -164,8 +183,75 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs) -> Result<ExitCode>
     if created_file {
         eprintln!("note: created the global policy with default `deny`; `ppp policy init` chooses a preset");
     }
-    output::print(&lines(ids.iter()))?;
+    output::print(&lines(ids.iter().map(short_id)))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ppp policy limits`: set the global or a sandbox's limits, or show the
+/// ones in force.
+fn limits(dirs: &Dirs, args: &PolicyLimitsArgs) -> Result<ExitCode> {
+    if let Some(s) = &args.sandbox {
+        sandbox::validate_name(s)?;
+    }
+    let set = Limits { upload: args.upload, download: args.download };
+    if !set.is_empty() {
+        let lock = state::Lock::acquire(&dirs.state_lock())?;
+        if let Some(name) = &args.sandbox {
+            let path = dirs.sandbox_policy(name);
+            let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
+            file.upload = set.upload.or(file.upload);
+            file.download = set.download.or(file.download);
+            policy::save_sandbox(&path, &file)?;
+        } else {
+            let path = dirs.global_policy();
+            let mut file = policy::load_global(&path)?.unwrap_or_else(GlobalFile::without_file);
+            file.upload = set.upload.or(file.upload);
+            file.download = set.download.or(file.download);
+            policy::save_global(&path, &file)?;
+        }
+        drop(lock);
+        proxy::reload_or_warn(dirs);
+    }
+    let (global, _) = global_or_default(dirs)?;
+    let sandbox = match &args.sandbox {
+        Some(name) => policy::load_sandbox(&dirs.sandbox_policy(name))?.map(|f| f.limits()),
+        None => None,
+    };
+    let applied = policy::limits::resolve(None, sandbox, global.limits());
+    if args.json {
+        output::json(&applied)?;
+    } else {
+        output::print(&describe_limits(&applied))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `upload: 1MiB (default; none to hosts ppp injects a key into)` and the
+/// download line, as `policy limits` and `policy ls` show them.
+fn describe_limits(l: &FlowLimits) -> String {
+    use policy::limits::From;
+    let one = |a: &policy::limits::Applied, default_note: &str| {
+        let size = a.bytes.map_or_else(|| "none".to_owned(), |b| policy::limits::Size::Bytes(b).to_string());
+        let from = match a.from {
+            From::Rule => "rule",
+            From::Sandbox => "sandbox",
+            From::Global => "global",
+            From::Default => default_note,
+        };
+        format!("{size} ({from})")
+    };
+    format!(
+        "upload: {}\ndownload: {}\n",
+        one(&l.upload, "default; none to hosts ppp injects a key into"),
+        one(&l.download, "default")
+    )
+}
+
+/// A rule id as every human-facing output shows it: its first 8
+/// characters, which `inspect` and `rm --id` take back as a prefix. JSON and
+/// `ls --wide` show the whole id.
+fn short_id(id: &uuid::Uuid) -> String {
+    id.to_string()[..8].to_owned()
 }
 
 /// One item per line.
@@ -181,7 +267,7 @@ fn lines<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
 fn global_or_default(dirs: &Dirs) -> Result<(GlobalFile, bool)> {
     Ok(match policy::load_global(&dirs.global_policy())? {
         Some(f) => (f, true),
-        None => (GlobalFile { default: DEFAULT_WITHOUT_FILE, preset: None, rules: Vec::new() }, false),
+        None => (GlobalFile::without_file(), false),
     })
 }
 
@@ -202,7 +288,8 @@ struct CheckJson<'a> {
     default_used: bool,
 }
 
-fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<ExitCode> {
+/// Print the decision for `target`; returns it for `--exit-code`.
+fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<Verdict> {
     let t = Target::parse(target).map_err(|e| bad_input(format!("invalid target: {}", e.message()), &e))?;
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
@@ -234,7 +321,7 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             (None, host) => format!("{}:{}", host.as_deref().unwrap_or_default(), t.port),
         };
         let why = match &d.matched_rule {
-            Some(m) => format!("rule {} `{}` ({}, {})", m.rule.id, m.rule.resource, m.scope, m.rule.source),
+            Some(m) => format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), m.rule.resource, m.scope, m.rule.source),
             None if exists => format!("the global default `{}`", d.verdict),
             None => "no policy exists".to_owned(),
         };
@@ -253,7 +340,10 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
                 if single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some() {
                     output::println(&format!(
                         "  matches: {} {} `{}` ({scope}, {})",
-                        rule.id, rule.decision, rule.resource, rule.source
+                        short_id(&rule.id),
+                        rule.decision,
+                        rule.resource,
+                        rule.source
                     ))?;
                 }
             }
@@ -262,7 +352,16 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
     if !exists {
         eprintln!("hint: {NO_POLICY_HINT}");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(d.verdict)
+}
+
+/// How `policy ls` prints.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Table,
+    /// `-q`: ids only, one a line, as the table shows them.
+    Ids,
+    Json,
 }
 
 struct Filter {
@@ -318,7 +417,7 @@ fn sandboxes_with_policy(dirs: &Dirs) -> Result<Vec<String>> {
     Ok(names)
 }
 
-fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, wide: bool) -> Result<ExitCode> {
+fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, form: Form, wide: bool) -> Result<ExitCode> {
     if let Some(s) = only {
         sandbox::validate_name(s)?;
     }
@@ -346,21 +445,38 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, w
             sandbox: Some(name),
         }));
     }
-    if json {
-        output::json(&LsJson { default: global.default, preset: global.preset, policy_exists: exists, rules: listed })?;
-        return Ok(ExitCode::SUCCESS);
+    let id = |r: &Rule| if wide { r.id.to_string() } else { short_id(&r.id) };
+    match form {
+        Form::Json => {
+            output::json(&LsJson {
+                default: global.default,
+                preset: global.preset,
+                policy_exists: exists,
+                rules: listed,
+            })?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Form::Ids => {
+            output::print(&lines(listed.iter().map(|l| id(l.rule))))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Form::Table => {}
     }
+    // The column appears only when a rule has limits of its own.
+    let any_limits = listed.iter().any(|l| !l.rule.limits().is_empty());
     let rows: Vec<Vec<String>> = listed
         .iter()
         .map(|l| {
-            let id = l.rule.id.to_string();
             let mut row = vec![
-                if wide { id } else { id[..8].to_owned() },
+                id(l.rule),
                 l.sandbox.map_or_else(|| "global".to_owned(), ToOwned::to_owned),
                 l.rule.decision.to_string(),
                 l.rule.resource.to_string(),
                 l.rule.source.to_string(),
             ];
+            if any_limits {
+                row.push(l.rule.limits().describe());
+            }
             if wide {
                 row.push(fmt_time(l.rule.created_at));
             }
@@ -368,12 +484,22 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, json: bool, w
         })
         .collect();
     let mut header = vec!["ID", "SCOPE", "DECISION", "RESOURCE", "SOURCE"];
+    if any_limits {
+        header.push("LIMITS");
+    }
     if wide {
         header.push("CREATED");
     }
     let mut text = output::table(&header, &rows);
     let preset = global.preset.map(|p| format!(" (preset `{p}`)")).unwrap_or_default();
     let _ = writeln!(text, "default: {}{preset}", global.default);
+    let sandbox_limits = match only {
+        Some(s) => policy::load_sandbox(&dirs.sandbox_policy(s))?.map(|f| f.limits()),
+        None => None,
+    };
+    for line in describe_limits(&policy::limits::resolve(None, sandbox_limits, global.limits())).lines() {
+        let _ = writeln!(text, "{line}");
+    }
     output::print(&text)?;
     if !exists {
         eprintln!("hint: {NO_POLICY_HINT}");
@@ -424,7 +550,7 @@ fn by_id_prefix<'a, T>(items: &'a [T], id: impl Fn(&T) -> String, prefix: &str) 
     match hits.len() {
         0 => Ok(None),
         1 => Ok(Some(hits[0])),
-        n => Err(fail(format!("`{prefix}` matches {n} rules")).hint("give more characters of the id").into()),
+        n => Err(fail(format!("`{prefix}` matches {n} rules")).hint("give more characters of the id").code(2).into()),
     }
 }
 
@@ -433,6 +559,7 @@ fn inspect(dirs: &Dirs, id: &str, json: bool) -> Result<ExitCode> {
     let Some(f) = by_id_prefix(&rules, |f| f.rule.id.to_string(), id)? else {
         return Err(fail(format!("no rule has id `{id}`"))
             .hint("list rules with `ppp policy ls --include-inactive`")
+            .code(2)
             .into());
     };
     if json {
@@ -480,6 +607,29 @@ fn log(
     } else {
         flowlog::tail(&dirs.flows_log(), limit, sandbox_name)?
     };
+    // A removed sandbox's connections stay in the log and are still shown;
+    // a name with neither a sandbox nor a logged connection is a mistake.
+    if let Some(s) = sandbox_name
+        && flows.is_empty()
+        && sandbox::load(dirs, s)?.is_none()
+        && flowlog::tail(&dirs.flows_log(), 1, Some(s))?.is_empty()
+    {
+        return Err(fail(format!("no sandbox named `{s}`, and no connection from one is logged"))
+            .hint("list sandboxes with `ppp ls`; `ppp policy log` alone shows every sandbox's connections")
+            .code(2)
+            .into());
+    }
+    if flows.is_empty() && !json && !quiet {
+        let why = match (kind, sandbox_name) {
+            (FlowTypeFilter::Filesystem, _) => {
+                "no filesystem flows: the proxy records network connections only".to_owned()
+            }
+            (_, Some(s)) => format!("no connections logged for sandbox `{s}` yet"),
+            (_, None) => "no connections logged yet: they appear here once a sandbox connects out".to_owned(),
+        };
+        output::println(&why)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let field = |v: &serde_json::Value, k: &str| -> String {
         match &v[k] {
             serde_json::Value::Null => "-".to_owned(),
@@ -582,7 +732,7 @@ fn reset(dirs: &Dirs, force: bool) -> Result<ExitCode> {
             f.rules.retain(|r| r.source != Source::Local);
             if f.rules.len() != before {
                 removed += before - f.rules.len();
-                policy::save_sandbox(&path, &SandboxFile { rules: f.rules })?;
+                policy::save_sandbox(&path, &f)?;
             }
         }
     }
@@ -641,7 +791,10 @@ fn rm(
         let doomed_ids = doomed.ids(rules)?;
         if doomed_ids.is_empty() {
             let what = doomed.describe();
-            return Err(fail(format!("no rule with {what} in {place}")).hint("list rules with `ppp policy ls`").into());
+            return Err(fail(format!("no rule with {what} in {place}"))
+                .hint("list rules with `ppp policy ls`")
+                .code(2)
+                .into());
         }
         let (gone, kept) = std::mem::take(rules).into_iter().partition(|r| doomed_ids.contains(&r.id));
         *rules = kept;
@@ -656,7 +809,10 @@ fn rm(
     } else {
         let path = dirs.global_policy();
         let Some(mut f) = policy::load_global(&path)? else {
-            return Err(fail(format!("no rule matches in {place}: it does not exist")).hint(NO_POLICY_HINT).into());
+            return Err(fail(format!("no rule matches in {place}: it does not exist"))
+                .hint(NO_POLICY_HINT)
+                .code(2)
+                .into());
         };
         let gone = select(&mut f.rules)?;
         policy::save_global(&path, &f)?;
@@ -664,7 +820,7 @@ fn rm(
     };
     drop(lock);
     proxy::reload_or_warn(dirs);
-    output::print(&lines(removed.iter().map(|r| r.id)))?;
+    output::print(&lines(removed.iter().map(|r| short_id(&r.id))))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -24,8 +24,8 @@ pub fn run(cmd: &SecretCommand, ctx: &Ctx) -> Result<ExitCode> {
         SecretCommand::Import { service, all, dry_run, force } => {
             import(dirs, service.as_deref(), *all, *dry_run, *force)
         }
-        SecretCommand::Ls { sandbox, global, service, json } => {
-            ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json)
+        SecretCommand::Ls { sandbox, global, service, json, quiet } => {
+            ls(dirs, sandbox.as_deref(), *global, service.as_deref(), *json, *quiet)
         }
         SecretCommand::Rm(a) => rm(dirs, a),
     }
@@ -161,6 +161,7 @@ fn rm_registry(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
     if !store.exists(&Scope::Global, &host, Kind::Registry)? {
         return Err(fail(format!("no credentials are stored for registry `{host}`"))
             .hint("list secrets with `ppp secret ls`")
+            .code(2)
             .into());
     }
     if !a.force
@@ -258,7 +259,14 @@ pub(crate) fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, 
     Ok(ExitCode::SUCCESS)
 }
 
-fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&str>, json: bool) -> Result<ExitCode> {
+fn ls(
+    dirs: &Dirs,
+    sandbox_name: Option<&str>,
+    global: bool,
+    service: Option<&str>,
+    json: bool,
+    quiet: bool,
+) -> Result<ExitCode> {
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
@@ -276,6 +284,15 @@ fn ls(dirs: &Dirs, sandbox_name: Option<&str>, global: bool, service: Option<&st
         .collect();
     if json {
         output::json(&entries)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if quiet {
+        let mut names = String::new();
+        for e in &entries {
+            names.push_str(&e.name);
+            names.push('\n');
+        }
+        output::print(&names)?;
         return Ok(ExitCode::SUCCESS);
     }
     let rows: Vec<Vec<String>> = entries
@@ -311,6 +328,7 @@ fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
             let what = if a.custom { "custom secret" } else { "secret" };
             return Err(fail(format!("no {what} `{name}` is stored {}", scope_words(&scope)))
                 .hint("list secrets with `ppp secret ls`")
+                .code(2)
                 .into());
         }
     };

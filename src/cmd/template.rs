@@ -26,7 +26,7 @@ pub fn run(cmd: &TemplateCommand, ctx: &Ctx) -> Result<ExitCode> {
             save(dirs, ctx, sandbox, tag, output.as_deref(), *force)
         }
         TemplateCommand::Load { file } => load(dirs, ctx, file),
-        TemplateCommand::Ls { json } => ls(dirs, *json),
+        TemplateCommand::Ls { json, quiet } => ls(dirs, *json, *quiet),
         TemplateCommand::Rm { tag } => {
             let t = template::remove(dirs, tag)?;
             crate::output::println(&format!("removed template `{}` ({})", t.tag, t.id))?;
@@ -191,7 +191,7 @@ fn load(dirs: &Dirs, ctx: &Ctx, file: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn ls(dirs: &Dirs, json: bool) -> Result<ExitCode> {
+fn ls(dirs: &Dirs, json: bool, quiet: bool) -> Result<ExitCode> {
     let index = Index::load(dirs)?;
     if json {
         let rows: Vec<serde_json::Value> = index
@@ -204,6 +204,15 @@ fn ls(dirs: &Dirs, json: bool) -> Result<ExitCode> {
             })
             .collect();
         crate::output::json(&rows)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if quiet {
+        let mut tags = String::new();
+        for t in &index.templates {
+            tags.push_str(&t.tag);
+            tags.push('\n');
+        }
+        crate::output::print(&tags)?;
         return Ok(ExitCode::SUCCESS);
     }
     let rows: Vec<Vec<String>> = index

@@ -234,7 +234,7 @@ pub fn load_dir(dir: &Path) -> Result<Kit> {
     let manifest_path = root.join(MANIFEST);
     let meta = std::fs::symlink_metadata(&manifest_path).map_err(|_| {
         fail(format!("`{}` has no {MANIFEST}", dir.display()))
-            .hint("a kit is a directory with a `kit.yaml`; see docs/kits.md")
+            .hint("a kit is a directory with a `kit.yaml`; `ppp kit --help` shows its format")
     })?;
     if !meta.is_file() {
         return Err(fail(format!("`{}` is not a regular file", manifest_path.display())).into());
@@ -248,7 +248,7 @@ pub fn load_dir(dir: &Path) -> Result<Kit> {
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Manifest> {
     let text = std::str::from_utf8(bytes).map_err(|_| fail(format!("`{}` is not UTF-8", path.display())))?;
     let manifest: Manifest = crate::state::parse_yaml(path, text)
-        .map_err(|e| crate::error::hinted(e, "fix that line; docs/kits.md lists every field"))?;
+        .map_err(|e| crate::error::hinted(e, "fix that line; `ppp kit --help` lists every field"))?;
     Ok(manifest)
 }
 
@@ -262,7 +262,9 @@ pub fn check(
     mut read: impl FnMut(&str) -> Result<Vec<u8>>,
 ) -> Result<Kit> {
     let bad = |why: String| -> anyhow::Error {
-        fail(format!("invalid kit `{}`: {why}", path.display())).hint("docs/kits.md lists every field and limit").into()
+        fail(format!("invalid kit `{}`: {why}", path.display()))
+            .hint("`ppp kit --help` lists every field and limit")
+            .into()
     };
     let spec = &manifest.spec;
     if spec.secrets.len() > MAX_SECRETS {

@@ -25,6 +25,7 @@ use serde::Serialize;
 use regex_automata::util::syntax::Config as SyntaxConfig;
 use regex_automata::{Input, MatchKind, PatternSet, meta};
 
+use super::limits::{self, FlowLimits, Limits};
 use super::resource::Pattern;
 use super::{Rule, Scope, Verdict};
 
@@ -52,6 +53,9 @@ pub struct Engine {
     default: Verdict,
     global: Compiled,
     sandboxes: HashMap<String, Compiled>,
+    /// Body-size limits the policy files set ([`super::limits`]).
+    global_limits: Limits,
+    sandbox_limits: HashMap<String, Limits>,
 }
 
 #[derive(Debug)]
@@ -136,7 +140,24 @@ impl Engine {
             let c = Compiled::new(rules).with_context(|| format!("could not compile the rules of sandbox `{name}`"))?;
             map.insert(name, c);
         }
-        Ok(Engine { default, global, sandboxes: map })
+        Ok(Engine { default, global, sandboxes: map, global_limits: Limits::default(), sandbox_limits: HashMap::new() })
+    }
+
+    /// The engine with the policy files' limits.
+    #[must_use]
+    pub fn with_limits(mut self, global: Limits, sandboxes: Vec<(String, Limits)>) -> Engine {
+        self.global_limits = global;
+        self.sandbox_limits = sandboxes.into_iter().collect();
+        self
+    }
+
+    /// The body-size limits for a flow `decision` allowed: its rule's, else
+    /// the sandbox file's, else the global file's, else the defaults.
+    #[must_use]
+    pub fn limits(&self, sandbox: Option<&str>, decision: &Decision<'_>) -> FlowLimits {
+        let rule = decision.matched_rule.map(|m| m.rule.limits());
+        let sandbox = sandbox.and_then(|s| self.sandbox_limits.get(s)).copied();
+        limits::resolve(rule, sandbox, self.global_limits)
     }
 
     /// The global default verdict.

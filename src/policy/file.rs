@@ -11,7 +11,8 @@ use std::path::Path;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::{Preset, Rule, Verdict};
+use super::limits::Size;
+use super::{Limits, Preset, Rule, Verdict};
 use crate::state::{self, ParseError};
 
 /// `$PPP_CONFIG/policies.yaml`.
@@ -23,6 +24,12 @@ pub struct GlobalFile {
     /// The preset the file was initialised from, for `ppp policy ls`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<Preset>,
+    /// Body-size limits for every sandbox, unless its file or the allow
+    /// rule sets its own ([`super::limits`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<Size>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<Size>,
     #[serde(default)]
     pub rules: Vec<Rule>,
 }
@@ -31,15 +38,53 @@ pub struct GlobalFile {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxFile {
+    /// This sandbox's body-size limits, over the global file's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<Size>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<Size>,
     #[serde(default)]
     pub rules: Vec<Rule>,
+}
+
+impl SandboxFile {
+    /// The limits this file sets.
+    #[must_use]
+    pub fn limits(&self) -> Limits {
+        Limits { upload: self.upload, download: self.download }
+    }
 }
 
 impl GlobalFile {
     /// A fresh file for `preset`: its default and its rules.
     #[must_use]
     pub fn from_preset(preset: Preset) -> GlobalFile {
-        GlobalFile { default: preset.default_verdict(), preset: Some(preset), rules: preset.rules() }
+        GlobalFile {
+            default: preset.default_verdict(),
+            preset: Some(preset),
+            upload: None,
+            download: None,
+            rules: preset.rules(),
+        }
+    }
+
+    /// What stands in for a missing file: the fail-closed default, nothing
+    /// else (ADR 0005).
+    #[must_use]
+    pub fn without_file() -> GlobalFile {
+        GlobalFile {
+            default: super::DEFAULT_WITHOUT_FILE,
+            preset: None,
+            upload: None,
+            download: None,
+            rules: Vec::new(),
+        }
+    }
+
+    /// The limits this file sets.
+    #[must_use]
+    pub fn limits(&self) -> Limits {
+        Limits { upload: self.upload, download: self.download }
     }
 }
 
@@ -91,29 +136,48 @@ mod fast {
     use time::format_description::well_known::Rfc3339;
 
     use super::{GlobalFile, SandboxFile};
+    use crate::policy::limits::Size;
     use crate::policy::{Preset, Resource, Rule, RuleType, Source, Verdict};
 
     pub(super) fn global(text: &str) -> Option<GlobalFile> {
         let mut lines = Lines::new(text)?;
         let (mut default, mut preset, mut rules) = (None, None, None);
+        let (mut upload, mut download) = (None, None);
         while let Some(line) = lines.next_line() {
             let (key, value) = top_level(line)?;
             match key {
                 "default" if default.is_none() => default = Some(verdict(value?)?),
                 "preset" if preset.is_none() => preset = Some(preset_of(value?)?),
+                "upload" if upload.is_none() => upload = Some(size(value?)?),
+                "download" if download.is_none() => download = Some(size(value?)?),
                 "rules" if rules.is_none() => rules = Some(rule_list(value, &mut lines)?),
                 _ => return None,
             }
         }
-        Some(GlobalFile { default: default?, preset, rules: rules.unwrap_or_default() })
+        Some(GlobalFile { default: default?, preset, upload, download, rules: rules.unwrap_or_default() })
     }
 
     pub(super) fn sandbox(text: &str) -> Option<SandboxFile> {
         let mut lines = Lines::new(text)?;
-        let line = lines.next_line()?;
-        let ("rules", value) = top_level(line)? else { return None };
-        let rules = rule_list(value, &mut lines)?;
-        lines.is_done().then_some(SandboxFile { rules })
+        let (mut upload, mut download, mut rules) = (None, None, None);
+        while let Some(line) = lines.next_line() {
+            let (key, value) = top_level(line)?;
+            match key {
+                "upload" if upload.is_none() => upload = Some(size(value?)?),
+                "download" if download.is_none() => download = Some(size(value?)?),
+                "rules" if rules.is_none() => rules = Some(rule_list(value, &mut lines)?),
+                _ => return None,
+            }
+        }
+        Some(SandboxFile { upload, download, rules: rules? })
+    }
+
+    /// A limit as `Size` writes it (`64MiB`, `none`); other spellings
+    /// (numbers, quoted text) go to `serde_norway`.
+    fn size(v: &str) -> Option<Size> {
+        let text = plain(v)?;
+        let parsed: Size = text.parse().ok()?;
+        (parsed.to_string() == text).then_some(parsed)
     }
 
     /// The file's lines, without blank and comment-only lines (which YAML
@@ -140,16 +204,15 @@ mod fast {
                 .collect();
             (!lines.is_empty()).then_some(Lines { lines, next: 0 })
         }
+
         fn next_line(&mut self) -> Option<&'a str> {
             let l = self.peek()?;
             self.next += 1;
             Some(l)
         }
+
         fn peek(&self) -> Option<&'a str> {
             self.lines.get(self.next).copied()
-        }
-        fn is_done(&self) -> bool {
-            self.next == self.lines.len()
         }
     }
 
@@ -241,6 +304,8 @@ mod fast {
         created_at: Option<&'a str>,
         source: Option<&'a str>,
         kit: Option<&'a str>,
+        upload: Option<&'a str>,
+        download: Option<&'a str>,
     }
 
     impl<'a> Fields<'a> {
@@ -254,6 +319,8 @@ mod fast {
                 "created_at" => &mut self.created_at,
                 "source" => &mut self.source,
                 "kit" => &mut self.kit,
+                "upload" => &mut self.upload,
+                "download" => &mut self.download,
                 _ => return None,
             };
             if slot.is_some() {
@@ -281,6 +348,14 @@ mod fast {
                 },
                 kit: match self.kit {
                     Some(k) => Some(plain(k)?.to_owned()),
+                    None => None,
+                },
+                upload: match self.upload {
+                    Some(v) => Some(size(v)?),
+                    None => None,
+                },
+                download: match self.download {
+                    Some(v) => Some(size(v)?),
                     None => None,
                 },
             })
@@ -427,14 +502,14 @@ rules:
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), mtime);
 
         let spath = dir.path().join("data/sandboxes/s/policy.yaml");
-        let s = SandboxFile { rules: f.rules[..2].to_vec() };
+        let s = SandboxFile { rules: f.rules[..2].to_vec(), ..SandboxFile::default() };
         save_sandbox(&spath, &s).unwrap();
         assert_eq!(load_sandbox(&spath).unwrap().unwrap(), s);
     }
 
     #[test]
     fn preset_is_omitted_when_absent() {
-        let f = GlobalFile { default: Verdict::Allow, preset: None, rules: vec![] };
+        let f = GlobalFile { default: Verdict::Allow, preset: None, upload: None, download: None, rules: vec![] };
         let text = serde_norway::to_string(&f).unwrap();
         assert!(!text.contains("preset"), "{text}");
         assert_eq!(parse_global(Path::new("p"), "default: allow\n").unwrap(), f);
@@ -472,16 +547,39 @@ rules:
         }
         let text = serde_norway::to_string(&f).unwrap();
         assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
-        let empty = GlobalFile { default: Verdict::Allow, preset: None, rules: vec![] };
+        let empty = GlobalFile { default: Verdict::Allow, preset: None, upload: None, download: None, rules: vec![] };
         let text = serde_norway::to_string(&empty).unwrap();
         assert_eq!(both(&text), (Some(empty.clone()), Some(empty)));
         // The spec's layout, items indented under `rules:`.
         let (fast, slow) = both(GOOD);
         assert!(fast.is_some());
         assert_eq!(fast, slow);
-        let s = SandboxFile { rules: f.rules };
+        let s = SandboxFile { rules: f.rules, ..SandboxFile::default() };
         let text = serde_norway::to_string(&s).unwrap();
         assert_eq!(fast::sandbox(&text), Some(s));
+    }
+
+    #[test]
+    fn limits_round_trip_through_both_readers() {
+        use crate::policy::limits::Size;
+        let mut f = GlobalFile::from_preset(Preset::Balanced);
+        f.upload = Some(Size::Bytes(8 << 20));
+        f.download = Some(Size::Unlimited);
+        f.rules[0].upload = Some(Size::Bytes(64 << 20));
+        f.rules[1].download = Some(Size::Bytes(1536 << 10));
+        let text = serde_norway::to_string(&f).unwrap();
+        assert!(text.contains("upload: 8MiB\n") && text.contains("download: none\n"), "{text}");
+        assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
+        let s = SandboxFile { upload: Some(Size::Unlimited), download: None, rules: f.rules };
+        let text = serde_norway::to_string(&s).unwrap();
+        assert_eq!(fast::sandbox(&text), Some(s.clone()));
+        assert_eq!(parse_sandbox(Path::new("p"), &text).unwrap(), s);
+        // Other spellings are serde's, and still mean the same.
+        let g = parse_global(Path::new("p"), "default: deny\nupload: 1048576\ndownload: 2g\n").unwrap();
+        assert_eq!((g.upload, g.download), (Some(Size::Bytes(1 << 20)), Some(Size::Bytes(2 << 30))));
+        // A bad size names the file, line and field.
+        let e = parse_global(Path::new("p"), "default: deny\nupload: lots\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("upload") && e.contains("`lots` is not a size"), "{e}");
     }
 
     #[test]

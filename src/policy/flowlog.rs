@@ -1,14 +1,16 @@
 //! Reading the end of `$PPP_DATA/flows.jsonl` for `ppp policy log`. The log
-//! only grows, so this reads backwards from the end in fixed-size chunks and
-//! stops as soon as it has enough lines: `--limit 10` on a log of gigabytes
-//! costs one or two reads, not a scan.
+//! only grows until the addon rotates it (at 32 MiB, to `flows.jsonl.1`,
+//! replacing the older one), so this reads backwards from the end in
+//! fixed-size chunks and stops as soon as it has enough lines, going on into
+//! the rotated file when the current one holds too few: `--limit 10` costs
+//! one or two reads, not a scan.
 //!
 //! Read-only. Lines that are not JSON objects (a torn write, a hand edit) are
 //! skipped and counted, never fatal: a log viewer that refuses to show
 //! anything because of one bad line is no help.
 
 use std::io::{self, Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -27,9 +29,27 @@ pub struct Tail {
     pub bytes_read: u64,
 }
 
-/// The last `limit` flows in the log at `path`, oldest first, only those of
+/// Where the addon moves the log when it rotates it: `<path>.1`.
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".1");
+    PathBuf::from(p)
+}
+
+/// The last `limit` flows in the log at `path` and, when it holds fewer,
+/// in its rotated predecessor ([`rotated`]), oldest first, only those of
 /// `sandbox` when given. A missing log has no flows.
 pub fn tail(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Value>> {
+    let mut flows = tail_one(path, limit, sandbox)?;
+    if flows.len() < limit {
+        let mut older = tail_one(&rotated(path), limit - flows.len(), sandbox)?;
+        older.append(&mut flows);
+        flows = older;
+    }
+    Ok(flows)
+}
+
+fn tail_one(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Value>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -208,6 +228,25 @@ mod tests {
         assert_eq!(t.flows[9]["host"], "h1.example.com");
         assert_eq!(r.read, CHUNK as u64, "one chunk holds ten lines");
         assert_eq!(t.bytes_read, r.read);
+    }
+
+    #[test]
+    fn reads_on_into_the_rotated_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("flows.jsonl");
+        // Rotated away with nothing written since: everything is in `.1`.
+        std::fs::write(rotated(&p), (0..5).map(|i| flow(i, "a") + "\n").collect::<String>()).unwrap();
+        assert_eq!(tail(&p, 2, None).unwrap().len(), 2);
+        std::fs::write(&p, (5..8).map(|i| flow(i, if i == 6 { "b" } else { "a" }) + "\n").collect::<String>()).unwrap();
+        let hosts = |v: Vec<Value>| hosts(&v);
+        assert_eq!(hosts(tail(&p, 2, None).unwrap()), ["h6.example.com", "h7.example.com"], "the current file first");
+        assert_eq!(
+            hosts(tail(&p, 4, Some("a")).unwrap()),
+            ["h3.example.com", "h4.example.com", "h5.example.com", "h7.example.com"],
+            "then the rotated one, oldest first"
+        );
+        assert_eq!(tail(&p, 100, None).unwrap().len(), 8);
+        assert_eq!(rotated(&p), dir.path().join("flows.jsonl.1"));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 mod engine;
 mod file;
 pub mod flowlog;
+pub mod limits;
 mod preset;
 mod resource;
 mod target;
@@ -26,6 +27,7 @@ pub use file::{
     GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_global_slow, parse_sandbox, save_global,
     save_sandbox,
 };
+pub use limits::{FlowLimits, Limits};
 pub use preset::Preset;
 pub use resource::{Resource, ResourceError, ResourceKind};
 pub use target::{DEFAULT_PORT, Target};
@@ -132,6 +134,12 @@ pub struct Rule {
     /// re-adding the kit replaces exactly these.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kit: Option<String>,
+    /// Body-size limits for flows this (allow) rule lets through, over the
+    /// policy files' ([`limits`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<limits::Size>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<limits::Size>,
 }
 
 impl Rule {
@@ -142,7 +150,23 @@ impl Rule {
         // and nothing orders rules by time.
         let now = time::OffsetDateTime::now_utc();
         let created_at = now.replace_nanosecond(0).unwrap_or(now);
-        Rule { id: uuid::Uuid::new_v4(), decision, kind: RuleType::Network, resource, created_at, source, kit: None }
+        Rule {
+            id: uuid::Uuid::new_v4(),
+            decision,
+            kind: RuleType::Network,
+            resource,
+            created_at,
+            source,
+            kit: None,
+            upload: None,
+            download: None,
+        }
+    }
+
+    /// The limits this rule sets.
+    #[must_use]
+    pub fn limits(&self) -> Limits {
+        Limits { upload: self.upload, download: self.download }
     }
 }
 
@@ -154,15 +178,21 @@ pub const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
 /// sandbox directory's `policy.yaml`.
 pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
     use anyhow::Context as _;
-    let (default, global) = match load_global(&dirs.global_policy())? {
-        Some(f) => (f.default, f.rules),
-        None => (DEFAULT_WITHOUT_FILE, Vec::new()),
+    let (default, global, global_limits) = match load_global(&dirs.global_policy())? {
+        Some(f) => {
+            let limits = f.limits();
+            (f.default, f.rules, limits)
+        }
+        None => (DEFAULT_WITHOUT_FILE, Vec::new(), Limits::default()),
     };
     let mut sandboxes = Vec::new();
+    let mut limits = Vec::new();
     let root = dirs.sandboxes();
     let entries = match std::fs::read_dir(&root) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Engine::build(default, global, sandboxes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Engine::build(default, global, sandboxes)?.with_limits(global_limits, limits));
+        }
         Err(e) => return Err(e).with_context(|| format!("could not list `{}`", root.display())),
     };
     for entry in entries {
@@ -173,8 +203,11 @@ pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
             continue;
         }
         if let Some(f) = load_sandbox(&dirs.sandbox_policy(&name))? {
+            if !f.limits().is_empty() {
+                limits.push((name.clone(), f.limits()));
+            }
             sandboxes.push((name, f.rules));
         }
     }
-    Engine::build(default, global, sandboxes)
+    Ok(Engine::build(default, global, sandboxes)?.with_limits(global_limits, limits))
 }

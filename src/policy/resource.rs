@@ -119,7 +119,7 @@ impl Resource {
     /// Parse a resource; see docs/policy.md for the grammar.
     pub fn parse(s: &str) -> Result<Resource> {
         if s.is_empty() {
-            return Err(err("resource is empty").with_hint("use `**` to match everything"));
+            return Err(err("resource is empty").with_hint("name a host, such as `api.example.com` or `*.example.com`"));
         }
         if s.chars().any(char::is_whitespace) {
             // Almost always `a.com, b.com` or two words where one was meant.

@@ -159,6 +159,8 @@ pub struct Decision {
     /// Set when an internal address (or one of the host's own) was allowed
     /// only by the default: it needs an address rule.
     pub internal: Option<std::net::IpAddr>,
+    /// For an allowed flow: its body-size limits and where each came from.
+    pub limits: Option<crate::policy::FlowLimits>,
 }
 
 impl Decision {
@@ -222,6 +224,7 @@ impl Response {
                 w.rebinding = d.rebinding;
                 w.unresolved = d.unresolved;
                 w.internal = d.internal;
+                w.limits = d.limits;
             }
             Response::Generation(g) => w.generation = Some(*g),
             Response::Modes(m) => w.modes = Some(m.clone()),
@@ -256,6 +259,7 @@ impl Response {
                 rebinding: w.rebinding,
                 unresolved: w.unresolved,
                 internal: w.internal,
+                limits: w.limits,
             })
         } else if let Some(g) = w.generation {
             Response::Generation(g)
@@ -311,6 +315,8 @@ struct Wire {
     unresolved: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     internal: Option<std::net::IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     modes: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -427,6 +433,7 @@ mod tests {
             rebinding: None,
             unresolved: None,
             internal: None,
+            limits: None,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(

@@ -469,6 +469,7 @@ async fn decide(
         rebinding: None,
         unresolved: None,
         internal: None,
+        limits: (d.verdict == Verdict::Allow).then(|| snap.engine.limits(sandbox, &d)),
     };
     out.set_refusal(refusal);
     Response::Decision(out)

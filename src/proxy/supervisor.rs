@@ -42,6 +42,9 @@ const TAIL_IDLE: Duration = Duration::from_millis(250);
 const TAIL_CHUNK: u64 = 1 << 20;
 /// How long mitmdump gets to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// proxy.log is rotated past this size (one older file, `proxy.log.1`, is
+/// kept): a guest decides how much mitmdump logs.
+const PROXY_LOG_MAX: u64 = 16 << 20;
 
 /// `$PPP_DATA/daemon.json`: what `ppp daemon status` reports. Rewritten
 /// atomically on every change.
@@ -180,6 +183,10 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
                         confs.extend(fresh);
                         clientconf::save(dirs, &confs)?;
                         write_wg0s(dirs, &confs, &tail.seen)?;
+                    }
+                    // Not while configs are awaited: the tail must see them.
+                    if record.ready && rotate_log(&log_path, PROXY_LOG_MAX)? {
+                        tail.pos = 0;
                     }
                     if !record.ready && ports.iter().all(|p| tail.seen.contains(p)) {
                         record.ready = true;
@@ -327,6 +334,31 @@ impl Tail {
     }
 }
 
+/// Rotate the log at `path` once it is over `max` bytes: its content moves
+/// to `<path>.1` (replacing the older one) and the file is emptied in
+/// place, because mitmdump keeps writing to it (`O_APPEND`) for as long as it
+/// runs. What mitmdump appends while the content is copied is carried over;
+/// a line written between that and the truncation is lost. Whether it
+/// rotated.
+fn rotate_log(path: &std::path::Path, max: u64) -> Result<bool> {
+    let ctx = || format!("could not rotate `{}`", path.display());
+    if std::fs::metadata(path).with_context(ctx)?.len() <= max {
+        return Ok(false);
+    }
+    let old = crate::policy::flowlog::rotated(path);
+    let mut tmp = old.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let copied = std::fs::copy(path, &tmp).with_context(ctx)?;
+    std::fs::rename(&tmp, &old).with_context(ctx)?;
+    let mut f = OpenOptions::new().read(true).append(true).open(path).with_context(ctx)?;
+    f.seek(SeekFrom::Start(copied)).with_context(ctx)?;
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest).with_context(ctx)?;
+    f.set_len(0).with_context(ctx)?;
+    std::io::Write::write_all(&mut f, &rest).with_context(ctx)?;
+    Ok(true)
+}
+
 /// Render `wg0.conf` for every sandbox that holds a port whose config this
 /// mitmdump printed. The endpoint is the gvproxy host alias, as a Podman
 /// Machine guest sees the host.
@@ -429,4 +461,28 @@ fn now() -> String {
         .unwrap_or_else(|_| time::OffsetDateTime::now_utc())
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_rotates_in_place_past_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.log");
+        // Held open for appending, as mitmdump's stdout is.
+        let mut writer = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut writer, b"one\ntwo\n").unwrap();
+        assert!(!rotate_log(&path, 100).unwrap(), "small enough");
+        std::io::Write::write_all(&mut writer, &b"x".repeat(200)).unwrap();
+        std::io::Write::write_all(&mut writer, b"\n").unwrap();
+        assert!(rotate_log(&path, 100).unwrap());
+        let old = std::fs::read_to_string(dir.path().join("proxy.log.1")).unwrap();
+        assert!(old.starts_with("one\ntwo\nxxx") && old.len() == 209, "{old}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        std::io::Write::write_all(&mut writer, b"after\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n", "the writer goes on at the start");
+        assert!(!dir.path().join("proxy.log.1.tmp").exists());
+    }
 }

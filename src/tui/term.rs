@@ -15,10 +15,18 @@ use std::path::Path;
 use std::sync::{Mutex, Once};
 
 use anyhow::{Context, Result};
+
+use crate::error::fail;
 use ratatui::backend::CrosstermBackend;
 use ratatui::crossterm::cursor::{Hide, Show};
 use ratatui::crossterm::execute;
 use ratatui::crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode};
+
+/// What to do when the terminal never answers the cursor position query:
+/// editors' shell buffers, serial consoles and some web terminals do not.
+const NO_CURSOR_ANSWER_HINT: &str = "run `ppp tui` in a terminal emulator (xterm, GNOME Terminal, iTerm2, tmux); over a \
+                                     slow connection, try again; without the dashboard, `ppp ls` and `ppp policy log` \
+                                     show the same state";
 
 /// The real stderr while it points at the log; taken back by [`restore`].
 /// A static because the panic hook must reach it.
@@ -72,7 +80,20 @@ impl Terminal {
         drop(saved);
         enable_raw_mode().context("could not put the terminal in raw mode")?;
         execute!(stdout(), EnterAlternateScreen, Hide).context("could not switch to the alternate screen")?;
-        self.inner.clear().context("could not clear the terminal")?;
+        // ratatui asks the terminal where its cursor is before clearing
+        // (ESC[6n); crossterm gives up after 2 s without an answer.
+        self.inner.clear().map_err(|e| {
+            let unanswered = e.to_string().contains("cursor position could not be read");
+            let e = anyhow::Error::new(e);
+            if unanswered {
+                e.context(
+                    fail("`ppp tui` cannot draw: the terminal did not answer when asked where its cursor is")
+                        .hint(NO_CURSOR_ANSWER_HINT),
+                )
+            } else {
+                e.context("could not clear the terminal")
+            }
+        })?;
         Ok(())
     }
 }

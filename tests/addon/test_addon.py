@@ -30,7 +30,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from mitmproxy import connection, dns, http
+from mitmproxy import connection, dns, http, tcp, websocket
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import ProxyMode
@@ -64,6 +64,22 @@ def ask(req: dict[str, Any]) -> dict[str, Any]:
                 break
             buf += chunk
     return json.loads(buf)
+
+
+@contextlib.contextmanager
+def red_fox_limits(lines: str) -> Iterator[None]:
+    """red-fox's policy.yaml with top-level limit lines (`upload: 10B`),
+    reloaded into the daemon; the file and policy restored after."""
+    policy = Path(STATE) / "sandboxes" / "red-fox" / "policy.yaml"
+    before = policy.read_text()
+    try:
+        policy.write_text(lines + before)
+        reply = ask({"op": "reload"})
+        assert reply["ok"], reply
+        yield
+    finally:
+        policy.write_text(before)
+        ask({"op": "reload"})
 
 
 @contextlib.contextmanager
@@ -102,6 +118,11 @@ def server(ip: str, port: int) -> connection.Server:
 
 
 SANDBOXES = {51820: "red-fox", 51821: "blue"}
+
+
+def flat(out: bytes | list[bytes]) -> bytes:
+    """What a `stream` function's return sends: bytes, or a list of them."""
+    return out if isinstance(out, bytes) else b"".join(out)
 
 
 def resolved(port: int, name: str, ip: str) -> None:
@@ -297,19 +318,47 @@ class Live(Base):
 
     def test_body_size_limits(self) -> None:
         big = b"x" * (2 * 1024 * 1024)
-        f = self.run_http(http_flow(51820, "www.allowed.test", content=big))
-        self.assertEqual(f.response.status_code, 413)
+        # A declared Content-Length over the limit: 413 at once, and the
+        # connection is closed rather than the body read (it is not small).
         f = http_flow(51820, "www.allowed.test", content=big)
-        del f.request.headers["content-length"]  # chunked: caught once buffered
-        self.assertEqual(self.run_http(f).response.status_code, 413)
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 413)
+        self.assertEqual(f.error.msg, "Connection killed.")
+        # Chunked: streamed and counted; past the limit the rest is dropped
+        # (never an empty chunk, which would end a chunked body) and the
+        # flow is logged as refused.
+        f = http_flow(51820, "www.allowed.test")
+        f.request.headers["transfer-encoding"] = "chunked"
+        self.addon.requestheaders(f)
+        self.assertIsNone(f.response)
+        stream = f.request.stream
+        self.assertTrue(callable(stream))
+        chunk = b"y" * 65536
+        for _ in range(16):
+            self.assertEqual(stream(chunk), chunk)
+        self.assertEqual(stream(b"z"), [])
+        self.assertEqual(stream(chunk), [])
+        self.assertEqual(f.metadata["ppp"]["bytes_out"], 17 * 65536 + 1)
+        self.addon.error(f)
+        row = self.flows()[-1]
+        self.assertEqual((row["status"], row["decision"], row["bytes_out"]), (413, "deny", 17 * 65536 + 1))
+        self.assertIn("exceeds the upload limit of 1MiB", row["reason"])
+        # Responses: no limit by default, streamed and counted.
         f = http_flow(51820, "www.allowed.test")
         self.addon.requestheaders(f)
         self.addon.request(f)
-        f.response = tutils.tresp(content=b"y" * (11 * 1024 * 1024))
+        f.response = tutils.tresp(content=b"")
+        del f.response.headers["content-length"]
         self.addon.responseheaders(f)
+        for _ in range(200):
+            self.assertEqual(f.response.stream(chunk), chunk)
         self.addon.response(f)
-        self.assertEqual(f.response.status_code, 413)
-        # A declared Content-Length over the limit: 413 at once, upstream body discarded as it streams.
+        self.assertEqual((self.flows()[-1]["status"], self.flows()[-1]["bytes_in"]), (200, 200 * 65536))
+        # With a download limit: a declared Content-Length over it is
+        # answered 413 and the upstream body discarded as it streams.
+        limits = red_fox_limits("download: 10MiB\nupload: 10B\n")
+        limits.__enter__()
+        self.addCleanup(limits.__exit__, None, None, None)
         f = http_flow(51820, "www.allowed.test")
         self.addon.requestheaders(f)
         self.addon.request(f)
@@ -318,17 +367,165 @@ class Live(Base):
         self.addon.responseheaders(f)
         self.assertEqual(f.response.status_code, 413)
         self.assertTrue(callable(f.response.stream))
-        self.assertEqual(f.response.stream(b"z" * 65536), b"")
+        self.assertEqual(f.response.stream(b"z" * 65536), [])
         body = f.response.stream(b"")
-        self.assertIn(b"exceeds", body)
+        self.assertIn(b"larger than the download limit of 10MiB (this sandbox's policy)", body)
+        self.assertIn(b"to raise it: ppp policy allow network --sandbox red-fox --download 20MiB www.allowed.test", body)
         self.assertEqual(int(f.response.headers["content-length"]), len(body))
-        self.assertEqual(f.response.stream(b""), b"")
+        self.assertEqual(f.response.stream(b""), [])
         self.addon.response(f)
         self.assertEqual(f.response.status_code, 413)
         self.assertEqual(self.flows()[-1]["status"], 413)
-        self.tctx.configure(self.addon, ppp_max_request_bytes=10)
+        # ... and an undeclared one is cut off once it passes the limit.
+        f = http_flow(51820, "www.allowed.test")
+        self.addon.requestheaders(f)
+        f.response = tutils.tresp(content=b"")
+        del f.response.headers["content-length"]
+        self.addon.responseheaders(f)
+        for _ in range(160):
+            self.assertEqual(f.response.stream(chunk), chunk)
+        self.assertEqual(f.response.stream(chunk), [])
+        self.assertIn("response body exceeds the download limit of 10MiB", f.metadata["ppp"]["aborted"])
         self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413)
         self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200)
+
+    def test_limits_come_from_the_policy_and_keys_lift_the_default_upload_gate(self) -> None:
+        big = b"x" * (2 * 1024 * 1024)
+        # The default upload gate (1 MiB) names itself and the command.
+        f = http_flow(51820, "www.allowed.test", content=big)
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 413)
+        self.assertIn("larger than the upload limit of 1MiB (ppp's default)", f.response.text)
+        self.assertIn("to raise it: ppp policy allow network --sandbox red-fox --upload 2MiB www.allowed.test", f.response.text)
+        # A request that carries an injected key is not gated by default.
+        f = http_flow(51820, "api.anthropic.com", content=big)
+        self.addon.requestheaders(f)
+        self.assertIsNone(f.response)
+        self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+        self.assertEqual(self.addon._limit(f, "upload"), 0)
+        # ... but a limit the policy sets applies to it too.
+        with red_fox_limits("upload: 1MiB\n"):
+            f = http_flow(51820, "api.anthropic.com", content=big)
+            self.addon.requestheaders(f)
+            self.assertEqual(f.response.status_code, 413)
+            self.assertIn("(this sandbox's policy)", f.response.text)
+        # Plain HTTP to the same host carries no key, so the gate applies.
+        f = http_flow(51820, "api.anthropic.com", dport=80, content=big)
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 413)
+
+    def test_a_refused_request_body_is_never_buffered(self) -> None:
+        # Small declared bodies are read, so the guest gets its 403.
+        f = http_flow(51820, "blocked.test", content=b"x" * A.REFUSED_BODY_DRAIN)
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIsNone(f.error)
+        self.assertFalse(f.request.stream)
+        # Anything larger, or of unknown length, closes the connection.
+        f = http_flow(51820, "blocked.test")
+        f.request.headers["content-length"] = str(4 * 1024**3)
+        self.addon.requestheaders(f)
+        self.assertEqual((f.response.status_code, f.error.msg), (403, "Connection killed."))
+        f = http_flow(51820, "blocked.test")
+        f.request.headers["transfer-encoding"] = "chunked"
+        self.addon.requestheaders(f)
+        self.assertEqual((f.response.status_code, f.error.msg), (403, "Connection killed."))
+        # A body-less HTTP/1 request is answered as before.
+        f = http_flow(51820, "blocked.test")
+        f.request.http_version = "HTTP/1.1"
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIsNone(f.error)
+        # Header blocks over the limit get 431 and go nowhere.
+        f = http_flow(51820, "www.allowed.test", headers={"x-big": "h" * A.MAX_HEADER_BYTES})
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 431)
+        self.assertEqual(f.metadata["ppp"]["decision"], "deny")
+
+    def test_caches_are_bounded(self) -> None:
+        self.addon._decisions.maxsize = 50
+        for i in range(120):
+            self.addon.decide("blue", f"n{i}.refused.test", None, 53, "dns")
+        self.assertEqual(len(self.addon._decisions), 50)
+        # The most recent are kept; a hit refreshes an entry.
+        self.assertIn(("blue", "n119.refused.test", None, 53, ""), self.addon._decisions)
+        lru = A.Lru(2)
+        lru["a"], lru["b"] = 1, 2
+        self.assertEqual(lru.get("a"), 1)
+        lru["c"] = 3
+        self.assertEqual(list(lru), ["a", "c"])
+        for cache in (self.addon._secrets, self.addon._denied, self.addon._seen, self.addon._logged, A._IP_MEMO):
+            self.assertIsInstance(cache, A.Lru)
+
+    def test_stream_messages_are_dropped_and_counted(self) -> None:
+        f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.1", 5432))
+        f.messages = []
+        self.addon.tcp_start(f)
+        for i in range(1000):
+            f.messages.append(tcp.TCPMessage(i % 2 == 0, b"m" * 100))
+            self.addon.tcp_message(f)
+            self.assertEqual(f.messages, [])
+        self.addon.tcp_end(f)
+        row = self.flows()[-1]
+        self.assertEqual((row["kind"], row["bytes_out"], row["bytes_in"]), ("tcp", 50000, 50000))
+        f = tflow.twebsocketflow(messages=False)
+        f.client_conn, f.server_conn = client(51820), server("10.9.1.1", 80)
+        f.client_conn.timestamp_tls_setup = None  # ws://, no TLS
+        f.request.authority = ""  # origin-form, as a guest sends it
+        f.request.headers["host"] = "www.allowed.test"
+        resolved(51820, "www.allowed.test", "10.9.1.1")
+        self.addon.requestheaders(f)
+        self.addon.response(f)
+        for i in range(100):
+            f.websocket.messages.append(websocket.WebSocketMessage(2, i % 2 == 0, b"w" * 10))
+            self.addon.websocket_message(f)
+            self.assertEqual(f.websocket.messages, [])
+        self.addon.websocket_end(f)
+        row = self.flows()[-1]
+        self.assertEqual((row["kind"], row["bytes_out"], row["bytes_in"]), ("websocket", 500, 500))
+
+    def test_denials_are_logged_throttled_with_their_real_port(self) -> None:
+        def query(name: str, port: int) -> None:
+            req = tutils.tdnsreq(questions=[dns.Question(name, dns.types.A, dns.classes.IN)])
+            f = tflow.tdnsflow(client_conn=client(51821), server_conn=server("198.51.100.7", port), req=req)
+            self.addon.dns_request(f)
+            self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
+
+        before = len(self.flows())
+        for _ in range(50):
+            query("same.refused.test", 5353)
+        rows = self.flows()[before:]
+        self.assertEqual(len(rows), 1, rows)
+        self.assertEqual((rows[0]["host"], rows[0]["port"]), ("same.refused.test", 5353))
+        for i in range(A.LOG_BUDGET + 100):
+            query(f"d{i}.refused.test", 53)
+        rows = self.flows()[before:]
+        self.assertEqual(len(rows), A.LOG_BUDGET, "one sandbox's denials per window are capped")
+        self.assertEqual((rows[1]["host"], rows[1]["suppressed"]), ("d0.refused.test", 49))
+        saved, A.LOG_WINDOW = A.LOG_WINDOW, 0.0
+        try:
+            query("next.refused.test", 53)
+        finally:
+            A.LOG_WINDOW = saved
+        row = self.flows()[-1]
+        self.assertEqual(row["host"], "next.refused.test")
+        self.assertEqual(row["suppressed"], 100 + 1, "what was not logged is counted")
+
+    def test_flow_log_rotates(self) -> None:
+        path = Path(STATE) / "flows.jsonl"
+        old = Path(str(path) + ".1")
+        saved, A.FLOW_LOG_MAX = A.FLOW_LOG_MAX, 2000
+        try:
+            for i in range(40):
+                self.run_http(http_flow(51820, f"r{i}.allowed.test"))
+            self.assertTrue(old.exists())
+            self.assertLessEqual(path.stat().st_size, 2000 + 400)
+            self.assertLessEqual(old.stat().st_size, 2000 + 400)
+            hosts = [json.loads(x)["host"] for p in (old, path) for x in p.read_text().splitlines()]
+            self.assertEqual(hosts[-1], "r39.allowed.test")
+        finally:
+            A.FLOW_LOG_MAX = saved
+            old.unlink(missing_ok=True)
 
     def test_tls_denial_refuses_upstream_and_requests(self) -> None:
         c = self.tls(51821, "www.allowed.test", "93.184.216.34")
@@ -630,7 +827,7 @@ class Live(Base):
         stream = f.response.stream
         self.assertTrue(callable(stream))
         # The key split over chunk boundaries is still caught.
-        body = b"".join(stream(c) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
+        body = b"".join(flat(stream(c)) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
         self.assertEqual(body, b"aaa " + A.REDACTED + b" bbb")
 
     def test_scrubber_never_loses_or_reorders_bytes(self) -> None:
@@ -644,7 +841,7 @@ class Live(Base):
             cuts = sorted(rnd.sample(range(len(whole) + 1), min(len(whole) + 1, rnd.randint(0, 5))))
             chunks = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
             sc = A.Scrubber([secret])
-            out = b"".join(sc(c) for c in [*chunks, b""])
+            out = b"".join(flat(sc(c)) for c in [*chunks, b""])
             self.assertEqual(out, whole.replace(secret, A.REDACTED), (parts, chunks))
 
     def test_a_tls_denial_names_the_sni_and_a_daemon_failure_suggests_no_rule(self) -> None:

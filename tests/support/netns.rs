@@ -965,3 +965,44 @@ impl Drop for Daemon {
         let _ = self.ppp(&["daemon", "stop"]).output();
     }
 }
+
+/// `VmRSS` and `VmHWM` (peak RSS) of `pid`, in KiB, from `/proc/<pid>/status`.
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("could not read /proc/{pid}/status: {e}"));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Start `pid`'s `VmHWM` over from its current RSS (`5` to `clear_refs`),
+/// so a later `VmHWM` is the peak since now.
+pub fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .unwrap_or_else(|e| panic!("could not reset the peak RSS of {pid}: {e}"));
+}
+
+/// `tests/support/flood.py`: what a hostile guest sends in the flood tests.
+pub fn flood_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/flood.py")
+}
+
+impl Guest {
+    /// Start `argv` in the guest in the background, stdout and stderr piped.
+    pub fn spawn(&self, argv: &[&str]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("`{}` could not start in {}: {e}", argv.join(" "), self.ns))
+    }
+}

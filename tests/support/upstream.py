@@ -4,7 +4,12 @@ Runs inside the test's upstream network namespace, never in the root one.
 HTTP on ADDR:80 and HTTPS on ADDR:443 answer every request with a JSON echo
 of what arrived (method, path, headers, client address, whether TLS was
 used), and append the same JSON as one line to LOG, so a test can also see
-requests whose response never made it back. DNS on ADDR:53 (UDP) answers A
+requests whose response never made it back. A chunked request body is read
+and counted, never kept (`body_bytes`, for the flood tests). Two paths do
+something else: `GET /chunked/<n>` answers n zero bytes, chunked, generated
+as they are sent; `/ws` is a WebSocket server that counts what a client
+sends (binary messages) and answers each text message with
+`{"echo": <text>, "bytes": <binary bytes so far>}`. DNS on ADDR:53 (UDP) answers A
 queries from ZONE, a JSON object {name: ipv4} re-read on every query (so a
 test can change answers), NXDOMAIN for unknown names, and logs each query as
 a JSON line to DNSLOG. READY is created once every socket listens: the
@@ -16,6 +21,8 @@ With several addresses, HTTP and HTTPS listen on each and DNS on the first.
 TCP port 7 on each address echoes every line back (a long-lived stream).
 """
 
+import base64
+import hashlib
 import http.server
 import json
 import socket
@@ -33,9 +40,21 @@ class Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def handle_any(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+        if self.path.startswith("/chunked/"):
+            return self.send_chunked(int(self.path.rsplit("/", 1)[1]))
+        if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
+            return self.websocket()
+        body_bytes = 0
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            body, body_bytes = "", self.read_chunked()
+            if body_bytes is None:
+                return  # the body never ended: nothing arrived
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+            body_bytes = length
         echo = {
+            "body_bytes": body_bytes,
             "method": self.command,
             "path": self.path,
             "headers": {k: v for k, v in self.headers.items()},
@@ -56,8 +75,108 @@ class Echo(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = handle_any
 
+    def read_chunked(self):
+        """Count a chunked body without keeping it; None if it was cut off."""
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            if not line.endswith(b"\n"):
+                return None
+            size = int(line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return total
+            left = size
+            while left:
+                got = self.rfile.read(min(left, 1 << 20))
+                if not got:
+                    return None
+                left -= len(got)
+            total += size
+            if self.rfile.read(2) != b"\r\n":
+                return None
+
+    def send_chunked(self, n):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        block = bytes(256 * 1024)
+        left = n
+        while left:
+            part = block[: min(left, len(block))]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            left -= len(part)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def websocket(self):
+        key = self.headers["Sec-WebSocket-Key"].encode()
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept.decode())
+        self.end_headers()
+        self.wfile.flush()
+        counted = 0
+        while True:
+            frame = ws_read_frame(self.rfile)
+            if frame is None:
+                return
+            opcode, payload_len, payload = frame
+            if opcode == 8:  # close
+                self.wfile.write(b"\x88\x00")
+                self.wfile.flush()
+                return
+            if opcode == 1:
+                reply = json.dumps({"echo": payload.decode(), "bytes": counted}).encode()
+                self.wfile.write(ws_frame(1, reply))
+                self.wfile.flush()
+            elif opcode in (0, 2):
+                counted += payload_len
+
     def log_message(self, fmt, *args):
         sys.stderr.write("%s %s\n" % (self.client_address[0], fmt % args))
+
+
+def ws_read_frame(f):
+    """(opcode, payload length, payload) of one client frame; a binary or
+    continuation payload is skipped, not kept. None at EOF."""
+    head = f.read(2)
+    if len(head) < 2:
+        return None
+    opcode, n = head[0] & 0x0F, head[1] & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", f.read(2))[0]
+    elif n == 127:
+        n = struct.unpack(">Q", f.read(8))[0]
+    mask = f.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+    if opcode in (0, 2):
+        left = n
+        while left:
+            got = f.read(min(left, 1 << 20))
+            if not got:
+                return None
+            left -= len(got)
+        return opcode, n, b""
+    data = f.read(n)
+    return opcode, n, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+def ws_frame(opcode, payload, mask=None):
+    """One final frame; masked (as a client must) when `mask` is given."""
+    n = len(payload)
+    if n < 126:
+        head = bytes([0x80 | opcode, n | (0x80 if mask else 0)])
+    elif n < 1 << 16:
+        head = bytes([0x80 | opcode, 126 | (0x80 if mask else 0)]) + struct.pack(">H", n)
+    else:
+        head = bytes([0x80 | opcode, 127 | (0x80 if mask else 0)]) + struct.pack(">Q", n)
+    if not mask:
+        return head + payload
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 def dns_answer(query):

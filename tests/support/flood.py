@@ -1,0 +1,136 @@
+"""What a hostile guest sends, for the flood tests in tests/e2e_daemon.rs.
+
+Runs inside a guest network namespace (through its WireGuard tunnel), with
+the test venv's python; prints one JSON object on stdout.
+
+usage:
+  flood.py ws IP HOST TOTAL MSG      WebSocket to IP:80 /ws with Host HOST:
+                                     TOTAL bytes in binary messages of MSG
+                                     bytes, then a text message; prints the
+                                     server's answer to it
+  flood.py headers IP HOST SIZE N    N HTTP/1.1 requests to IP:80, each with
+                                     one SIZE-byte header; prints what came
+                                     back for each (status line or "closed")
+  flood.py dns IP PORT PREFIX N      N DNS A queries over UDP to IP:PORT for
+                                     distinct names PREFIX<i>.flood.test
+"""
+
+import base64
+import json
+import os
+import select
+import socket
+import struct
+import sys
+import time
+
+
+def ws(ip, host, total, msg):
+    s = socket.create_connection((ip, 80), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        got = s.recv(4096)
+        if not got:
+            raise SystemExit(f"no handshake: {head!r}")
+        head += got
+    if not head.startswith(b"HTTP/1.1 101"):
+        raise SystemExit(f"no upgrade: {head!r}")
+    # A zero mask key leaves the payload as it is: no per-byte work here.
+    frame = struct.pack(">BBQ", 0x82, 0x80 | 127, msg) + b"\0\0\0\0" + bytes(msg)
+    sent = 0
+    while sent < total:
+        s.sendall(frame)
+        sent += msg
+    text = b"done"
+    s.sendall(bytes([0x81, 0x80 | len(text)]) + b"\0\0\0\0" + text)
+    buf = head.split(b"\r\n\r\n", 1)[1]
+    while len(buf) < 2 or len(buf) < 2 + (buf[1] & 0x7F):
+        got = s.recv(65536)
+        if not got:
+            raise SystemExit(f"closed before the answer: {buf!r}")
+        buf += got
+    reply = json.loads(buf[2 : 2 + (buf[1] & 0x7F)])
+    return {"sent": sent, "reply": reply}
+
+
+def headers(ip, host, size, n):
+    results = []
+    for i in range(n):
+        s = socket.create_connection((ip, 80), timeout=30)
+        s.setblocking(False)
+        req = memoryview(f"GET /big-headers-{i} HTTP/1.1\r\nHost: {host}\r\nX-Big: ".encode() + b"h" * size + b"\r\n\r\n")
+        got = b""
+        # Send while reading: the proxy may answer and close long before it
+        # read everything (its userspace TCP then stops reading, it does
+        # not reset), so a blocking send would wait forever.
+        while b"\r\n" not in got:
+            readable, writable, _ = select.select([s], [s] if req else [], [], 10)
+            if not readable and not writable:
+                break  # stalled: nothing more is read or answered
+            if readable:
+                try:
+                    part = s.recv(4096)
+                except OSError:
+                    break
+                if not part:
+                    break
+                got += part
+            elif writable:
+                try:
+                    req = req[s.send(req[: 1 << 16]) :]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    req = req[:0]
+        results.append(got.split(b"\r\n", 1)[0].decode("latin-1") if got else "closed")
+        s.close()
+    return {"results": results}
+
+
+def dns(ip, port, prefix, n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setblocking(False)
+    sent = 0
+    for i in range(n):
+        name = f"{prefix}{i}.flood.test"
+        q = struct.pack(">HHHHHH", i & 0xFFFF, 0x0100, 1, 0, 0, 0)
+        q += b"".join(bytes([len(label)]) + label.encode() for label in name.split(".")) + b"\0"
+        q += struct.pack(">HH", 1, 1)
+        while True:
+            try:
+                s.sendto(q, (ip, port))
+                break
+            except BlockingIOError:
+                time.sleep(0.001)
+        sent += 1
+        try:
+            while True:
+                s.recv(4096)  # drain answers, not needed
+        except BlockingIOError:
+            pass
+        if i % 200 == 199:
+            time.sleep(0.05)  # ~4,000 a second: a flood, not a tunnel overrun
+    return {"sent": sent}
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "ws":
+        out = ws(args[0], args[1], int(args[2]), int(args[3]))
+    elif cmd == "headers":
+        out = headers(args[0], args[1], int(args[2]), int(args[3]))
+    elif cmd == "dns":
+        out = dns(args[0], int(args[1]), args[2], int(args[3]))
+    else:
+        raise SystemExit(__doc__)
+    print(json.dumps(out))
+
+
+main()
