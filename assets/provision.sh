@@ -5,8 +5,7 @@
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh up \
 #       --wg-conf /tmp/ppp/wg0.conf --image IMAGE_REF
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh verify \
-#       [--denied-url URL --denied-connect-to HOST:PORT:IP:PORT] \
-#       --salt SALT --digests HEX1,HEX2,...
+#       [--denied-url URL --denied-connect-to HOST:PORT:IP:PORT] --salt SALT
 #
 # `up` makes all egress leave through the WireGuard tunnel to the host's
 # mitmdump, and nothing else: it is idempotent and runs on every boot. It
@@ -15,7 +14,9 @@
 #
 # `verify` prints exactly one line per check, `ok <check>`,
 # `fail <check>: <reason>` or (policy-denies only) `skip <check>: <reason>`,
-# and exits 1 if any check failed. See docs/provisioning.md.
+# then the guest's environment as salted digests (`env …` lines and one
+# `env-end <n>`), which the host compares with its secrets; it exits 1 if
+# any check failed. See docs/provisioning.md.
 #
 # Exit codes: 0 success, 1 failure, 2 usage error.
 set -Eeuo pipefail
@@ -53,7 +54,7 @@ usage() {
   cat >&2 <<'EOF'
 usage: provision.sh up --wg-conf PATH --image IMAGE_REF
        provision.sh verify [--denied-url URL [--denied-connect-to HOST:PORT:IP:PORT]]
-                           --salt SALT --digests HEX1,HEX2,...
+                           --salt SALT
 EOF
   exit "${1:-2}"
 }
@@ -553,23 +554,18 @@ check_ca_trusted() {
   fi
 }
 
-# No process has an environment value whose salted digest ppp sent: values
-# never leave this function, only pid and variable name are reported. One
-# temp file per distinct value (builtin writes, no fork), one sha256sum.
-check_no_secret_in_env() {
-  local salt=$1 digests=$2 dir d kv name value n=0 hash path
-  local -A want=() index_of=() where=()
-  local -a hits=()
-  IFS=, read -r -a list <<<"$digests"
-  for d in "${list[@]}"; do
-    d=${d//[[:space:]]/}
-    [ -z "$d" ] || want[${d,,}]=1
-  done
-  if [ ${#want[@]} -eq 0 ]; then
-    # No secrets stored on the host: nothing can leak.
-    check_ok no-secret-in-env
-    return
-  fi
+# Report every process's environment as salted digests, for the host to
+# compare against its secrets: the host sends only the salt it picked, so
+# nothing derived from a secret ever enters the guest (issue 11 point 6).
+# One line per distinct value, `env <sha256(salt || value)> <where>`, where
+# <where> names at most ENV_WHERE_MAX `pid <pid> variable <name>` places
+# (never the value), then `env-end <count>` so the host can tell a report
+# that was cut short. One temp file per distinct value (builtin writes, no
+# fork), one sha256sum.
+readonly ENV_WHERE_MAX=4
+report_env() {
+  local salt=$1 dir kv name value n=0 hash path i
+  local -A index_of=() where=() count=()
   dir=$VERIFY_TMP/env
   mkdir "$dir"
   local p pid
@@ -581,45 +577,43 @@ check_no_secret_in_env() {
       name=${kv%%=*}
       value=${kv#*=}
       [ -n "$value" ] || continue
+      # Names are printed: keep them to what a variable name may hold.
+      [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]{0,127}$ ]] || name='<unprintable>'
       if [ -z "${index_of[$value]+x}" ]; then
         n=$((n + 1))
         index_of[$value]=$n
         printf '%s%s' "$salt" "$value" >"$dir/$n"
       fi
-      where[${index_of[$value]}]+="pid $pid variable $name;"
+      i=${index_of[$value]}
+      count[$i]=$((${count[$i]:-0} + 1))
+      if [ "${count[$i]}" -le "$ENV_WHERE_MAX" ]; then
+        where[$i]+="pid $pid variable $name, "
+      fi
     done 2>/dev/null <"$p/environ" || true
   done
   if [ "$n" -gt 0 ]; then
     while read -r hash path; do
-      if [ -n "${want[$hash]+x}" ]; then
-        hits+=("${where[${path##*/}]}")
-      fi
+      i=${path##*/}
+      local more=''
+      [ "${count[$i]}" -le "$ENV_WHERE_MAX" ] || more=" and $((count[$i] - ENV_WHERE_MAX)) more"
+      printf 'env %s %s%s\n' "$hash" "${where[$i]%, }" "$more"
     done < <(cd "$dir" && find . -maxdepth 1 -type f -print0 | xargs -0 -r sha256sum --)
   fi
   rm -rf -- "$dir"
-  if [ ${#hits[@]} -eq 0 ]; then
-    check_ok no-secret-in-env
-  else
-    local msg
-    msg=$(printf '%s' "${hits[@]}")
-    msg=${msg//;/, }
-    check_fail no-secret-in-env "a secret value is in the environment of ${msg%, }"
-  fi
+  printf 'env-end %s\n' "$n"
 }
 
 cmd_verify() {
-  local denied_url='' denied_connect_to='' salt='' digests='' have_salt=0 have_digests=0
+  local denied_url='' denied_connect_to='' salt=''
   while [ $# -gt 0 ]; do
     case $1 in
       --denied-url) [ $# -ge 2 ] || usage_error "--denied-url needs a value"; denied_url=$2; shift 2 ;;
       --denied-connect-to) [ $# -ge 2 ] || usage_error "--denied-connect-to needs a value"; denied_connect_to=$2; shift 2 ;;
-      --salt) [ $# -ge 2 ] || usage_error "--salt needs a value"; salt=$2; have_salt=1; shift 2 ;;
-      --digests) [ $# -ge 2 ] || usage_error "--digests needs a value"; digests=$2; have_digests=1; shift 2 ;;
+      --salt) [ $# -ge 2 ] || usage_error "--salt needs a value"; salt=$2; shift 2 ;;
       *) usage_error "unknown argument to verify: $1" ;;
     esac
   done
-  [ "$have_salt" = 1 ] || usage_error "verify needs --salt"
-  [ "$have_digests" = 1 ] || usage_error "verify needs --digests"
+  [[ $salt =~ ^[0-9a-f]{16,64}$ ]] || usage_error "verify needs --salt with 16 to 64 lowercase hex digits"
   if [ -n "$denied_connect_to" ] && [ -z "$denied_url" ]; then
     usage_error "--denied-connect-to needs --denied-url"
   fi
@@ -651,16 +645,17 @@ cmd_verify() {
   pids+=($!)
   check_ca_trusted >"$VERIFY_TMP/out.4" 2>/dev/null &
   pids+=($!)
-  check_no_secret_in_env "$salt" "$digests" >"$VERIFY_TMP/out.5" 2>/dev/null &
+  report_env "$salt" >"$VERIFY_TMP/out.5" 2>/dev/null &
   pids+=($!)
   wait "${pids[@]}"
-  local i line names=(handshake no-direct-egress policy-denies ca-trusted no-secret-in-env)
-  for i in 1 2 3 4 5; do
+  local i line names=(handshake no-direct-egress policy-denies ca-trusted)
+  for i in 1 2 3 4; do
     line=$(head -n1 "$VERIFY_TMP/out.$i")
     [ -n "$line" ] || line="fail ${names[$((i - 1))]}: the check produced no result"
     printf '%s\n' "$line"
     [[ $line != fail\ * ]] || FAILED=1
   done
+  cat -- "$VERIFY_TMP/out.5"
   exit "$FAILED"
 }
 

@@ -200,6 +200,79 @@ fn failures_leave_nothing_half_made() {
     nothing_left(&env);
 }
 
+/// Every call the fake podman recorded, argv and any file fed on stdin,
+/// as one text per call.
+fn recorded_calls(env: &Env) -> Vec<String> {
+    std::fs::read_to_string(env.root().join("fake/calls.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let argv: Vec<&str> = v["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+            format!("{}\n{}", argv.join(" "), v["stdin"].as_str().unwrap_or(""))
+        })
+        .collect()
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("{:x}", sha2::Sha256::digest(data))
+}
+
+/// Issue 11 point 6, as the attack: root in the guest reads every argv and
+/// stdin ppp sends in (the process list, a wrapped `sudo`). Through create
+/// and run, none of it holds a stored secret or a digest of one under any
+/// salt ppp sent; yet a guest process that does hold the real key is caught
+/// by the handover check, which the host decides.
+#[test]
+fn nothing_derived_from_a_secret_enters_the_guest() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    let other = "sk-other-sandbox-0123456789abcdef";
+    env.ok(&["secret", "set", "--sandbox", "blue", "openai", "-t", other]);
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+
+    let calls = recorded_calls(&env);
+    let salts: Vec<String> = calls
+        .iter()
+        .flat_map(|c| {
+            let words: Vec<&str> = c.split_whitespace().collect();
+            words.windows(2).filter(|w| w[0] == "--salt").map(|w| w[1].to_owned()).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(salts.len(), 2, "one verify per create and per run: {calls:#?}");
+    for secret in [KEY, other] {
+        for call in &calls {
+            assert!(!call.contains(secret), "a secret went into the guest: {call}");
+            for salt in &salts {
+                let digest = sha256_hex(format!("{salt}{secret}").as_bytes());
+                assert!(!call.contains(&digest), "a salted digest of a secret went into the guest: {call}");
+            }
+        }
+    }
+
+    // A process in the VM whose environment holds the real key (read from
+    // a file ppp never sees, so the test itself puts no key in an argv).
+    std::fs::write(env.root().join("ws/key.txt"), KEY).unwrap();
+    let key_file = env.root().join("ws/key.txt").display().to_string();
+    env.ok(&[
+        "exec",
+        "red",
+        "--",
+        "sh",
+        "-c",
+        &format!("ANTHROPIC_API_KEY=$(cat {key_file}) nohup sleep 600 >/dev/null 2>&1 &"),
+    ]);
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(err.contains("failed its handover checks: check `no-secret-in-env` failed"), "{err}");
+    assert!(err.contains("variable ANTHROPIC_API_KEY"), "{err}");
+    assert!(!err.contains(KEY), "the value is never printed: {err}");
+}
+
 #[test]
 fn one_running_machine_at_a_time_where_podman_says_so() {
     let env = Env::new("qemu");

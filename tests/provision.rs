@@ -231,6 +231,11 @@ fn deliver(vm: &Vm, wg0: &str) {
     vm.put("/tmp/ppp-bin/podman", PODMAN_STUB.as_bytes(), 0o755);
 }
 
+/// `verify`'s check lines, without the environment report.
+fn check_lines(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| !l.starts_with("env ") && !l.starts_with("env-end ")).collect()
+}
+
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
@@ -367,10 +372,11 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(code, "403", "{body}");
     assert!(body.contains("ppp policy allow network --sandbox vm1 denied.test"), "{body}");
 
-    // verify: all five ok.
-    let salt = "c2FsdC1mb3ItdGhlLXRlc3Q";
+    // verify: the guest's four checks ok, then its environment as digests
+    // salted with what the host sent (the host compares; ADR 0018).
+    let salt = "5a175a175a175a175a175a175a175a17".to_owned();
     let secret = "sk-ant-provision-SECRET-0123456789";
-    let digests = format!("{},{}", sha256_hex(format!("{salt}{secret}").as_bytes()), "ab".repeat(32));
+    let leaked = sha256_hex(format!("{salt}{secret}").as_bytes());
     let verify_args = [
         "verify",
         "--denied-url",
@@ -378,9 +384,7 @@ fn provision_up_verify_and_the_kill_switch() {
         "--denied-connect-to",
         &format!("denied.test:80:{DENIED_IP}:80"),
         "--salt",
-        salt,
-        "--digests",
-        &digests,
+        &salt,
     ];
     let t = Instant::now();
     let out = vm.provision(&verify_args);
@@ -388,22 +392,21 @@ fn provision_up_verify_and_the_kill_switch() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "verify: {}", describe(&out));
     assert_eq!(
-        stdout.lines().collect::<Vec<_>>(),
-        ["ok handshake", "ok no-direct-egress", "ok policy-denies", "ok ca-trusted", "ok no-secret-in-env"],
+        check_lines(&stdout),
+        ["ok handshake", "ok no-direct-egress", "ok policy-denies", "ok ca-trusted"],
         "{}",
         describe(&out)
     );
-    // No secrets stored on the host: ppp sends an empty list, which passes.
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", ""]);
-    assert!(out.status.success(), "{}", describe(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok no-secret-in-env\n"), "{}", describe(&out));
+    let report = ppp::sandbox::lifecycle::parse_env_report(&stdout);
+    assert!(report.complete && !report.digests.is_empty(), "{stdout}");
+    assert!(!report.digests.iter().any(|(d, _)| *d == leaked), "no process holds the secret yet");
     // Without --denied-url policy-denies is skipped, nothing else changes.
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
+    let out = vm.provision(&["verify", "--salt", &salt]);
     assert!(out.status.success(), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("skip policy-denies: "), "{}", describe(&out));
 
-    // A process in the guest holding the secret fails verify, which names
-    // the pid and the variable, never the value.
+    // A process in the guest holding the secret shows up in the report,
+    // named by pid and variable, never by value.
     let pid = vm.pid.to_string();
     let mut leak = Command::new("nsenter")
         .args(["-t", &pid, "-n", "-m", "-p", "--", "env", "-i", &format!("LEAKY_TOKEN={secret}"), "sleep", "600"])
@@ -415,14 +418,17 @@ fn provision_up_verify_and_the_kill_switch() {
     });
     let out = vm.provision(&verify_args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(!out.status.success(), "{}", describe(&out));
-    let line = stdout.lines().find(|l| l.starts_with("fail no-secret-in-env: ")).unwrap_or_else(|| panic!("{stdout}"));
-    assert!(line.contains("variable LEAKY_TOKEN") && line.contains("pid "), "{line}");
+    assert!(out.status.success(), "the guest does not judge its own env: {}", describe(&out));
+    let report = ppp::sandbox::lifecycle::parse_env_report(&stdout);
+    let (_, place) = report.digests.iter().find(|(d, _)| *d == leaked).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(place.contains("variable LEAKY_TOKEN") && place.contains("pid "), "{place}");
+    let secrets = [leaked.clone()].into();
+    let check = ppp::sandbox::lifecycle::env_check(&report, &secrets);
+    assert_eq!(check.outcome, ppp::sandbox::lifecycle::Outcome::Fail, "{check}");
     assert!(!text(&out).contains(secret), "the value is never printed: {}", describe(&out));
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 4, "{stdout}");
     // nsenter forked the process into the guest's pid namespace: kill it
-    // there, by the pid verify named.
-    let guest_pid = line.split("pid ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
+    // there, by the pid the report named.
+    let guest_pid = place.split("pid ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
     vm.ok(&["kill", "-KILL", &guest_pid]);
     let _ = leak.wait();
 
@@ -437,7 +443,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(code, "200", "the direct path works without the kill switch: {body}");
     let direct = rig.upstream.requests().into_iter().find(|r| r["path"] == "/direct").unwrap();
     assert!(direct["client"].as_str().unwrap().starts_with(GUEST_IP), "{direct}");
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
+    let out = vm.provision(&["verify", "--salt", &salt]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("fail no-direct-egress: nftables table inet ppp"),
@@ -454,7 +460,7 @@ fn provision_up_verify_and_the_kill_switch() {
     // verify's probes look at behaviour, not only at the table: a table that
     // exists but lets everything out fails.
     vm.ok(&["nft", "insert", "rule", "inet", "ppp", "output", "accept"]);
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
+    let out = vm.provision(&["verify", "--salt", &salt]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(!out.status.success(), "{}", describe(&out));
     assert!(
@@ -484,7 +490,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert!(!out.status.success());
     assert!(stdout.lines().any(|l| l.starts_with("fail handshake: ")), "{}", describe(&out));
     assert!(stdout.lines().any(|l| l == "ok no-direct-egress"), "{}", describe(&out));
-    assert_eq!(stdout.lines().count(), 5, "one line per check: {stdout}");
+    assert_eq!(check_lines(&stdout).len(), 4, "one line per check: {stdout}");
 
     eprintln!("verify without wg0 done: {:?}", start.elapsed());
     // Provisioning again brings it all back (what ppp does when wg0 is not up).
@@ -522,7 +528,8 @@ fn provision_refuses_bad_configs_and_bad_usage() {
 
     for bad in [
         &["up", "--wg-conf", "/tmp/ppp/wg0.conf"][..],
-        &["verify", "--salt", "x"][..],
+        &["verify"][..],
+        &["verify", "--salt", "not-hex"][..],
         &["frobnicate"][..],
         &["up", "--image", "x", "--wg-conf"][..],
     ] {

@@ -164,7 +164,7 @@ pub fn machine_name(name: &str) -> String {
 /// where provisioning reaches `mitm.it`; `dns_resolver.py` and
 /// `next_layer.py` single it out) and the broadcast address. mitmproxy's
 /// own end of the tunnel has no 10.0.0.x address: its smoltcp interface
-/// answers any IP (`set_any_ip`, mitmproxy_rs `network/tcp.rs`).
+/// answers any IP (`set_any_ip`, `mitmproxy_rs`'s `network/tcp.rs`).
 pub const TUNNEL_ADDRESSES: [Ipv4Addr; 4] =
     [Ipv4Addr::new(10, 0, 0, 0), Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 53), Ipv4Addr::new(10, 0, 0, 255)];
 
@@ -315,7 +315,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let d = dirs(tmp.path());
         let mut seen = std::collections::BTreeSet::new();
-        for i in 0..(POOL_END - POOL_START + 1) {
+        for i in 0..=(POOL_END - POOL_START) {
             let port = with_registry(&d, |r| r.allocate(&format!("s{i}"))).unwrap();
             let ip = inner_ip(port);
             assert!(!TUNNEL_ADDRESSES.contains(&ip), "port {port} got the tunnel's own {ip}");
