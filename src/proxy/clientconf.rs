@@ -325,7 +325,7 @@ mod tests {
         insta::assert_snapshot!(text, @r"
         [Interface]
         PrivateKey = AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=
-        Address = 10.0.0.3/32
+        Address = 10.0.0.4/32
         Table = off
 
         [Peer]
