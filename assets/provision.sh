@@ -3,7 +3,7 @@
 # production; Debian/Ubuntu work too) as root, through
 #
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh up \
-#       --wg-conf /tmp/ppp/wg0.conf --image IMAGE_REF
+#       --wg-conf - --image IMAGE_REF  < wg0.conf
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh verify \
 #       [--denied-url URL --denied-connect-to HOST:PORT:IP:PORT] --salt SALT
 #
@@ -25,7 +25,13 @@ export LC_ALL=C
 PATH=${PATH:-/usr/bin:/bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 readonly WG_IF=wg0
-readonly WG_CONF=/etc/wireguard/wg0.conf
+# The tunnel's config, with the guest's private key, lives on tmpfs only:
+# no reboot, disk copy or template carries it, and a machine booted
+# without ppp has no tunnel until ppp pushes the config again (ADR 0018).
+readonly RUN_DIR=/run/ppp
+readonly WG_CONF=$RUN_DIR/wg0.conf
+# Where ppp before ADR 0018 kept it (on disk); removed on sight.
+readonly LEGACY_WG_CONFS=(/etc/wireguard/wg0.conf /tmp/ppp/wg0.conf)
 readonly NFT_TABLE=ppp
 readonly STATE_DIR=/var/lib/ppp
 readonly MARKER=$STATE_DIR/.provisioned
@@ -52,7 +58,7 @@ say() { printf 'ppp-provision: %s\n' "$*"; }
 # The usage text on stderr, then exit ${1:-2}.
 usage() {
   cat >&2 <<'EOF'
-usage: provision.sh up --wg-conf PATH --image IMAGE_REF
+usage: provision.sh up --wg-conf PATH|- --image IMAGE_REF
        provision.sh verify [--denied-url URL [--denied-connect-to HOST:PORT:IP:PORT]]
                            --salt SALT
 EOF
@@ -315,26 +321,43 @@ cmd_up() {
     die "no wireguard kernel module and no wireguard-go on PATH"
   fi
 
-  # 2. wg0.conf: checked, never edited, installed 0600 (umask, not chmod).
+  # 2. wg0.conf: read (from stdin with `-`, how ppp sends it, so no copy
+  # is staged anywhere), checked, never edited, installed 0600 (umask, not
+  # chmod) on tmpfs.
   step 2 "install $WG_CONF"
-  [ -r "$wg_conf" ] || die "cannot read $wg_conf"
-  local table
-  table=$(conf_value "$wg_conf" Table) || table=
-  [ "${table,,}" = off ] || die "$wg_conf lacks 'Table = off' (wg-quick would route the tunnel's own packets into itself)"
-  if conf_value "$wg_conf" DNS >/dev/null; then
-    die "$wg_conf has a 'DNS =' line; refusing it (wg-quick would run resolvconf, which breaks on FCOS; DNS is set by this script)"
-  fi
-  parse_endpoint "$wg_conf" || die "$wg_conf has no 'Endpoint = <IPv4>:<port>' line"
-  conf_value "$wg_conf" PrivateKey >/dev/null || die "$wg_conf has no PrivateKey"
-  say "endpoint $EP_IP:$EP_PORT"
-  mkdir -p /etc/wireguard "$STATE_DIR"
-  chmod 0700 /etc/wireguard
+  mkdir -p "$RUN_DIR" "$STATE_DIR"
+  chmod 0700 "$RUN_DIR"
   chmod 0755 "$STATE_DIR"
-  # umask 077 (set at the top): the copy is 0600 from its creation, and the
-  # rename makes it appear whole.
-  cp -- "$wg_conf" /etc/wireguard/.wg0.conf.ppp-tmp
-  mv -f -- /etc/wireguard/.wg0.conf.ppp-tmp "$WG_CONF"
-  relabel "$WG_CONF"
+  local staged=$RUN_DIR/.wg0.conf.ppp-tmp what=$wg_conf
+  if [ "$wg_conf" = - ]; then
+    what='the WireGuard config on stdin'
+    cat >"$staged"
+  else
+    [ -r "$wg_conf" ] || die "cannot read $wg_conf"
+    cat -- "$wg_conf" >"$staged"
+  fi
+  local table
+  table=$(conf_value "$staged" Table) || table=
+  if [ "${table,,}" != off ]; then
+    rm -f -- "$staged"
+    die "$what lacks 'Table = off' (wg-quick would route the tunnel's own packets into itself)"
+  fi
+  if conf_value "$staged" DNS >/dev/null; then
+    rm -f -- "$staged"
+    die "$what has a 'DNS =' line; refusing it (wg-quick would run resolvconf, which breaks on FCOS; DNS is set by this script)"
+  fi
+  if ! parse_endpoint "$staged"; then
+    rm -f -- "$staged"
+    die "$what has no 'Endpoint = <IPv4>:<port>' line"
+  fi
+  if ! conf_value "$staged" PrivateKey >/dev/null; then
+    rm -f -- "$staged"
+    die "$what has no PrivateKey"
+  fi
+  say "endpoint $EP_IP:$EP_PORT"
+  mv -f -- "$staged" "$WG_CONF"
+  # An older ppp kept the key on disk; a template or a reboot would carry it.
+  rm -f -- "${LEGACY_WG_CONFS[@]}"
 
   # 3. The off-tunnel route to the endpoint (longest prefix wins over the
   # default via wg0).
@@ -354,9 +377,9 @@ cmd_up() {
   step 5 "tunnel $WG_IF"
   if ip link show dev "$WG_IF" >/dev/null 2>&1; then
     say "taking down the previous $WG_IF"
-    wg_quick down "$WG_IF" >/dev/null 2>&1 || ip link del dev "$WG_IF"
+    ip link del dev "$WG_IF"
   fi
-  wg_quick up "$WG_IF" || die "wg-quick up $WG_IF failed"
+  wg_quick up "$WG_CONF" || die "wg-quick up $WG_CONF failed"
   ip route replace default dev "$WG_IF" quickack 1
   wait_handshake 10 0 || die "no WireGuard handshake with $EP_IP:$EP_PORT within 10 s"
   say "handshake with $EP_IP:$EP_PORT"

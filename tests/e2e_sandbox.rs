@@ -273,6 +273,107 @@ fn nothing_derived_from_a_secret_enters_the_guest() {
     assert!(!err.contains(KEY), "the value is never printed: {err}");
 }
 
+/// A WireGuard peer made from `wg0` (a guest config ppp rendered), with its
+/// endpoint replaced by `endpoint` when given, that keeps sending
+/// keepalives: whether its server answers with a handshake within 6 s.
+/// `run` runs the probe script as root somewhere (a VM, a namespace).
+const WG_PROBE: &str = r#"set -e
+ip link del wgp 2>/dev/null || true
+ip link add wgp type wireguard 2>/dev/null || wireguard-go wgp >/dev/null 2>&1
+printf '%s' "$1" > /run/wireguard/wgp.key
+wg set wgp private-key /run/wireguard/wgp.key peer "$2" endpoint "$3" allowed-ips 10.0.0.53/32 persistent-keepalive 1
+ip link set wgp up
+i=0
+while [ $i -lt 30 ]; do
+  hs=$(wg show wgp latest-handshakes | awk '{print $2}')
+  if [ "${hs:-0}" != 0 ]; then echo HANDSHAKE; break; fi
+  sleep 0.2
+  i=$((i + 1))
+done
+ip link del wgp
+rm -f /run/wireguard/wgp.key
+"#;
+
+fn wg0_field<'a>(wg0: &'a str, key: &str) -> &'a str {
+    wg0.lines().find_map(|l| l.strip_prefix(&format!("{key} = "))).unwrap_or_else(|| panic!("{key} in {wg0}"))
+}
+
+/// The probe's arguments for `wg0`: private key, server key, endpoint.
+fn probe_args(wg0: &str, endpoint: Option<&str>) -> [String; 3] {
+    [
+        wg0_field(wg0, "PrivateKey").to_owned(),
+        wg0_field(wg0, "PublicKey").to_owned(),
+        endpoint.map_or_else(|| wg0_field(wg0, "Endpoint").to_owned(), ToOwned::to_owned),
+    ]
+}
+
+/// Root in sandbox `vm` runs the probe next to its own tunnel.
+fn handshakes_from_vm(env: &Env, vm: &str, wg0: &str) -> bool {
+    let [key, server, endpoint] = probe_args(wg0, None);
+    let out = env.ok(&["exec", vm, "--", "sudo", "sh", "-c", WG_PROBE, "sh", &key, &server, &endpoint]);
+    out.contains("HANDSHAKE")
+}
+
+/// Issue 11 point 5, as the attack: a sandbox's WireGuard identity cannot
+/// be reused. After `ppp rm red`, red's `wg0.conf` (which root in red had)
+/// gets no handshake from the server of the port's next owner; the next
+/// owner's own valid config gets none from a LAN address of the host
+/// (the servers listen only on loopback, where gvproxy delivers); and no
+/// copy of the key was ever on the machine's disk.
+#[test]
+fn a_sandbox_identity_cannot_be_reused() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["policy", "allow", "network", "--sandbox", "blue", "echo.test,api.anthropic.com,198.18.0.10"]);
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let red = std::fs::read_to_string(env.dirs().sandbox_wg_conf("red")).unwrap();
+    // The key is on tmpfs in the VM only: nothing in the machine's state
+    // (overlays, /tmp, /home, /var/lib/ppp; its "disk") holds it.
+    let disk = Command::new("grep")
+        .args(["-rlF", wg0_field(&red, "PrivateKey")])
+        .arg(env.root().join("fake/machines/ppp-red"))
+        .output()
+        .unwrap();
+    assert_eq!(disk.status.code(), Some(1), "the key is on the machine's disk: {}", describe(&disk));
+    env.ok(&["rm", "-f", "red"]);
+
+    env.ok(&["create", "--name", "blue", "opencode", &env.ws()]);
+    assert_eq!(env.ls()[0]["port"], 51820, "blue has red's old port");
+    let blue = std::fs::read_to_string(env.dirs().sandbox_wg_conf("blue")).unwrap();
+    assert_ne!(wg0_field(&blue, "PrivateKey"), wg0_field(&red, "PrivateKey"), "a new claim, new keys");
+    assert_ne!(wg0_field(&blue, "PublicKey"), wg0_field(&red, "PublicKey"), "and a new server key");
+    // The control: the probe with blue's own config handshakes.
+    assert!(handshakes_from_vm(&env, "blue", &blue), "the probe works");
+    // The attack: red's old config against the port's new server.
+    assert!(!handshakes_from_vm(&env, "blue", &red), "red's old keys still open port 51820");
+
+    // From the LAN: blue's valid config, sent to the host's address on the
+    // link the upstream namespace shares with it.
+    std::fs::create_dir_all("/run/wireguard").unwrap();
+    let [key, server, _] = probe_args(&blue, None);
+    let endpoint = format!("{}:51820", netns::HOST_UPSTREAM_IP);
+    let out = env.topo.exec(
+        &env.topo.upstream_ns(),
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs wgp /run/wireguard && sh -c \"$0\" sh \"$@\"",
+            WG_PROBE,
+            &key,
+            &server,
+            &endpoint,
+        ],
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("HANDSHAKE"), "a server answered on {endpoint}");
+    // blue itself is untouched by all this.
+    assert_eq!(env.denied_status("blue"), "403");
+}
+
 #[test]
 fn one_running_machine_at_a_time_where_podman_says_so() {
     let env = Env::new("qemu");

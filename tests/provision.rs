@@ -67,6 +67,20 @@ impl Vm {
         run_ok(&["ip", "-n", &h, "addr", "flush", "dev", &hv]);
         run_ok(&["ip", "-n", &h, "addr", "add", &format!("{GATEWAY}/24"), "dev", &hv]);
         run_ok(&["ip", "-n", &h, "addr", "add", &format!("{ENDPOINT}/24"), "dev", &hv]);
+        // gvproxy's NAT, played by the test: the host alias is the host's
+        // loopback, where the daemon's WireGuard servers listen.
+        run_ok(&["ip", "netns", "exec", &h, "sysctl", "-qw", &format!("net.ipv4.conf.{hv}.route_localnet=1")]);
+        run_ok(&[
+            "ip",
+            "netns",
+            "exec",
+            &h,
+            "nft",
+            &format!(
+                "add table ip gvproxy; add chain ip gvproxy pre {{ type nat hook prerouting priority dstnat; }}; \
+                 add rule ip gvproxy pre iifname \"{hv}\" ip daddr {ENDPOINT} dnat to 127.0.0.1"
+            ),
+        ]);
         // Replies to a guest that bypasses the tunnel (only when a test turns
         // host forwarding on).
         run_ok(&["ip", "-n", &topo.upstream_ns(), "route", "add", "192.168.127.0/24", "via", "10.251.0.1"]);
@@ -76,6 +90,7 @@ impl Vm {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
         std::fs::create_dir_all("/run/wireguard").unwrap();
+        std::fs::create_dir_all("/run/ppp").unwrap();
         let d = dir.display();
         // Overlays first (their layers are under the real /tmp), then the
         // guest's own /tmp hides the machine's.
@@ -87,6 +102,7 @@ impl Vm {
              mount -t overlay ppp-ca -o lowerdir=/usr/local/share/ca-certificates,upperdir={d}/ca-up,workdir={d}/ca-work \
              /usr/local/share/ca-certificates\n\
              mount -t tmpfs -o mode=0755 ppp-wg /run/wireguard\n\
+             mount -t tmpfs -o mode=0755 ppp-run /run/ppp\n\
              mount -t tmpfs -o mode=1777 ppp-shm /dev/shm\n\
              mount -t tmpfs -o mode=1777 ppp-tmp /tmp\n\
              touch /run/wireguard/.ready\n\
@@ -159,8 +175,25 @@ impl Vm {
         self.exec(&[("SUDO_USER", SSH_USER)], &["sh", "-c", &line.join(" ")])
     }
 
+    /// `up` as ppp runs it: wg0.conf (what [`deliver`] was given) on stdin.
     fn up(&self) -> Output {
-        self.provision(&["up", "--wg-conf", "/tmp/ppp/wg0.conf", "--image", IMAGE])
+        self.up_with(IMAGE)
+    }
+
+    fn up_with(&self, image: &str) -> Output {
+        let line = ["bash", "/tmp/ppp/provision.sh", "up", "--wg-conf", "-", "--image", image]
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let pid = self.pid.to_string();
+        Command::new("nsenter")
+            .args(["-t", &pid, "-n", "-m", "-p", "--", "env", "-i", &format!("PATH={GUEST_PATH}"), "HOME=/root"])
+            .arg(format!("SUDO_USER={SSH_USER}"))
+            .args(["sh", "-c", &line])
+            .stdin(std::fs::File::open(self.dir.with_file_name("vm-wg0.conf")).unwrap())
+            .output()
+            .unwrap()
     }
 
     fn curl(&self, args: &[&str]) -> (String, String) {
@@ -220,14 +253,15 @@ fn child_of(parent: u32) -> Option<u32> {
 const PODMAN_STUB: &str = "#!/bin/sh\nprintf '%s %s\\n' \"$(id -un)\" \"$*\" >> /tmp/ppp-rec/podman.log\n\
                            case \"$*\" in *fail-me*) echo 'stub: pull failed' >&2; exit 125;; esac\n";
 
-/// What ppp does before it calls the script: /tmp/ppp, the script and
-/// wg0.conf copied in. Plus the test's podman stub.
+/// What ppp does before it calls the script: /tmp/ppp and the script
+/// copied in; wg0.conf is kept on the host side for [`Vm::up`] to feed on
+/// stdin. Plus the test's podman stub.
 fn deliver(vm: &Vm, wg0: &str) {
     vm.ok(&["mkdir", "-p", "-m", "0755", "/tmp/ppp", "/tmp/ppp-bin"]);
     vm.ok(&["mkdir", "-p", "-m", "0777", "/tmp/ppp-rec"]);
     vm.ok(&["chmod", "0777", "/tmp/ppp-rec"]);
     vm.put("/tmp/ppp/provision.sh", &ppp::assets::provision(), 0o644);
-    vm.put("/tmp/ppp/wg0.conf", wg0.as_bytes(), 0o600);
+    std::fs::write(vm.dir.with_file_name("vm-wg0.conf"), wg0).unwrap();
     vm.put("/tmp/ppp-bin/podman", PODMAN_STUB.as_bytes(), 0o755);
 }
 
@@ -269,6 +303,10 @@ fn rig() -> Rig {
     let dirs = daemon.dirs();
     assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate(NAME)).unwrap(), PORT);
     daemon.ok(&["policy", "init", "deny-all"]);
+    // The default: the servers listen on loopback, where gvproxy (played
+    // by the rig's NAT) delivers the guest's datagrams.
+    std::fs::create_dir_all(dirs.config.clone()).unwrap();
+    std::fs::write(dirs.config_file(), "wireguard:\n  listen_host: 127.0.0.1\n").unwrap();
     // 198.18.0.0/15 is not public: the rebinding defence needs the address rule.
     daemon.ok(&["policy", "allow", "network", "--sandbox", NAME, "echo.test,198.18.0.10"]);
     daemon.start(&topo, &upstream);
@@ -304,11 +342,15 @@ fn provision_up_verify_and_the_kill_switch() {
     let routes = vm.ok(&["ip", "-4", "route", "show"]);
     assert!(routes.lines().any(|l| l.starts_with("default dev wg0") && l.contains("quickack 1")), "{routes}");
     assert!(routes.contains(&format!("{ENDPOINT} via {GATEWAY} dev {UPLINK}")), "{routes}");
-    // wg0.conf installed as is, 0600, root's (the overlay's upper layer is
-    // what the script wrote).
-    let installed = vm.dir.join("etc-up/wireguard/wg0.conf");
-    assert_eq!(std::fs::read_to_string(&installed).unwrap(), wg0);
-    assert_eq!(std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777, 0o600);
+    // wg0.conf installed as is, 0600, on tmpfs only: nothing on the disk
+    // (the overlays' upper layers are what the script wrote) holds the key.
+    assert_eq!(vm.ok(&["cat", "/run/ppp/wg0.conf"]), wg0);
+    assert_eq!(vm.ok(&["stat", "-c", "%a %U", "/run/ppp/wg0.conf"]).trim(), "600 root");
+    let key = wg0.lines().find_map(|l| l.strip_prefix("PrivateKey = ")).unwrap().to_owned();
+    let on_disk = Command::new("grep").args(["-rlF", &key]).arg(&vm.dir).output().unwrap();
+    assert_eq!(on_disk.status.code(), Some(1), "the key is on the guest's disk: {}", describe(&on_disk));
+    let tmp = vm.ok(&["sh", "-c", "grep -rlF \"$0\" /tmp || true", &key]);
+    assert!(tmp.trim().is_empty(), "a staged copy of the key is left in the guest: {tmp}");
     // The kill switch.
     let table = vm.ok(&["nft", "list", "table", "inet", "ppp"]);
     assert_eq!(table.matches("policy drop").count(), 2, "output and forward drop by default:\n{table}");
@@ -341,6 +383,21 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(vm.podman_calls(), vec![format!("{SSH_USER} pull {IMAGE}")]);
     assert_eq!(vm.ok(&["cat", "/var/lib/ppp/.provisioned"]), IMAGE);
 
+    // The attack on the listen address: the same valid config, aimed at
+    // another address of the host (here the gateway address on the host's
+    // veth, as a LAN peer would use the host's LAN address), gets no
+    // handshake: the servers listen only on loopback, where gvproxy's NAT
+    // delivers the host alias (ADR 0018).
+    deliver(vm, &wg0.replace(&format!("Endpoint = {ENDPOINT}:"), &format!("Endpoint = {GATEWAY}:")));
+    let out = vm.up();
+    let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
+    assert!(
+        last.starts_with("ppp-provision: FAILED at step 5/9 (tunnel wg0): no WireGuard handshake"),
+        "a server answered on {GATEWAY}: {}",
+        describe(&out)
+    );
+    deliver(vm, &wg0);
+
     // Second run: succeeds, tunnel back up, no second pull.
     let t = Instant::now();
     let out = vm.up();
@@ -351,7 +408,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_ne!(vm.latest_handshake(), 0);
     // A failed pull fails step 9 and leaves the marker alone; the next run
     // with the provisioned image does not pull.
-    let out = vm.provision(&["up", "--wg-conf", "/tmp/ppp/wg0.conf", "--image", "example.test/fail-me:1"]);
+    let out = vm.up_with("example.test/fail-me:1");
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
     assert!(last.starts_with("ppp-provision: FAILED at step 9/9 (agent image example.test/fail-me:1): "), "{last}");
@@ -519,9 +576,9 @@ fn provision_refuses_bad_configs_and_bad_usage() {
         log.lines().any(|l| l.starts_with("ppp-provision: FAILED at step 2/9") && l.contains("'DNS =' line")),
         "{log}"
     );
-    assert!(!Path::new(&vm.dir.join("etc-up/wireguard/wg0.conf")).exists(), "nothing installed");
+    assert_eq!(vm.ok(&["ls", "-A", "/run/ppp"]), "", "nothing installed, nothing staged");
 
-    vm.put("/tmp/ppp/wg0.conf", good.replace("Table = off\n", "").as_bytes(), 0o600);
+    deliver(&vm, &good.replace("Table = off\n", ""));
     let out = vm.up();
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert!(text(&out).contains("lacks 'Table = off'"), "{}", describe(&out));
@@ -544,7 +601,7 @@ fn provision_refuses_bad_configs_and_bad_usage() {
 
     // A good config with no server behind it: the run fails at the
     // handshake, and the guest is left closed, not open.
-    vm.put("/tmp/ppp/wg0.conf", good.as_bytes(), 0o600);
+    deliver(&vm, good);
     let out = vm.up();
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();

@@ -540,8 +540,18 @@ enum Keep {
 fn forget(dirs: &Dirs, name: &str, keep: Keep) -> Result<()> {
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut registry = PortRegistry::load(dirs)?;
+    let keys = registry.port_of(name).map(|port| proxy::mitmdump::key_file(&dirs.wg(), port, registry.claim_of(port)));
     if registry.free(name).is_some() {
         registry.save_locked(dirs)?;
+    }
+    // The claim's keys die with it: the next claim of the port gets a new
+    // file (mitmdump read this one when it started the server, which the
+    // reload this is followed by stops).
+    if let Some(keys) = keys
+        && let Err(e) = std::fs::remove_file(&keys)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("warning: could not remove `{}`: {e}", keys.display());
     }
     let dir = dirs.sandbox(name);
     if keep == Keep::Log {
@@ -638,14 +648,15 @@ fn start_machine(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui: Ui
     })
 }
 
-/// Copy provision.sh and wg0.conf into the VM and run it; its output goes
-/// to the sandbox's machine.log.
+/// Copy provision.sh into the VM and run it with wg0.conf on its standard
+/// input; its output goes to the sandbox's machine.log. The config, which
+/// holds the guest's WireGuard key, is never staged in a file in the VM:
+/// provision.sh keeps it on tmpfs only (ADR 0018).
 pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
     ui.timed(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name), || {
         let machine = &rec.machine_name;
         let script = dirs.sandbox(&rec.name).join("provision.sh");
         state::write_atomic(&script, &crate::assets::provision())?;
-        // Private: wg0.conf carries the guest's WireGuard key.
         run_logged(
             dirs,
             &rec.name,
@@ -658,14 +669,9 @@ pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui
             &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
             "copying provision.sh",
         )?;
-        run_logged(
-            dirs,
-            &rec.name,
-            &podman.copy_in(&dirs.sandbox_wg_conf(&rec.name), machine, &format!("{GUEST_DIR}/wg0.conf")),
-            "copying wg0.conf",
-        )?;
         let up = podman
-            .ssh(machine, &provision_argv("up", &["--wg-conf", &format!("{GUEST_DIR}/wg0.conf"), "--image", image]))
+            .ssh(machine, &provision_argv("up", &["--wg-conf", "-", "--image", image]))
+            .stdin(Stdin::File(dirs.sandbox_wg_conf(&rec.name)))
             .timeout(PROVISION_TIMEOUT);
         let log = open_log(dirs, &rec.name)?;
         let _ = writeln!(&log, "$ {up}");

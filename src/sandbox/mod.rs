@@ -226,6 +226,14 @@ pub fn save_locked(dirs: &Dirs, rec: &Record) -> Result<()> {
 pub struct PortRegistry {
     /// Port → sandbox name. A `BTreeMap` keeps the file stable and sorted.
     pub ports: BTreeMap<u16, String>,
+    /// Port → the id of its current claim, which names the port's WireGuard
+    /// key file (`keys-<port>-<claim>.conf`). Every claim gets a new id, so
+    /// mitmdump's server for the port starts again with keys of its own and
+    /// a former holder's `wg0.conf` is worth nothing (issue 11 point 5, ADR
+    /// 0018). A port without one (a registry older than this) keeps
+    /// `keys-<port>.conf` until it is claimed again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<u16, String>,
 }
 
 impl PortRegistry {
@@ -259,6 +267,7 @@ impl PortRegistry {
                 .hint("remove sandboxes you no longer need with `ppp rm`")
         })?;
         self.ports.insert(port, name.to_owned());
+        self.claims.insert(port, new_claim_id());
         Ok(port)
     }
 
@@ -266,8 +275,22 @@ impl PortRegistry {
     pub fn free(&mut self, name: &str) -> Option<u16> {
         let port = self.port_of(name)?;
         self.ports.remove(&port);
+        self.claims.remove(&port);
         Some(port)
     }
+
+    /// The claim id of `port`, if it has one.
+    pub fn claim_of(&self, port: u16) -> Option<&str> {
+        self.claims.get(&port).map(String::as_str)
+    }
+}
+
+/// A fresh claim id: 16 random hex digits (64 bits), enough that two
+/// claims of one port never share a key file.
+fn new_claim_id() -> String {
+    let mut id = uuid::Uuid::new_v4().simple().to_string();
+    id.truncate(16);
+    id
 }
 
 /// Take `state.lock`, run `f` on the registry, and save it if `f` succeeded.
@@ -333,8 +356,17 @@ mod tests {
         assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820);
         assert_eq!(with_registry(&d, |r| r.allocate("b")).unwrap(), 51821);
         assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820, "idempotent");
+        let of_a = PortRegistry::load(&d).unwrap().claims[&51820].clone();
         assert_eq!(with_registry(&d, |r| Ok(r.free("a"))).unwrap(), Some(51820));
+        assert!(!PortRegistry::load(&d).unwrap().claims.contains_key(&51820), "the claim goes with the port");
+        let first = PortRegistry::load(&d).unwrap().claims[&51821].clone();
+        assert_eq!(with_registry(&d, |r| r.allocate("b")).unwrap(), 51821);
+        assert_eq!(PortRegistry::load(&d).unwrap().claims[&51821], first, "the same claim keeps its id");
         assert_eq!(with_registry(&d, |r| r.allocate("c")).unwrap(), 51820, "freed port reused");
+        let reg = PortRegistry::load(&d).unwrap();
+        assert_eq!(reg.claims.len(), 2);
+        assert_ne!(reg.claim_of(51820), reg.claim_of(51821));
+        assert_ne!(reg.claim_of(51820), Some(of_a.as_str()), "a port claimed again gets new keys");
         let mut reg = PortRegistry::load(&d).unwrap();
         for i in 0..78 {
             reg.allocate(&format!("s{i}")).unwrap();
