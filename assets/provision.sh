@@ -33,6 +33,13 @@ readonly WG_CONF=$RUN_DIR/wg0.conf
 # Where ppp before ADR 0018 kept it (on disk); removed on sight.
 readonly LEGACY_WG_CONFS=(/etc/wireguard/wg0.conf /tmp/ppp/wg0.conf)
 readonly NFT_TABLE=ppp
+# The kill switch, persisted so it is in force from the first packet of
+# every boot, before any other service (ADR 0018): the ruleset in /etc and
+# a unit that loads it early, enabled by hand (no systemctl needed).
+readonly KILLSWITCH_NFT=/etc/ppp/killswitch.nft
+readonly KILLSWITCH_UNIT=ppp-killswitch.service
+readonly UNIT_DIR=/etc/systemd/system
+readonly KILLSWITCH_WANTS=$UNIT_DIR/sysinit.target.wants/$KILLSWITCH_UNIT
 readonly STATE_DIR=/var/lib/ppp
 readonly MARKER=$STATE_DIR/.provisioned
 readonly NET_STATE=$STATE_DIR/uplink
@@ -244,7 +251,7 @@ table inet $NFT_TABLE {
     meta nfproto ipv6 drop
     oifname "$WG_IF" accept
     oifname "$UPLINK" ip daddr $EP_IP udp dport $EP_PORT accept
-    oifname "$UPLINK" udp sport 68 udp dport 67 accept
+    oifname "$UPLINK" ip daddr { $GATEWAY, 255.255.255.255 } udp sport 68 udp dport 67 accept
     ct direction reply ct state established,related accept
   }
   chain forward {
@@ -255,6 +262,44 @@ table inet $NFT_TABLE {
   }
 }
 EOF
+}
+
+# The unit that loads the kill switch at boot: before network-pre.target
+# (so before NetworkManager brings the NIC up) and without the default
+# dependencies (which would order it after sysinit.target, too late).
+killswitch_unit() {
+  cat <<EOF
+# written by ppp: no egress but the WireGuard tunnel, from the first packet
+[Unit]
+Description=ppp kill switch (nftables table inet $NFT_TABLE)
+DefaultDependencies=no
+Before=network-pre.target shutdown.target
+Wants=network-pre.target
+Conflicts=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$1 -f $KILLSWITCH_NFT
+
+[Install]
+WantedBy=sysinit.target
+EOF
+}
+
+# Persist the kill switch in $1 (the ruleset file) for every boot.
+install_killswitch() {
+  local nft_bin
+  nft_bin=$(command -v nft)
+  mkdir -p "$(dirname "$KILLSWITCH_NFT")" "$UNIT_DIR/sysinit.target.wants"
+  copy_file "$1" "$KILLSWITCH_NFT" 0644
+  write_file "$UNIT_DIR/$KILLSWITCH_UNIT" "$(killswitch_unit "$nft_bin")"$'\n' 0644
+  ln -sfn "../$KILLSWITCH_UNIT" "$KILLSWITCH_WANTS"
+  # Only where systemd is this system's init: never another's through a
+  # shared /run.
+  if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] && have systemctl; then
+    systemctl daemon-reload || true
+  fi
 }
 
 # ---------------------------------------------------------------------------
@@ -372,6 +417,8 @@ cmd_up() {
   step 4 "kill switch (nftables table inet $NFT_TABLE)"
   nft_ruleset >"$TMP/ppp.nft"
   nft -f "$TMP/ppp.nft" || die "nft rejected the kill switch"
+  install_killswitch "$TMP/ppp.nft"
+  say "kill switch persisted in $KILLSWITCH_NFT, loaded at boot by $KILLSWITCH_UNIT"
 
   # 5. The tunnel: a previous wg0 goes first, so re-runs start clean.
   step 5 "tunnel $WG_IF"
@@ -530,6 +577,10 @@ check_no_direct_egress() {
     check_fail no-direct-egress "table inet $NFT_TABLE does not drop by default on output and forward"
     return
   fi
+  if [ ! -s "$KILLSWITCH_NFT" ] || [ ! -e "$KILLSWITCH_WANTS" ]; then
+    check_fail no-direct-egress "the kill switch is not installed for boot ($KILLSWITCH_NFT, $KILLSWITCH_WANTS)"
+    return
+  fi
   if [ -z "${EP_IP:-}" ] || ! find_uplink; then
     check_fail no-direct-egress "cannot find the uplink interface to probe"
     return
@@ -668,7 +719,7 @@ cmd_verify() {
   pids+=($!)
   check_ca_trusted >"$VERIFY_TMP/out.4" 2>/dev/null &
   pids+=($!)
-  report_env "$salt" >"$VERIFY_TMP/out.5" 2>/dev/null &
+  report_env "$salt" >"$VERIFY_TMP/out.5" 2>"$VERIFY_TMP/err.5" &
   pids+=($!)
   wait "${pids[@]}"
   local i line names=(handshake no-direct-egress policy-denies ca-trusted)
@@ -679,6 +730,8 @@ cmd_verify() {
     [[ $line != fail\ * ]] || FAILED=1
   done
   cat -- "$VERIFY_TMP/out.5"
+  # Why a report was cut short, for machine.log (ppp logs our stderr).
+  head -c 4096 -- "$VERIFY_TMP/err.5" >&2
   exit "$FAILED"
 }
 

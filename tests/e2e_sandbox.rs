@@ -374,6 +374,82 @@ fn a_sandbox_identity_cannot_be_reused() {
     assert_eq!(env.denied_status("blue"), "403");
 }
 
+/// `podman ARGS` (the fake) run directly, with no ppp in between.
+fn podman_raw(env: &Env, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", &env.topo.host_ns()])
+        .arg(sandbox_env::fake_podman())
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("FAKE_PODMAN_ROOT", env.root().join("fake"))
+        .env("FAKE_PODMAN_IMAGES", env.root().join("images"))
+        .output()
+        .unwrap()
+}
+
+/// Issue 11 point 9, as the attack: a provisioned machine booted outside
+/// ppp (`podman machine start`, or the VM rebooting) is closed from its
+/// first packet: the kill switch is loaded at boot, there is no tunnel (the
+/// key was on tmpfs), and root's packets to the host, to the world or to
+/// UDP port 67 anywhere but the gateway go nowhere. ppp provisions it again
+/// on top of that.
+#[test]
+fn a_machine_booted_without_ppp_is_closed() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    env.ok(&["stop", "red"]);
+    let out = podman_raw(&env, &["machine", "start", "ppp-red"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let ssh = |script: &str| podman_raw(&env, &["machine", "ssh", "ppp-red", "--", script]);
+    let text = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
+
+    // In force from boot, before anyone ran anything.
+    let table = ssh("sudo nft list table inet ppp");
+    assert!(table.status.success(), "no kill switch after boot: {}", describe(&table));
+    assert_eq!(text(&table).matches("policy drop").count(), 2, "{}", text(&table));
+    // No tunnel: its key was on tmpfs.
+    let wg = ssh("ip link show wg0; test -e /run/ppp/wg0.conf");
+    assert!(!wg.status.success(), "a tunnel came up without ppp: {}", describe(&wg));
+
+    // A direct path would work (host forwarding on, the upstream routes
+    // back), but nothing leaves: TCP to the world, and UDP from port 68 to
+    // port 67 of an address that is not the gateway.
+    env.topo.host_forwarding(true);
+    netns::run_ok(&["ip", "-n", &env.topo.upstream_ns(), "route", "add", "192.168.127.0/24", "via", "10.251.0.1"]);
+    let out = ssh(&format!("curl -sS -m 3 http://{UPSTREAM_IP}/boot-direct"));
+    assert!(!out.status.success(), "direct egress after boot: {}", describe(&out));
+    let listener = Command::new("ip")
+        .args(["netns", "exec", &env.topo.upstream_ns(), "python3", "-c"])
+        .arg(
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('0.0.0.0', 67))\n\
+             s.settimeout(4)\ntry:\n    print('GOT', s.recvfrom(100))\nexcept OSError:\n    print('NOTHING')\n",
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let send = format!(
+        "sudo python3 -c \"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         s.bind(('0.0.0.0',68))\nfor _ in range(6):\n  s.sendto(b'dhcp?',('{UPSTREAM_IP}',67)); time.sleep(0.3)\""
+    );
+    let _ = ssh(&send);
+    let got = String::from_utf8_lossy(&listener.wait_with_output().unwrap().stdout).into_owned();
+    assert!(got.contains("NOTHING"), "UDP 68->67 left the guest for {UPSTREAM_IP}: {got}");
+    // The control: without the table the same request gets through.
+    ssh("sudo nft delete table inet ppp");
+    let out = ssh(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/boot-control"));
+    assert!(out.status.success(), "the direct path is real: {}", describe(&out));
+    let paths: Vec<Value> = env.upstream.requests().iter().map(|r| r["path"].clone()).collect();
+    assert!(!paths.contains(&Value::from("/boot-direct")), "{paths:?}");
+    env.topo.host_forwarding(false);
+
+    // ppp provisions it again on top of what booted: verified, working.
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stub-agent api: 200"), "{}", describe(&out));
+}
+
 #[test]
 fn one_running_machine_at_a_time_where_podman_says_so() {
     let env = Env::new("qemu");

@@ -356,6 +356,20 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(table.matches("policy drop").count(), 2, "output and forward drop by default:\n{table}");
     assert!(table.contains(&format!("ip daddr {ENDPOINT} udp dport {PORT} accept")), "{table}");
     assert!(table.contains("meta nfproto ipv6 drop"), "{table}");
+    // DHCP may reach the gateway (and broadcast) only, not any address.
+    assert!(
+        table.contains(&format!("ip daddr {{ {GATEWAY}, 255.255.255.255 }} udp sport 68 udp dport 67 accept")),
+        "{table}"
+    );
+    // Persisted for boot: the ruleset in /etc and a unit that loads it
+    // before the network, enabled.
+    let saved = vm.ok(&["cat", "/etc/ppp/killswitch.nft"]);
+    assert!(saved.contains("policy drop") && saved.contains(&format!("udp dport {PORT} accept")), "{saved}");
+    let unit = vm.ok(&["cat", "/etc/systemd/system/sysinit.target.wants/ppp-killswitch.service"]);
+    for line in ["DefaultDependencies=no", "Before=network-pre.target shutdown.target", "ExecStart="] {
+        assert!(unit.contains(line), "{line} in\n{unit}");
+    }
+    assert!(unit.contains(" -f /etc/ppp/killswitch.nft"), "{unit}");
     // DNS through the tunnel, in a regular file.
     let resolv = vm.ok(&["cat", "/etc/resolv.conf"]);
     assert!(resolv.lines().any(|l| l == "nameserver 10.0.0.53"), "{resolv}");

@@ -772,6 +772,11 @@ pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> 
             s
         });
         let _ = writeln!(&log, "$ provision.sh verify\n{shown}{}", out.stderr);
+        if checks.iter().any(|c| c.name == ENV_CHECK && c.outcome == Outcome::Fail) {
+            // What the guest did print, for whoever reads the log (bounded).
+            let tail: String = out.stdout.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+            let _ = writeln!(&log, "(last lines of the report, newest first)\n{tail}");
+        }
         let failed: Vec<&Check> = checks.iter().filter(|c| c.outcome == Outcome::Fail).collect();
         let missing: Vec<&&str> = CHECKS.iter().filter(|n| !checks.iter().any(|c| c.name == **n)).collect();
         if code == 0 && failed.is_empty() && missing.is_empty() {
