@@ -3,10 +3,9 @@
 # production; Debian/Ubuntu work too) as root, through
 #
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh up \
-#       --wg-conf /tmp/ppp/wg0.conf --image IMAGE_REF
+#       --wg-conf - --image IMAGE_REF  < wg0.conf
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh verify \
-#       [--denied-url URL --denied-connect-to HOST:PORT:IP:PORT] \
-#       --salt SALT --digests HEX1,HEX2,...
+#       [--denied-url URL --denied-connect-to HOST:PORT:IP:PORT] --salt SALT
 #
 # `up` makes all egress leave through the WireGuard tunnel to the host's
 # mitmdump, and nothing else: it is idempotent and runs on every boot. It
@@ -15,7 +14,9 @@
 #
 # `verify` prints exactly one line per check, `ok <check>`,
 # `fail <check>: <reason>` or (policy-denies only) `skip <check>: <reason>`,
-# and exits 1 if any check failed. See docs/provisioning.md.
+# then the guest's environment as salted digests (`env …` lines and one
+# `env-end <n>`), which the host compares with its secrets; it exits 1 if
+# any check failed. See docs/provisioning.md.
 #
 # Exit codes: 0 success, 1 failure, 2 usage error.
 set -Eeuo pipefail
@@ -24,8 +25,21 @@ export LC_ALL=C
 PATH=${PATH:-/usr/bin:/bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 readonly WG_IF=wg0
-readonly WG_CONF=/etc/wireguard/wg0.conf
+# The tunnel's config, with the guest's private key, lives on tmpfs only:
+# no reboot, disk copy or template carries it, and a machine booted
+# without ppp has no tunnel until ppp pushes the config again (ADR 0018).
+readonly RUN_DIR=/run/ppp
+readonly WG_CONF=$RUN_DIR/wg0.conf
+# Where ppp before ADR 0018 kept it (on disk); removed on sight.
+readonly LEGACY_WG_CONFS=(/etc/wireguard/wg0.conf /tmp/ppp/wg0.conf)
 readonly NFT_TABLE=ppp
+# The kill switch, persisted so it is in force from the first packet of
+# every boot, before any other service (ADR 0018): the ruleset in /etc and
+# a unit that loads it early, enabled by hand (no systemctl needed).
+readonly KILLSWITCH_NFT=/etc/ppp/killswitch.nft
+readonly KILLSWITCH_UNIT=ppp-killswitch.service
+readonly UNIT_DIR=/etc/systemd/system
+readonly KILLSWITCH_WANTS=$UNIT_DIR/sysinit.target.wants/$KILLSWITCH_UNIT
 readonly STATE_DIR=/var/lib/ppp
 readonly MARKER=$STATE_DIR/.provisioned
 readonly NET_STATE=$STATE_DIR/uplink
@@ -51,9 +65,9 @@ say() { printf 'ppp-provision: %s\n' "$*"; }
 # The usage text on stderr, then exit ${1:-2}.
 usage() {
   cat >&2 <<'EOF'
-usage: provision.sh up --wg-conf PATH --image IMAGE_REF
+usage: provision.sh up --wg-conf PATH|- --image IMAGE_REF
        provision.sh verify [--denied-url URL [--denied-connect-to HOST:PORT:IP:PORT]]
-                           --salt SALT --digests HEX1,HEX2,...
+                           --salt SALT
 EOF
   exit "${1:-2}"
 }
@@ -237,7 +251,7 @@ table inet $NFT_TABLE {
     meta nfproto ipv6 drop
     oifname "$WG_IF" accept
     oifname "$UPLINK" ip daddr $EP_IP udp dport $EP_PORT accept
-    oifname "$UPLINK" udp sport 68 udp dport 67 accept
+    oifname "$UPLINK" ip daddr { $GATEWAY, 255.255.255.255 } udp sport 68 udp dport 67 accept
     ct direction reply ct state established,related accept
   }
   chain forward {
@@ -248,6 +262,44 @@ table inet $NFT_TABLE {
   }
 }
 EOF
+}
+
+# The unit that loads the kill switch at boot: before network-pre.target
+# (so before NetworkManager brings the NIC up) and without the default
+# dependencies (which would order it after sysinit.target, too late).
+killswitch_unit() {
+  cat <<EOF
+# written by ppp: no egress but the WireGuard tunnel, from the first packet
+[Unit]
+Description=ppp kill switch (nftables table inet $NFT_TABLE)
+DefaultDependencies=no
+Before=network-pre.target shutdown.target
+Wants=network-pre.target
+Conflicts=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$1 -f $KILLSWITCH_NFT
+
+[Install]
+WantedBy=sysinit.target
+EOF
+}
+
+# Persist the kill switch in $1 (the ruleset file) for every boot.
+install_killswitch() {
+  local nft_bin
+  nft_bin=$(command -v nft)
+  mkdir -p "$(dirname "$KILLSWITCH_NFT")" "$UNIT_DIR/sysinit.target.wants"
+  copy_file "$1" "$KILLSWITCH_NFT" 0644
+  write_file "$UNIT_DIR/$KILLSWITCH_UNIT" "$(killswitch_unit "$nft_bin")"$'\n' 0644
+  ln -sfn "../$KILLSWITCH_UNIT" "$KILLSWITCH_WANTS"
+  # Only where systemd is this system's init: never another's through a
+  # shared /run.
+  if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] && have systemctl; then
+    systemctl daemon-reload || true
+  fi
 }
 
 # ---------------------------------------------------------------------------
@@ -314,26 +366,43 @@ cmd_up() {
     die "no wireguard kernel module and no wireguard-go on PATH"
   fi
 
-  # 2. wg0.conf: checked, never edited, installed 0600 (umask, not chmod).
+  # 2. wg0.conf: read (from stdin with `-`, how ppp sends it, so no copy
+  # is staged anywhere), checked, never edited, installed 0600 (umask, not
+  # chmod) on tmpfs.
   step 2 "install $WG_CONF"
-  [ -r "$wg_conf" ] || die "cannot read $wg_conf"
-  local table
-  table=$(conf_value "$wg_conf" Table) || table=
-  [ "${table,,}" = off ] || die "$wg_conf lacks 'Table = off' (wg-quick would route the tunnel's own packets into itself)"
-  if conf_value "$wg_conf" DNS >/dev/null; then
-    die "$wg_conf has a 'DNS =' line; refusing it (wg-quick would run resolvconf, which breaks on FCOS; DNS is set by this script)"
-  fi
-  parse_endpoint "$wg_conf" || die "$wg_conf has no 'Endpoint = <IPv4>:<port>' line"
-  conf_value "$wg_conf" PrivateKey >/dev/null || die "$wg_conf has no PrivateKey"
-  say "endpoint $EP_IP:$EP_PORT"
-  mkdir -p /etc/wireguard "$STATE_DIR"
-  chmod 0700 /etc/wireguard
+  mkdir -p "$RUN_DIR" "$STATE_DIR"
+  chmod 0700 "$RUN_DIR"
   chmod 0755 "$STATE_DIR"
-  # umask 077 (set at the top): the copy is 0600 from its creation, and the
-  # rename makes it appear whole.
-  cp -- "$wg_conf" /etc/wireguard/.wg0.conf.ppp-tmp
-  mv -f -- /etc/wireguard/.wg0.conf.ppp-tmp "$WG_CONF"
-  relabel "$WG_CONF"
+  local staged=$RUN_DIR/.wg0.conf.ppp-tmp what=$wg_conf
+  if [ "$wg_conf" = - ]; then
+    what='the WireGuard config on stdin'
+    cat >"$staged"
+  else
+    [ -r "$wg_conf" ] || die "cannot read $wg_conf"
+    cat -- "$wg_conf" >"$staged"
+  fi
+  local table
+  table=$(conf_value "$staged" Table) || table=
+  if [ "${table,,}" != off ]; then
+    rm -f -- "$staged"
+    die "$what lacks 'Table = off' (wg-quick would route the tunnel's own packets into itself)"
+  fi
+  if conf_value "$staged" DNS >/dev/null; then
+    rm -f -- "$staged"
+    die "$what has a 'DNS =' line; refusing it (wg-quick would run resolvconf, which breaks on FCOS; DNS is set by this script)"
+  fi
+  if ! parse_endpoint "$staged"; then
+    rm -f -- "$staged"
+    die "$what has no 'Endpoint = <IPv4>:<port>' line"
+  fi
+  if ! conf_value "$staged" PrivateKey >/dev/null; then
+    rm -f -- "$staged"
+    die "$what has no PrivateKey"
+  fi
+  say "endpoint $EP_IP:$EP_PORT"
+  mv -f -- "$staged" "$WG_CONF"
+  # An older ppp kept the key on disk; a template or a reboot would carry it.
+  rm -f -- "${LEGACY_WG_CONFS[@]}"
 
   # 3. The off-tunnel route to the endpoint (longest prefix wins over the
   # default via wg0).
@@ -348,14 +417,16 @@ cmd_up() {
   step 4 "kill switch (nftables table inet $NFT_TABLE)"
   nft_ruleset >"$TMP/ppp.nft"
   nft -f "$TMP/ppp.nft" || die "nft rejected the kill switch"
+  install_killswitch "$TMP/ppp.nft"
+  say "kill switch persisted in $KILLSWITCH_NFT, loaded at boot by $KILLSWITCH_UNIT"
 
   # 5. The tunnel: a previous wg0 goes first, so re-runs start clean.
   step 5 "tunnel $WG_IF"
   if ip link show dev "$WG_IF" >/dev/null 2>&1; then
     say "taking down the previous $WG_IF"
-    wg_quick down "$WG_IF" >/dev/null 2>&1 || ip link del dev "$WG_IF"
+    ip link del dev "$WG_IF"
   fi
-  wg_quick up "$WG_IF" || die "wg-quick up $WG_IF failed"
+  wg_quick up "$WG_CONF" || die "wg-quick up $WG_CONF failed"
   ip route replace default dev "$WG_IF" quickack 1
   wait_handshake 10 0 || die "no WireGuard handshake with $EP_IP:$EP_PORT within 10 s"
   say "handshake with $EP_IP:$EP_PORT"
@@ -506,6 +577,10 @@ check_no_direct_egress() {
     check_fail no-direct-egress "table inet $NFT_TABLE does not drop by default on output and forward"
     return
   fi
+  if [ ! -s "$KILLSWITCH_NFT" ] || [ ! -e "$KILLSWITCH_WANTS" ]; then
+    check_fail no-direct-egress "the kill switch is not installed for boot ($KILLSWITCH_NFT, $KILLSWITCH_WANTS)"
+    return
+  fi
   if [ -z "${EP_IP:-}" ] || ! find_uplink; then
     check_fail no-direct-egress "cannot find the uplink interface to probe"
     return
@@ -553,23 +628,18 @@ check_ca_trusted() {
   fi
 }
 
-# No process has an environment value whose salted digest ppp sent: values
-# never leave this function, only pid and variable name are reported. One
-# temp file per distinct value (builtin writes, no fork), one sha256sum.
-check_no_secret_in_env() {
-  local salt=$1 digests=$2 dir d kv name value n=0 hash path
-  local -A want=() index_of=() where=()
-  local -a hits=()
-  IFS=, read -r -a list <<<"$digests"
-  for d in "${list[@]}"; do
-    d=${d//[[:space:]]/}
-    [ -z "$d" ] || want[${d,,}]=1
-  done
-  if [ ${#want[@]} -eq 0 ]; then
-    # No secrets stored on the host: nothing can leak.
-    check_ok no-secret-in-env
-    return
-  fi
+# Report every process's environment as salted digests, for the host to
+# compare against its secrets: the host sends only the salt it picked, so
+# nothing derived from a secret ever enters the guest (issue 11 point 6).
+# One line per distinct value, `env <sha256(salt || value)> <where>`, where
+# <where> names at most ENV_WHERE_MAX `pid <pid> variable <name>` places
+# (never the value), then `env-end <count>` so the host can tell a report
+# that was cut short. One temp file per distinct value (builtin writes, no
+# fork), one sha256sum.
+readonly ENV_WHERE_MAX=4
+report_env() {
+  local salt=$1 dir kv name value n=0 hash path i
+  local -A index_of=() where=() count=()
   dir=$VERIFY_TMP/env
   mkdir "$dir"
   local p pid
@@ -581,45 +651,43 @@ check_no_secret_in_env() {
       name=${kv%%=*}
       value=${kv#*=}
       [ -n "$value" ] || continue
+      # Names are printed: keep them to what a variable name may hold.
+      [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]{0,127}$ ]] || name='<unprintable>'
       if [ -z "${index_of[$value]+x}" ]; then
         n=$((n + 1))
         index_of[$value]=$n
         printf '%s%s' "$salt" "$value" >"$dir/$n"
       fi
-      where[${index_of[$value]}]+="pid $pid variable $name;"
+      i=${index_of[$value]}
+      count[$i]=$((${count[$i]:-0} + 1))
+      if [ "${count[$i]}" -le "$ENV_WHERE_MAX" ]; then
+        where[$i]+="pid $pid variable $name, "
+      fi
     done 2>/dev/null <"$p/environ" || true
   done
   if [ "$n" -gt 0 ]; then
     while read -r hash path; do
-      if [ -n "${want[$hash]+x}" ]; then
-        hits+=("${where[${path##*/}]}")
-      fi
+      i=${path##*/}
+      local more=''
+      [ "${count[$i]}" -le "$ENV_WHERE_MAX" ] || more=" and $((count[$i] - ENV_WHERE_MAX)) more"
+      printf 'env %s %s%s\n' "$hash" "${where[$i]%, }" "$more"
     done < <(cd "$dir" && find . -maxdepth 1 -type f -print0 | xargs -0 -r sha256sum --)
   fi
   rm -rf -- "$dir"
-  if [ ${#hits[@]} -eq 0 ]; then
-    check_ok no-secret-in-env
-  else
-    local msg
-    msg=$(printf '%s' "${hits[@]}")
-    msg=${msg//;/, }
-    check_fail no-secret-in-env "a secret value is in the environment of ${msg%, }"
-  fi
+  printf 'env-end %s\n' "$n"
 }
 
 cmd_verify() {
-  local denied_url='' denied_connect_to='' salt='' digests='' have_salt=0 have_digests=0
+  local denied_url='' denied_connect_to='' salt=''
   while [ $# -gt 0 ]; do
     case $1 in
       --denied-url) [ $# -ge 2 ] || usage_error "--denied-url needs a value"; denied_url=$2; shift 2 ;;
       --denied-connect-to) [ $# -ge 2 ] || usage_error "--denied-connect-to needs a value"; denied_connect_to=$2; shift 2 ;;
-      --salt) [ $# -ge 2 ] || usage_error "--salt needs a value"; salt=$2; have_salt=1; shift 2 ;;
-      --digests) [ $# -ge 2 ] || usage_error "--digests needs a value"; digests=$2; have_digests=1; shift 2 ;;
+      --salt) [ $# -ge 2 ] || usage_error "--salt needs a value"; salt=$2; shift 2 ;;
       *) usage_error "unknown argument to verify: $1" ;;
     esac
   done
-  [ "$have_salt" = 1 ] || usage_error "verify needs --salt"
-  [ "$have_digests" = 1 ] || usage_error "verify needs --digests"
+  [[ $salt =~ ^[0-9a-f]{16,64}$ ]] || usage_error "verify needs --salt with 16 to 64 lowercase hex digits"
   if [ -n "$denied_connect_to" ] && [ -z "$denied_url" ]; then
     usage_error "--denied-connect-to needs --denied-url"
   fi
@@ -651,16 +719,19 @@ cmd_verify() {
   pids+=($!)
   check_ca_trusted >"$VERIFY_TMP/out.4" 2>/dev/null &
   pids+=($!)
-  check_no_secret_in_env "$salt" "$digests" >"$VERIFY_TMP/out.5" 2>/dev/null &
+  report_env "$salt" >"$VERIFY_TMP/out.5" 2>"$VERIFY_TMP/err.5" &
   pids+=($!)
   wait "${pids[@]}"
-  local i line names=(handshake no-direct-egress policy-denies ca-trusted no-secret-in-env)
-  for i in 1 2 3 4 5; do
+  local i line names=(handshake no-direct-egress policy-denies ca-trusted)
+  for i in 1 2 3 4; do
     line=$(head -n1 "$VERIFY_TMP/out.$i")
     [ -n "$line" ] || line="fail ${names[$((i - 1))]}: the check produced no result"
     printf '%s\n' "$line"
     [[ $line != fail\ * ]] || FAILED=1
   done
+  cat -- "$VERIFY_TMP/out.5"
+  # Why a report was cut short, for machine.log (ppp logs our stderr).
+  head -c 4096 -- "$VERIFY_TMP/err.5" >&2
   exit "$FAILED"
 }
 

@@ -1,5 +1,8 @@
-//! `$PPP_CONFIG/config.yaml`: settings that outlive one command, today the
-//! log levels of ppp itself ("general") and of mitmdump ("proxy").
+//! `$PPP_CONFIG/config.yaml`: settings that outlive one command: the log
+//! levels of ppp itself ("general") and of mitmdump ("proxy"), and where
+//! mitmdump's WireGuard servers listen.
+
+use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -15,6 +18,41 @@ use crate::state;
 pub struct Config {
     #[serde(default)]
     pub log: Levels,
+    #[serde(default, skip_serializing_if = "Wireguard::is_default")]
+    pub wireguard: Wireguard,
+}
+
+/// Where the guests' WireGuard traffic arrives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Wireguard {
+    /// The address mitmdump's WireGuard servers bind (`listen_host`). The
+    /// default is the host's loopback: Podman Machine's gvproxy delivers a
+    /// guest's datagrams to `192.168.127.254` from the host's `127.0.0.1`
+    /// (its NAT table maps the host alias to `127.0.0.1`), so nothing else
+    /// on the network can reach the servers (ADR 0018). Read when the
+    /// daemon starts.
+    #[serde(default = "default_listen_host")]
+    pub listen_host: IpAddr,
+}
+
+/// The default WireGuard listen address: loopback.
+pub const DEFAULT_LISTEN_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn default_listen_host() -> IpAddr {
+    DEFAULT_LISTEN_HOST
+}
+
+impl Default for Wireguard {
+    fn default() -> Self {
+        Self { listen_host: DEFAULT_LISTEN_HOST }
+    }
+}
+
+impl Wireguard {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Log levels.
@@ -99,5 +137,21 @@ mod tests {
         let err = format!("{:#}", load(&dirs).unwrap_err());
         assert!(err.contains("config.yaml` line 2"), "{err}");
         assert_eq!(mitmproxy_level(LogLevel::Trace), "debug");
+    }
+
+    #[test]
+    fn wireguard_listens_on_loopback_unless_told() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = Dirs { config: tmp.path().join("c"), data: tmp.path().join("d"), cache: tmp.path().join("k") };
+        assert_eq!(load(&dirs).unwrap().wireguard.listen_host.to_string(), "127.0.0.1");
+        std::fs::create_dir_all(&dirs.config).unwrap();
+        std::fs::write(dirs.config_file(), "wireguard:\n  listen_host: 192.168.127.254\n").unwrap();
+        assert_eq!(load(&dirs).unwrap().wireguard.listen_host.to_string(), "192.168.127.254");
+        std::fs::write(dirs.config_file(), "wireguard:\n  listen_host: everywhere\n").unwrap();
+        let err = format!("{:#}", load(&dirs).unwrap_err());
+        assert!(err.contains("config.yaml` line 2"), "{err}");
+        // Saving the defaults does not write the section.
+        save(&dirs, &Config::default()).unwrap();
+        assert!(!std::fs::read_to_string(dirs.config_file()).unwrap().contains("wireguard"));
     }
 }

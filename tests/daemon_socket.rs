@@ -295,13 +295,17 @@ fn modes_follow_the_port_registry() {
     ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("a")).unwrap();
     ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("b")).unwrap();
     ppp::sandbox::with_registry(&w.dirs, |r| Ok(r.free("a"))).unwrap();
-    assert_eq!(d.ask(&json!({"op":"modes"})), json!({"ok":true,"modes":[keys(51821)]}));
+    let claim = |port: u16| ppp::sandbox::PortRegistry::load(&w.dirs).unwrap().claims[&port].clone();
+    let keys_of = |port: u16| {
+        format!("wireguard:{}@{port}", w.dirs.wg().join(format!("keys-{port}-{}.conf", claim(port))).display())
+    };
+    assert_eq!(d.ask(&json!({"op":"modes"})), json!({"ok":true,"modes":[keys_of(51821)]}));
+    ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("c")).unwrap();
     let spec =
         ppp::proxy::mitmdump::Spec::new(&w.dirs, "mitmdump".into(), [51820, 51821], "addon.py".into(), "ca.pem".into());
     let argv: Vec<String> =
         ppp::proxy::mitmdump::command(&spec).args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-    ppp::sandbox::with_registry(&w.dirs, |r| r.allocate("c")).unwrap();
-    // "c" reuses the port "a" freed.
+    // "c" reuses the port "a" freed, under a claim (and keys) of its own.
     let modes = d.ask(&json!({"op":"modes"}));
     assert_eq!(modes["modes"].as_array().unwrap().len(), 2, "{modes}");
     for m in modes["modes"].as_array().unwrap() {

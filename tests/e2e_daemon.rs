@@ -482,7 +482,7 @@ fn servers_come_and_go_with_claimed_ports_through_the_real_daemon() {
     });
     let wg0 = std::fs::read_to_string(dirs.sandbox_wg_conf("green")).unwrap();
     assert!(wg0.contains(&format!("Endpoint = 192.168.127.254:{GREEN}")), "{wg0}");
-    assert!(wg0.contains("Address = 10.0.0.3/32"), "{wg0}");
+    assert!(wg0.contains("Address = 10.0.0.4/32"), "{wg0}");
     let green = Guest::up(&rig.topo, 3, &d.conf(GREEN), GREEN);
     assert!(green.handshake_within(netns::DEADLINE), "green got no handshake");
     let (body, code) = echo(&green, "/green");

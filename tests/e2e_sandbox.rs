@@ -200,6 +200,256 @@ fn failures_leave_nothing_half_made() {
     nothing_left(&env);
 }
 
+/// Every call the fake podman recorded, argv and any file fed on stdin,
+/// as one text per call.
+fn recorded_calls(env: &Env) -> Vec<String> {
+    std::fs::read_to_string(env.root().join("fake/calls.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let argv: Vec<&str> = v["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+            format!("{}\n{}", argv.join(" "), v["stdin"].as_str().unwrap_or(""))
+        })
+        .collect()
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("{:x}", sha2::Sha256::digest(data))
+}
+
+/// Issue 11 point 6, as the attack: root in the guest reads every argv and
+/// stdin ppp sends in (the process list, a wrapped `sudo`). Through create
+/// and run, none of it holds a stored secret or a digest of one under any
+/// salt ppp sent; yet a guest process that does hold the real key is caught
+/// by the handover check, which the host decides.
+#[test]
+fn nothing_derived_from_a_secret_enters_the_guest() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    let other = "sk-other-sandbox-0123456789abcdef";
+    env.ok(&["secret", "set", "--sandbox", "blue", "openai", "-t", other]);
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+
+    let calls = recorded_calls(&env);
+    let salts: Vec<String> = calls
+        .iter()
+        .flat_map(|c| {
+            let words: Vec<&str> = c.split_whitespace().collect();
+            words.windows(2).filter(|w| w[0] == "--salt").map(|w| w[1].to_owned()).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(salts.len(), 2, "one verify per create and per run: {calls:#?}");
+    for secret in [KEY, other] {
+        for call in &calls {
+            assert!(!call.contains(secret), "a secret went into the guest: {call}");
+            for salt in &salts {
+                let digest = sha256_hex(format!("{salt}{secret}").as_bytes());
+                assert!(!call.contains(&digest), "a salted digest of a secret went into the guest: {call}");
+            }
+        }
+    }
+
+    // A process in the VM whose environment holds the real key (read from
+    // a file ppp never sees, so the test itself puts no key in an argv).
+    std::fs::write(env.root().join("ws/key.txt"), KEY).unwrap();
+    let key_file = env.root().join("ws/key.txt").display().to_string();
+    env.ok(&[
+        "exec",
+        "red",
+        "--",
+        "sh",
+        "-c",
+        &format!("ANTHROPIC_API_KEY=$(cat {key_file}) nohup sleep 600 >/dev/null 2>&1 &"),
+    ]);
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(err.contains("failed its handover checks: check `no-secret-in-env` failed"), "{err}");
+    assert!(err.contains("variable ANTHROPIC_API_KEY"), "{err}");
+    assert!(!err.contains(KEY), "the value is never printed: {err}");
+}
+
+/// A WireGuard peer made from `wg0` (a guest config ppp rendered), with its
+/// endpoint replaced by `endpoint` when given, that keeps sending
+/// keepalives: whether its server answers with a handshake within 6 s.
+/// `run` runs the probe script as root somewhere (a VM, a namespace).
+const WG_PROBE: &str = r#"set -e
+ip link del wgp 2>/dev/null || true
+ip link add wgp type wireguard 2>/dev/null || wireguard-go wgp >/dev/null 2>&1
+printf '%s' "$1" > /run/wireguard/wgp.key
+wg set wgp private-key /run/wireguard/wgp.key peer "$2" endpoint "$3" allowed-ips 10.0.0.53/32 persistent-keepalive 1
+ip link set wgp up
+i=0
+while [ $i -lt 30 ]; do
+  hs=$(wg show wgp latest-handshakes | awk '{print $2}')
+  if [ "${hs:-0}" != 0 ]; then echo HANDSHAKE; break; fi
+  sleep 0.2
+  i=$((i + 1))
+done
+ip link del wgp
+rm -f /run/wireguard/wgp.key
+"#;
+
+fn wg0_field<'a>(wg0: &'a str, key: &str) -> &'a str {
+    wg0.lines().find_map(|l| l.strip_prefix(&format!("{key} = "))).unwrap_or_else(|| panic!("{key} in {wg0}"))
+}
+
+/// The probe's arguments for `wg0`: private key, server key, endpoint.
+fn probe_args(wg0: &str, endpoint: Option<&str>) -> [String; 3] {
+    [
+        wg0_field(wg0, "PrivateKey").to_owned(),
+        wg0_field(wg0, "PublicKey").to_owned(),
+        endpoint.map_or_else(|| wg0_field(wg0, "Endpoint").to_owned(), ToOwned::to_owned),
+    ]
+}
+
+/// Root in sandbox `vm` runs the probe next to its own tunnel.
+fn handshakes_from_vm(env: &Env, vm: &str, wg0: &str) -> bool {
+    let [key, server, endpoint] = probe_args(wg0, None);
+    let out = env.ok(&["exec", vm, "--", "sudo", "sh", "-c", WG_PROBE, "sh", &key, &server, &endpoint]);
+    out.contains("HANDSHAKE")
+}
+
+/// Issue 11 point 5, as the attack: a sandbox's WireGuard identity cannot
+/// be reused. After `ppp rm red`, red's `wg0.conf` (which root in red had)
+/// gets no handshake from the server of the port's next owner; the next
+/// owner's own valid config gets none from a LAN address of the host
+/// (the servers listen only on loopback, where gvproxy delivers); and no
+/// copy of the key was ever on the machine's disk.
+#[test]
+fn a_sandbox_identity_cannot_be_reused() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["policy", "allow", "network", "--sandbox", "blue", "echo.test,api.anthropic.com,198.18.0.10"]);
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    let red = std::fs::read_to_string(env.dirs().sandbox_wg_conf("red")).unwrap();
+    // The key is on tmpfs in the VM only: nothing in the machine's state
+    // (overlays, /tmp, /home, /var/lib/ppp; its "disk") holds it.
+    let disk = Command::new("grep")
+        .args(["-rlF", wg0_field(&red, "PrivateKey")])
+        .arg(env.root().join("fake/machines/ppp-red"))
+        .output()
+        .unwrap();
+    assert_eq!(disk.status.code(), Some(1), "the key is on the machine's disk: {}", describe(&disk));
+    env.ok(&["rm", "-f", "red"]);
+
+    env.ok(&["create", "--name", "blue", "opencode", &env.ws()]);
+    assert_eq!(env.ls()[0]["port"], 51820, "blue has red's old port");
+    let blue = std::fs::read_to_string(env.dirs().sandbox_wg_conf("blue")).unwrap();
+    assert_ne!(wg0_field(&blue, "PrivateKey"), wg0_field(&red, "PrivateKey"), "a new claim, new keys");
+    assert_ne!(wg0_field(&blue, "PublicKey"), wg0_field(&red, "PublicKey"), "and a new server key");
+    // The control: the probe with blue's own config handshakes.
+    assert!(handshakes_from_vm(&env, "blue", &blue), "the probe works");
+    // The attack: red's old config against the port's new server.
+    assert!(!handshakes_from_vm(&env, "blue", &red), "red's old keys still open port 51820");
+
+    // From the LAN: blue's valid config, sent to the host's address on the
+    // link the upstream namespace shares with it.
+    std::fs::create_dir_all("/run/wireguard").unwrap();
+    let [key, server, _] = probe_args(&blue, None);
+    let endpoint = format!("{}:51820", netns::HOST_UPSTREAM_IP);
+    let out = env.topo.exec(
+        &env.topo.upstream_ns(),
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs wgp /run/wireguard && sh -c \"$0\" sh \"$@\"",
+            WG_PROBE,
+            &key,
+            &server,
+            &endpoint,
+        ],
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("HANDSHAKE"), "a server answered on {endpoint}");
+    // blue itself is untouched by all this.
+    assert_eq!(env.denied_status("blue"), "403");
+}
+
+/// `podman ARGS` (the fake) run directly, with no ppp in between.
+fn podman_raw(env: &Env, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", &env.topo.host_ns()])
+        .arg(sandbox_env::fake_podman())
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("FAKE_PODMAN_ROOT", env.root().join("fake"))
+        .env("FAKE_PODMAN_IMAGES", env.root().join("images"))
+        .output()
+        .unwrap()
+}
+
+/// Issue 11 point 9, as the attack: a provisioned machine booted outside
+/// ppp (`podman machine start`, or the VM rebooting) is closed from its
+/// first packet: the kill switch is loaded at boot, there is no tunnel (the
+/// key was on tmpfs), and root's packets to the host, to the world or to
+/// UDP port 67 anywhere but the gateway go nowhere. ppp provisions it again
+/// on top of that.
+#[test]
+fn a_machine_booted_without_ppp_is_closed() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "red");
+    env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
+    env.ok(&["stop", "red"]);
+    let out = podman_raw(&env, &["machine", "start", "ppp-red"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let ssh = |script: &str| podman_raw(&env, &["machine", "ssh", "ppp-red", "--", script]);
+    let text = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
+
+    // In force from boot, before anyone ran anything.
+    let table = ssh("sudo nft list table inet ppp");
+    assert!(table.status.success(), "no kill switch after boot: {}", describe(&table));
+    assert_eq!(text(&table).matches("policy drop").count(), 2, "{}", text(&table));
+    // No tunnel: its key was on tmpfs.
+    let wg = ssh("ip link show wg0; test -e /run/ppp/wg0.conf");
+    assert!(!wg.status.success(), "a tunnel came up without ppp: {}", describe(&wg));
+
+    // A direct path would work (host forwarding on, the upstream routes
+    // back), but nothing leaves: TCP to the world, and UDP from port 68 to
+    // port 67 of an address that is not the gateway.
+    env.topo.host_forwarding(true);
+    netns::run_ok(&["ip", "-n", &env.topo.upstream_ns(), "route", "add", "192.168.127.0/24", "via", "10.251.0.1"]);
+    let out = ssh(&format!("curl -sS -m 3 http://{UPSTREAM_IP}/boot-direct"));
+    assert!(!out.status.success(), "direct egress after boot: {}", describe(&out));
+    let listener = Command::new("ip")
+        .args(["netns", "exec", &env.topo.upstream_ns(), "python3", "-c"])
+        .arg(
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('0.0.0.0', 67))\n\
+             s.settimeout(4)\ntry:\n    print('GOT', s.recvfrom(100))\nexcept OSError:\n    print('NOTHING')\n",
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let send = format!(
+        "sudo python3 -c \"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+         s.bind(('0.0.0.0',68))\nfor _ in range(6):\n  s.sendto(b'dhcp?',('{UPSTREAM_IP}',67)); time.sleep(0.3)\""
+    );
+    let _ = ssh(&send);
+    let got = String::from_utf8_lossy(&listener.wait_with_output().unwrap().stdout).into_owned();
+    assert!(got.contains("NOTHING"), "UDP 68->67 left the guest for {UPSTREAM_IP}: {got}");
+    // The control: without the table the same request gets through.
+    ssh("sudo nft delete table inet ppp");
+    let out = ssh(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/boot-control"));
+    assert!(out.status.success(), "the direct path is real: {}", describe(&out));
+    let paths: Vec<Value> = env.upstream.requests().iter().map(|r| r["path"].clone()).collect();
+    assert!(!paths.contains(&Value::from("/boot-direct")), "{paths:?}");
+    env.topo.host_forwarding(false);
+
+    // ppp provisions it again on top of what booted: verified, working.
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stub-agent api: 200"), "{}", describe(&out));
+}
+
 #[test]
 fn one_running_machine_at_a_time_where_podman_says_so() {
     let env = Env::new("qemu");

@@ -31,6 +31,10 @@ fn raw_calls(env: &Env) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+fn private_key(wg0: &str) -> String {
+    wg0.lines().find_map(|l| l.strip_prefix("PrivateKey = ")).expect("a PrivateKey line").to_owned()
+}
+
 #[test]
 fn save_load_and_create_from_a_template() {
     assert!(
@@ -55,6 +59,23 @@ fn save_load_and_create_from_a_template() {
     assert_eq!(env.ls()[0]["state"], "stopped");
     let saved: Vec<Value> = serde_json::from_str(&env.ok(&["template", "ls", "--json"])).unwrap();
     assert_eq!(saved[0]["source"], "red");
+    // Issue 11 point 5: the template carries no WireGuard key. Its disk,
+    // read as raw bytes, does not hold red's private key anywhere (it was
+    // on tmpfs in the VM only).
+    let red_wg0 = std::fs::read_to_string(env.dirs().sandbox_wg_conf("red")).unwrap();
+    let red_key = private_key(&red_wg0);
+    let raw = env.root().join("template.raw");
+    let out = std::process::Command::new("qemu-img")
+        .args(["convert", "-q", "-O", "raw"])
+        .arg(saved[0]["path"].as_str().unwrap())
+        .arg(&raw)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "qemu-img convert: {}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&raw).unwrap();
+    assert!(bytes.len() > 1024, "the disk holds the guest's state");
+    assert!(!bytes.windows(red_key.len()).any(|w| w == red_key.as_bytes()), "the template holds red's WireGuard key");
+    std::fs::remove_file(&raw).unwrap();
 
     // Into a fresh cache, then a sandbox from it.
     let fresh = env.root().join("cache2");
@@ -83,6 +104,9 @@ fn save_load_and_create_from_a_template() {
     assert!(log.contains("already pulled"), "provision.sh skipped the pull:\n{log}");
     let mark = env.ok(&["exec", "blue", "--", "cat", "/var/lib/ppp-template-mark"]);
     assert_eq!(mark, "from-red\n");
+    // And the sandbox made from it has keys of its own.
+    let blue_wg0 = std::fs::read_to_string(env.dirs().sandbox_wg_conf("blue")).unwrap();
+    assert_ne!(private_key(&blue_wg0), red_key);
     let rec: Value =
         serde_json::from_str(&std::fs::read_to_string(env.dirs().sandbox_record("blue")).unwrap()).unwrap();
     assert_eq!(rec["template_tag"], "base");

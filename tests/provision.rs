@@ -67,6 +67,20 @@ impl Vm {
         run_ok(&["ip", "-n", &h, "addr", "flush", "dev", &hv]);
         run_ok(&["ip", "-n", &h, "addr", "add", &format!("{GATEWAY}/24"), "dev", &hv]);
         run_ok(&["ip", "-n", &h, "addr", "add", &format!("{ENDPOINT}/24"), "dev", &hv]);
+        // gvproxy's NAT, played by the test: the host alias is the host's
+        // loopback, where the daemon's WireGuard servers listen.
+        run_ok(&["ip", "netns", "exec", &h, "sysctl", "-qw", &format!("net.ipv4.conf.{hv}.route_localnet=1")]);
+        run_ok(&[
+            "ip",
+            "netns",
+            "exec",
+            &h,
+            "nft",
+            &format!(
+                "add table ip gvproxy; add chain ip gvproxy pre {{ type nat hook prerouting priority dstnat; }}; \
+                 add rule ip gvproxy pre iifname \"{hv}\" ip daddr {ENDPOINT} dnat to 127.0.0.1"
+            ),
+        ]);
         // Replies to a guest that bypasses the tunnel (only when a test turns
         // host forwarding on).
         run_ok(&["ip", "-n", &topo.upstream_ns(), "route", "add", "192.168.127.0/24", "via", "10.251.0.1"]);
@@ -76,6 +90,7 @@ impl Vm {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
         std::fs::create_dir_all("/run/wireguard").unwrap();
+        std::fs::create_dir_all("/run/ppp").unwrap();
         let d = dir.display();
         // Overlays first (their layers are under the real /tmp), then the
         // guest's own /tmp hides the machine's.
@@ -87,6 +102,7 @@ impl Vm {
              mount -t overlay ppp-ca -o lowerdir=/usr/local/share/ca-certificates,upperdir={d}/ca-up,workdir={d}/ca-work \
              /usr/local/share/ca-certificates\n\
              mount -t tmpfs -o mode=0755 ppp-wg /run/wireguard\n\
+             mount -t tmpfs -o mode=0755 ppp-run /run/ppp\n\
              mount -t tmpfs -o mode=1777 ppp-shm /dev/shm\n\
              mount -t tmpfs -o mode=1777 ppp-tmp /tmp\n\
              touch /run/wireguard/.ready\n\
@@ -159,8 +175,25 @@ impl Vm {
         self.exec(&[("SUDO_USER", SSH_USER)], &["sh", "-c", &line.join(" ")])
     }
 
+    /// `up` as ppp runs it: wg0.conf (what [`deliver`] was given) on stdin.
     fn up(&self) -> Output {
-        self.provision(&["up", "--wg-conf", "/tmp/ppp/wg0.conf", "--image", IMAGE])
+        self.up_with(IMAGE)
+    }
+
+    fn up_with(&self, image: &str) -> Output {
+        let line = ["bash", "/tmp/ppp/provision.sh", "up", "--wg-conf", "-", "--image", image]
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let pid = self.pid.to_string();
+        Command::new("nsenter")
+            .args(["-t", &pid, "-n", "-m", "-p", "--", "env", "-i", &format!("PATH={GUEST_PATH}"), "HOME=/root"])
+            .arg(format!("SUDO_USER={SSH_USER}"))
+            .args(["sh", "-c", &line])
+            .stdin(std::fs::File::open(self.dir.with_file_name("vm-wg0.conf")).unwrap())
+            .output()
+            .unwrap()
     }
 
     fn curl(&self, args: &[&str]) -> (String, String) {
@@ -220,15 +253,21 @@ fn child_of(parent: u32) -> Option<u32> {
 const PODMAN_STUB: &str = "#!/bin/sh\nprintf '%s %s\\n' \"$(id -un)\" \"$*\" >> /tmp/ppp-rec/podman.log\n\
                            case \"$*\" in *fail-me*) echo 'stub: pull failed' >&2; exit 125;; esac\n";
 
-/// What ppp does before it calls the script: /tmp/ppp, the script and
-/// wg0.conf copied in. Plus the test's podman stub.
+/// What ppp does before it calls the script: /tmp/ppp and the script
+/// copied in; wg0.conf is kept on the host side for [`Vm::up`] to feed on
+/// stdin. Plus the test's podman stub.
 fn deliver(vm: &Vm, wg0: &str) {
     vm.ok(&["mkdir", "-p", "-m", "0755", "/tmp/ppp", "/tmp/ppp-bin"]);
     vm.ok(&["mkdir", "-p", "-m", "0777", "/tmp/ppp-rec"]);
     vm.ok(&["chmod", "0777", "/tmp/ppp-rec"]);
     vm.put("/tmp/ppp/provision.sh", &ppp::assets::provision(), 0o644);
-    vm.put("/tmp/ppp/wg0.conf", wg0.as_bytes(), 0o600);
+    std::fs::write(vm.dir.with_file_name("vm-wg0.conf"), wg0).unwrap();
     vm.put("/tmp/ppp-bin/podman", PODMAN_STUB.as_bytes(), 0o755);
+}
+
+/// `verify`'s check lines, without the environment report.
+fn check_lines(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| !l.starts_with("env ") && !l.starts_with("env-end ")).collect()
 }
 
 fn text(out: &Output) -> String {
@@ -264,6 +303,10 @@ fn rig() -> Rig {
     let dirs = daemon.dirs();
     assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate(NAME)).unwrap(), PORT);
     daemon.ok(&["policy", "init", "deny-all"]);
+    // The default: the servers listen on loopback, where gvproxy (played
+    // by the rig's NAT) delivers the guest's datagrams.
+    std::fs::create_dir_all(dirs.config.clone()).unwrap();
+    std::fs::write(dirs.config_file(), "wireguard:\n  listen_host: 127.0.0.1\n").unwrap();
     // 198.18.0.0/15 is not public: the rebinding defence needs the address rule.
     daemon.ok(&["policy", "allow", "network", "--sandbox", NAME, "echo.test,198.18.0.10"]);
     daemon.start(&topo, &upstream);
@@ -299,16 +342,34 @@ fn provision_up_verify_and_the_kill_switch() {
     let routes = vm.ok(&["ip", "-4", "route", "show"]);
     assert!(routes.lines().any(|l| l.starts_with("default dev wg0") && l.contains("quickack 1")), "{routes}");
     assert!(routes.contains(&format!("{ENDPOINT} via {GATEWAY} dev {UPLINK}")), "{routes}");
-    // wg0.conf installed as is, 0600, root's (the overlay's upper layer is
-    // what the script wrote).
-    let installed = vm.dir.join("etc-up/wireguard/wg0.conf");
-    assert_eq!(std::fs::read_to_string(&installed).unwrap(), wg0);
-    assert_eq!(std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777, 0o600);
+    // wg0.conf installed as is, 0600, on tmpfs only: nothing on the disk
+    // (the overlays' upper layers are what the script wrote) holds the key.
+    assert_eq!(vm.ok(&["cat", "/run/ppp/wg0.conf"]), wg0);
+    assert_eq!(vm.ok(&["stat", "-c", "%a %U", "/run/ppp/wg0.conf"]).trim(), "600 root");
+    let key = wg0.lines().find_map(|l| l.strip_prefix("PrivateKey = ")).unwrap().to_owned();
+    let on_disk = Command::new("grep").args(["-rlF", &key]).arg(&vm.dir).output().unwrap();
+    assert_eq!(on_disk.status.code(), Some(1), "the key is on the guest's disk: {}", describe(&on_disk));
+    let tmp = vm.ok(&["sh", "-c", "grep -rlF \"$0\" /tmp || true", &key]);
+    assert!(tmp.trim().is_empty(), "a staged copy of the key is left in the guest: {tmp}");
     // The kill switch.
     let table = vm.ok(&["nft", "list", "table", "inet", "ppp"]);
     assert_eq!(table.matches("policy drop").count(), 2, "output and forward drop by default:\n{table}");
     assert!(table.contains(&format!("ip daddr {ENDPOINT} udp dport {PORT} accept")), "{table}");
     assert!(table.contains("meta nfproto ipv6 drop"), "{table}");
+    // DHCP may reach the gateway (and broadcast) only, not any address.
+    assert!(
+        table.contains(&format!("ip daddr {{ {GATEWAY}, 255.255.255.255 }} udp sport 68 udp dport 67 accept")),
+        "{table}"
+    );
+    // Persisted for boot: the ruleset in /etc and a unit that loads it
+    // before the network, enabled.
+    let saved = vm.ok(&["cat", "/etc/ppp/killswitch.nft"]);
+    assert!(saved.contains("policy drop") && saved.contains(&format!("udp dport {PORT} accept")), "{saved}");
+    let unit = vm.ok(&["cat", "/etc/systemd/system/sysinit.target.wants/ppp-killswitch.service"]);
+    for line in ["DefaultDependencies=no", "Before=network-pre.target shutdown.target", "ExecStart="] {
+        assert!(unit.contains(line), "{line} in\n{unit}");
+    }
+    assert!(unit.contains(" -f /etc/ppp/killswitch.nft"), "{unit}");
     // DNS through the tunnel, in a regular file.
     let resolv = vm.ok(&["cat", "/etc/resolv.conf"]);
     assert!(resolv.lines().any(|l| l == "nameserver 10.0.0.53"), "{resolv}");
@@ -336,6 +397,21 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(vm.podman_calls(), vec![format!("{SSH_USER} pull {IMAGE}")]);
     assert_eq!(vm.ok(&["cat", "/var/lib/ppp/.provisioned"]), IMAGE);
 
+    // The attack on the listen address: the same valid config, aimed at
+    // another address of the host (here the gateway address on the host's
+    // veth, as a LAN peer would use the host's LAN address), gets no
+    // handshake: the servers listen only on loopback, where gvproxy's NAT
+    // delivers the host alias (ADR 0018).
+    deliver(vm, &wg0.replace(&format!("Endpoint = {ENDPOINT}:"), &format!("Endpoint = {GATEWAY}:")));
+    let out = vm.up();
+    let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
+    assert!(
+        last.starts_with("ppp-provision: FAILED at step 5/9 (tunnel wg0): no WireGuard handshake"),
+        "a server answered on {GATEWAY}: {}",
+        describe(&out)
+    );
+    deliver(vm, &wg0);
+
     // Second run: succeeds, tunnel back up, no second pull.
     let t = Instant::now();
     let out = vm.up();
@@ -346,7 +422,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_ne!(vm.latest_handshake(), 0);
     // A failed pull fails step 9 and leaves the marker alone; the next run
     // with the provisioned image does not pull.
-    let out = vm.provision(&["up", "--wg-conf", "/tmp/ppp/wg0.conf", "--image", "example.test/fail-me:1"]);
+    let out = vm.up_with("example.test/fail-me:1");
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();
     assert!(last.starts_with("ppp-provision: FAILED at step 9/9 (agent image example.test/fail-me:1): "), "{last}");
@@ -367,10 +443,11 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(code, "403", "{body}");
     assert!(body.contains("ppp policy allow network --sandbox vm1 denied.test"), "{body}");
 
-    // verify: all five ok.
-    let salt = "c2FsdC1mb3ItdGhlLXRlc3Q";
+    // verify: the guest's four checks ok, then its environment as digests
+    // salted with what the host sent (the host compares; ADR 0018).
+    let salt = "5a175a175a175a175a175a175a175a17".to_owned();
     let secret = "sk-ant-provision-SECRET-0123456789";
-    let digests = format!("{},{}", sha256_hex(format!("{salt}{secret}").as_bytes()), "ab".repeat(32));
+    let leaked = sha256_hex(format!("{salt}{secret}").as_bytes());
     let verify_args = [
         "verify",
         "--denied-url",
@@ -378,9 +455,7 @@ fn provision_up_verify_and_the_kill_switch() {
         "--denied-connect-to",
         &format!("denied.test:80:{DENIED_IP}:80"),
         "--salt",
-        salt,
-        "--digests",
-        &digests,
+        &salt,
     ];
     let t = Instant::now();
     let out = vm.provision(&verify_args);
@@ -388,22 +463,21 @@ fn provision_up_verify_and_the_kill_switch() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "verify: {}", describe(&out));
     assert_eq!(
-        stdout.lines().collect::<Vec<_>>(),
-        ["ok handshake", "ok no-direct-egress", "ok policy-denies", "ok ca-trusted", "ok no-secret-in-env"],
+        check_lines(&stdout),
+        ["ok handshake", "ok no-direct-egress", "ok policy-denies", "ok ca-trusted"],
         "{}",
         describe(&out)
     );
-    // No secrets stored on the host: ppp sends an empty list, which passes.
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", ""]);
-    assert!(out.status.success(), "{}", describe(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok no-secret-in-env\n"), "{}", describe(&out));
+    let report = ppp::sandbox::lifecycle::parse_env_report(&stdout);
+    assert!(report.complete && !report.digests.is_empty(), "{stdout}");
+    assert!(!report.digests.iter().any(|(d, _)| *d == leaked), "no process holds the secret yet");
     // Without --denied-url policy-denies is skipped, nothing else changes.
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
+    let out = vm.provision(&["verify", "--salt", &salt]);
     assert!(out.status.success(), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("skip policy-denies: "), "{}", describe(&out));
 
-    // A process in the guest holding the secret fails verify, which names
-    // the pid and the variable, never the value.
+    // A process in the guest holding the secret shows up in the report,
+    // named by pid and variable, never by value.
     let pid = vm.pid.to_string();
     let mut leak = Command::new("nsenter")
         .args(["-t", &pid, "-n", "-m", "-p", "--", "env", "-i", &format!("LEAKY_TOKEN={secret}"), "sleep", "600"])
@@ -415,14 +489,17 @@ fn provision_up_verify_and_the_kill_switch() {
     });
     let out = vm.provision(&verify_args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(!out.status.success(), "{}", describe(&out));
-    let line = stdout.lines().find(|l| l.starts_with("fail no-secret-in-env: ")).unwrap_or_else(|| panic!("{stdout}"));
-    assert!(line.contains("variable LEAKY_TOKEN") && line.contains("pid "), "{line}");
+    assert!(out.status.success(), "the guest does not judge its own env: {}", describe(&out));
+    let report = ppp::sandbox::lifecycle::parse_env_report(&stdout);
+    let (_, place) = report.digests.iter().find(|(d, _)| *d == leaked).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(place.contains("variable LEAKY_TOKEN") && place.contains("pid "), "{place}");
+    let secrets = [leaked.clone()].into();
+    let check = ppp::sandbox::lifecycle::env_check(&report, &secrets);
+    assert_eq!(check.outcome, ppp::sandbox::lifecycle::Outcome::Fail, "{check}");
     assert!(!text(&out).contains(secret), "the value is never printed: {}", describe(&out));
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 4, "{stdout}");
     // nsenter forked the process into the guest's pid namespace: kill it
-    // there, by the pid verify named.
-    let guest_pid = line.split("pid ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
+    // there, by the pid the report named.
+    let guest_pid = place.split("pid ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned();
     vm.ok(&["kill", "-KILL", &guest_pid]);
     let _ = leak.wait();
 
@@ -437,7 +514,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert_eq!(code, "200", "the direct path works without the kill switch: {body}");
     let direct = rig.upstream.requests().into_iter().find(|r| r["path"] == "/direct").unwrap();
     assert!(direct["client"].as_str().unwrap().starts_with(GUEST_IP), "{direct}");
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
+    let out = vm.provision(&["verify", "--salt", &salt]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("fail no-direct-egress: nftables table inet ppp"),
@@ -454,7 +531,7 @@ fn provision_up_verify_and_the_kill_switch() {
     // verify's probes look at behaviour, not only at the table: a table that
     // exists but lets everything out fails.
     vm.ok(&["nft", "insert", "rule", "inet", "ppp", "output", "accept"]);
-    let out = vm.provision(&["verify", "--salt", salt, "--digests", &digests]);
+    let out = vm.provision(&["verify", "--salt", &salt]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(!out.status.success(), "{}", describe(&out));
     assert!(
@@ -484,7 +561,7 @@ fn provision_up_verify_and_the_kill_switch() {
     assert!(!out.status.success());
     assert!(stdout.lines().any(|l| l.starts_with("fail handshake: ")), "{}", describe(&out));
     assert!(stdout.lines().any(|l| l == "ok no-direct-egress"), "{}", describe(&out));
-    assert_eq!(stdout.lines().count(), 5, "one line per check: {stdout}");
+    assert_eq!(check_lines(&stdout).len(), 4, "one line per check: {stdout}");
 
     eprintln!("verify without wg0 done: {:?}", start.elapsed());
     // Provisioning again brings it all back (what ppp does when wg0 is not up).
@@ -513,16 +590,17 @@ fn provision_refuses_bad_configs_and_bad_usage() {
         log.lines().any(|l| l.starts_with("ppp-provision: FAILED at step 2/9") && l.contains("'DNS =' line")),
         "{log}"
     );
-    assert!(!Path::new(&vm.dir.join("etc-up/wireguard/wg0.conf")).exists(), "nothing installed");
+    assert_eq!(vm.ok(&["ls", "-A", "/run/ppp"]), "", "nothing installed, nothing staged");
 
-    vm.put("/tmp/ppp/wg0.conf", good.replace("Table = off\n", "").as_bytes(), 0o600);
+    deliver(&vm, &good.replace("Table = off\n", ""));
     let out = vm.up();
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert!(text(&out).contains("lacks 'Table = off'"), "{}", describe(&out));
 
     for bad in [
         &["up", "--wg-conf", "/tmp/ppp/wg0.conf"][..],
-        &["verify", "--salt", "x"][..],
+        &["verify"][..],
+        &["verify", "--salt", "not-hex"][..],
         &["frobnicate"][..],
         &["up", "--image", "x", "--wg-conf"][..],
     ] {
@@ -537,7 +615,7 @@ fn provision_refuses_bad_configs_and_bad_usage() {
 
     // A good config with no server behind it: the run fails at the
     // handshake, and the guest is left closed, not open.
-    vm.put("/tmp/ppp/wg0.conf", good.as_bytes(), 0o600);
+    deliver(&vm, good);
     let out = vm.up();
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned();

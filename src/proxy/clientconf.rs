@@ -170,6 +170,16 @@ fn is_key(s: &str) -> bool {
     base64::engine::general_purpose::STANDARD.decode(s).is_ok_and(|b| b.len() == 32)
 }
 
+/// The guest's private key in a key file mitmdump wrote (`{"server_key":
+/// …, "client_key": …}`), or `None` while it is missing or unreadable. A
+/// printed config is used only when its `PrivateKey` is this: the port's
+/// current keys, never a former claim's still in the log.
+pub fn client_key_of(key_file: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(key_file).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("client_key")?.as_str().filter(|k| is_key(k)).map(ToOwned::to_owned)
+}
+
 /// Save the captured configs to `wg/client-confs.json` (atomic, 0600: they
 /// hold the guests' private keys).
 pub fn save(dirs: &Dirs, confs: &BTreeMap<u16, ClientConf>) -> Result<()> {
@@ -325,7 +335,7 @@ mod tests {
         insta::assert_snapshot!(text, @r"
         [Interface]
         PrivateKey = AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=
-        Address = 10.0.0.3/32
+        Address = 10.0.0.4/32
         Table = off
 
         [Peer]

@@ -6,8 +6,10 @@
 //! go through [`exec::run`]. Starting and supervising the long-running
 //! mitmdump is the supervisor's job, not this module's.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -39,7 +41,12 @@ pub struct Spec {
     pub mitmdump: PathBuf,
     /// Ports to listen on, as [`listen_ports`] returns them.
     pub ports: Vec<u16>,
-    /// Directory of the key files `keys-<port>.conf`.
+    /// Port → claim id, as the port registry has them: they name the key
+    /// files (see [`key_file`]).
+    pub claims: BTreeMap<u16, String>,
+    /// The address the WireGuard servers bind (`listen_host`).
+    pub listen_host: IpAddr,
+    /// Directory of the key files.
     pub wg_dir: PathBuf,
     /// The addon script.
     pub addon: PathBuf,
@@ -53,7 +60,9 @@ pub struct Spec {
 
 impl Spec {
     /// A spec with ppp's standard paths under `dirs` for the ports the
-    /// registry claims.
+    /// registry claims, with their claim ids from the registry (none when
+    /// it cannot be read: the daemon reads it just before and stops on an
+    /// error), listening on the default address.
     pub fn new(
         dirs: &Dirs,
         mitmdump: PathBuf,
@@ -64,6 +73,8 @@ impl Spec {
         Self {
             mitmdump,
             ports: listen_ports(claimed),
+            claims: crate::sandbox::PortRegistry::load(dirs).map(|r| r.claims).unwrap_or_default(),
+            listen_host: crate::config::DEFAULT_LISTEN_HOST,
             wg_dir: dirs.wg(),
             addon,
             confdir: dirs.mitmproxy_confdir(),
@@ -74,7 +85,19 @@ impl Spec {
 
     /// The key file of `port`.
     pub fn keys(&self, port: u16) -> PathBuf {
-        self.wg_dir.join(format!("keys-{port}.conf"))
+        key_file(&self.wg_dir, port, self.claims.get(&port).map(String::as_str))
+    }
+}
+
+/// The key file of `port` under its claim `claim`: `keys-<port>-<claim>.conf`,
+/// or `keys-<port>.conf` for a port with no claim (the idle base port, or a
+/// claim older than claim ids). mitmdump writes a missing one with fresh
+/// keys; a new claim id is a new file, so a port claimed again gets new keys
+/// and its former holder's `wg0.conf` no longer handshakes (ADR 0018).
+pub fn key_file(wg_dir: &Path, port: u16, claim: Option<&str>) -> PathBuf {
+    match claim {
+        Some(c) => wg_dir.join(format!("keys-{port}-{c}.conf")),
+        None => wg_dir.join(format!("keys-{port}.conf")),
     }
 }
 
@@ -91,22 +114,35 @@ pub fn listen_ports(claimed: impl IntoIterator<Item = u16>) -> Vec<u16> {
     ports
 }
 
-/// The `--mode` value of each port: `wireguard:<wg_dir>/keys-<port>.conf@<port>`.
+/// The `--mode` value of each port: `wireguard:<key file>@<port>`, the key
+/// file as [`key_file`] names it for the port's claim in `claims`.
 ///
 /// The daemon's start command and the addon's run-time `mode` update both
 /// come from here: mitmproxy keeps a running server only when its spec is
 /// unchanged, so the two must agree to the byte, or an update would restart
-/// every server and drop every tunnel.
-pub fn modes(wg_dir: &Path, ports: &[u16]) -> Vec<String> {
+/// every server and drop every tunnel. A port claimed again has a new key
+/// file, so its spec changes and mitmproxy stops that one server and starts
+/// it again with new keys (`Servers.update` stops removed specs before it
+/// starts new ones, so the port is free).
+pub fn modes(wg_dir: &Path, ports: &[u16], claims: &BTreeMap<u16, String>) -> Vec<String> {
     ports
         .iter()
-        .map(|port| format!("wireguard:{}@{port}", wg_dir.join(format!("keys-{port}.conf")).to_string_lossy()))
+        .map(|&port| {
+            let keys = key_file(wg_dir, port, claims.get(&port).map(String::as_str));
+            format!("wireguard:{}@{port}", keys.to_string_lossy())
+        })
         .collect()
 }
 
 /// The ports mitmdump should listen on now, from the port registry.
 pub fn wanted_ports(dirs: &Dirs) -> Result<Vec<u16>> {
     Ok(listen_ports(crate::sandbox::PortRegistry::load(dirs)?.ports.keys().copied()))
+}
+
+/// The `--mode` list mitmdump should have now, from the port registry.
+pub fn wanted_modes(dirs: &Dirs) -> Result<Vec<String>> {
+    let registry = crate::sandbox::PortRegistry::load(dirs)?;
+    Ok(modes(&dirs.wg(), &listen_ports(registry.ports.keys().copied()), &registry.claims))
 }
 
 /// Create the directories `spec` names for mitmdump to write into, private
@@ -123,7 +159,7 @@ pub fn prepare(spec: &Spec) -> Result<()> {
 /// keys, while an empty or invalid one makes it refuse to start.
 pub fn command(spec: &Spec) -> Invocation {
     let mut inv = Invocation::new(&spec.mitmdump);
-    for mode in modes(&spec.wg_dir, &spec.ports) {
+    for mode in modes(&spec.wg_dir, &spec.ports, &spec.claims) {
         inv = inv.arg("--mode").arg(mode);
     }
     inv = inv.arg("-s").arg(&spec.addon);
@@ -138,6 +174,10 @@ pub fn command(spec: &Spec) -> Invocation {
         // Policy decisions (and mitm.it) happen before any upstream connection.
         .arg("--set")
         .arg("connection_strategy=lazy")
+        // Only where the guests' datagrams arrive (gvproxy: loopback), so
+        // a copy of a guest's config is of no use from anywhere else.
+        .arg("--set")
+        .arg(format!("listen_host={}", spec.listen_host))
         .arg("--set")
         .arg(set("ssl_verify_upstream_trusted_ca", &spec.upstream_ca.clone().into_os_string()));
     for (name, value) in &spec.sets {
@@ -449,6 +489,23 @@ mod tests {
         p
     }
 
+    /// A port claimed again has a new key file, so its `--mode` changes and
+    /// mitmproxy restarts that server with new keys; the others keep theirs.
+    #[test]
+    fn a_new_claim_changes_only_its_own_mode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = dirs(tmp.path());
+        crate::sandbox::with_registry(&d, |r| r.allocate("a")).unwrap();
+        crate::sandbox::with_registry(&d, |r| r.allocate("b")).unwrap();
+        let before = wanted_modes(&d).unwrap();
+        crate::sandbox::with_registry(&d, |r| Ok(r.free("a"))).unwrap();
+        crate::sandbox::with_registry(&d, |r| r.allocate("c")).unwrap();
+        let after = wanted_modes(&d).unwrap();
+        assert_ne!(before[0], after[0], "51820 was claimed again");
+        assert_eq!(before[1], after[1], "51821 keeps its server");
+        assert!(after[0].ends_with("@51820") && after[0].contains("/keys-51820-"), "{}", after[0]);
+    }
+
     #[test]
     fn only_claimed_ports_or_the_base_port() {
         assert_eq!(listen_ports([]), [51820]);
@@ -466,12 +523,13 @@ mod tests {
             d.upstream_ca(),
         );
         spec.sets.push(("console_eventlog_verbosity".into(), "info".into()));
+        spec.claims.insert(51822, "0123456789abcdef".into());
         insta::assert_snapshot!(argv(&command(&spec)), @r"
         /venv/bin/mitmdump
           --mode
           wireguard:/data/ppp/wg/keys-51820.conf@51820
           --mode
-          wireguard:/data/ppp/wg/keys-51822.conf@51822
+          wireguard:/data/ppp/wg/keys-51822-0123456789abcdef.conf@51822
           -s
           /data/ppp/addon/addon-0123.py
           --set
@@ -479,11 +537,14 @@ mod tests {
           --set
           connection_strategy=lazy
           --set
+          listen_host=127.0.0.1
+          --set
           ssl_verify_upstream_trusted_ca=/data/ppp/wg/upstream-ca.pem
           --set
           console_eventlog_verbosity=info
         env PYTHONUNBUFFERED=1
         ");
+        assert_eq!(spec.keys(51822), Path::new("/data/ppp/wg/keys-51822-0123456789abcdef.conf"));
         let empty = Spec::new(&d, "m".into(), [], "a.py".into(), "ca.pem".into());
         assert_eq!(command(&empty).args.iter().filter(|a| *a == "--mode").count(), 1);
     }

@@ -226,7 +226,7 @@ impl State {
 
     /// The `--mode` list for the ports the registry claims now.
     pub fn modes(&self) -> Result<Vec<String>> {
-        Ok(super::mitmdump::modes(&self.dirs.wg(), &super::mitmdump::wanted_ports(&self.dirs)?))
+        super::mitmdump::wanted_modes(&self.dirs)
     }
 }
 

@@ -139,10 +139,15 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
     let mut reloads = shared.subscribe();
     let outcome: Result<()> = 'outer: loop {
         let mut ports = mitmdump::wanted_ports(dirs)?;
-        let levels = configured_levels(dirs);
+        let config = configured(dirs);
+        let levels = config.log;
         crate::set_log_level(levels.general);
         let mut spec =
             mitmdump::Spec::new(dirs, opts.mitmdump.clone(), ports.clone(), addon.clone(), upstream_ca.clone());
+        spec.listen_host = config.wireguard.listen_host;
+        // What the addon's `modes` request must match for nothing to restart.
+        let mut modes = mitmdump::modes(&spec.wg_dir, &spec.ports, &spec.claims);
+        let mut claims = spec.claims.clone();
         spec.sets.push(("termlog_verbosity".to_owned(), crate::config::mitmproxy_level(levels.proxy).to_owned()));
         // The addon finds the socket, the port registry and flows.jsonl here.
         spec.sets.push(("ppp_state_dir".to_owned(), dirs.data.display().to_string()));
@@ -172,6 +177,9 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
         // within CONFIG_DEADLINE of this.
         let mut asked = Instant::now();
         let mut warned = false;
+        // Whether the servers changed at run time since this mitmdump
+        // started: only then is a bind failure the restart race below.
+        let mut changed = false;
         reloads.mark_unchanged();
 
         let status = loop {
@@ -179,6 +187,18 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
             tokio::select! {
                 () = tokio::time::sleep(pause) => {
                     let fresh = tail.poll()?;
+                    if std::mem::take(&mut tail.bind_failed) && changed {
+                        // A port claimed again gets its server started
+                        // again with new keys, right after the old one was
+                        // stopped; mitmproxy_rs can report it stopped
+                        // before the UDP socket is free, and the new bind
+                        // fails (EADDRINUSE) with no retry. A new mitmdump
+                        // binds every port afresh, and the guests' tunnels
+                        // handshake again by themselves.
+                        tracing::warn!("a WireGuard server could not bind its port at run time; restarting mitmdump");
+                        stop_child(&mut child).await?;
+                        break None;
+                    }
                     if !fresh.is_empty() {
                         confs.extend(fresh);
                         clientconf::save(dirs, &confs)?;
@@ -188,13 +208,14 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
                     if record.ready && rotate_log(&log_path, PROXY_LOG_MAX)? {
                         tail.pos = 0;
                     }
-                    if !record.ready && ports.iter().all(|p| tail.seen.contains(p)) {
+                    if !record.ready && live(dirs, &ports, &claims, &tail.seen).len() == ports.len() {
                         record.ready = true;
                         state::write_json(&dirs.daemon_record(), &record)?;
                         tracing::info!("captured client configs for {ports:?}");
                     } else if !record.ready && !warned && asked.elapsed() > CONFIG_DEADLINE {
                         warned = true;
-                        let missing: Vec<u16> = ports.iter().copied().filter(|p| !tail.seen.contains(p)).collect();
+                        let up = live(dirs, &ports, &claims, &tail.seen);
+                        let missing: Vec<u16> = ports.iter().copied().filter(|p| !up.contains(p)).collect();
                         tracing::warn!(
                             "mitmdump printed no client config for {missing:?} within {} s; see `{}`",
                             CONFIG_DEADLINE.as_secs(),
@@ -214,15 +235,24 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
                     if let Err(e) = write_wg0s(dirs, &confs, &tail.seen) {
                         tracing::warn!("could not write wg0.conf files: {e:#}");
                     }
-                    match mitmdump::wanted_ports(dirs) {
-                        Ok(now) if now != ports => {
+                    // A port claimed again keeps its number but gets a new
+                    // key file: its mode changes, and its config is due
+                    // again (the printed one must match the new keys).
+                    match PortRegistry::load(dirs).map(|r| {
+                        let now = mitmdump::listen_ports(r.ports.keys().copied());
+                        (mitmdump::modes(&dirs.wg(), &now, &r.claims), now, r.claims)
+                    }) {
+                        Ok((now_modes, now, now_claims)) if now_modes != modes => {
                             tracing::info!("WireGuard servers: {ports:?} -> {now:?}");
-                            tail.seen.retain(|p| now.contains(p));
+                            tail.seen.retain(|p, _| now.contains(p));
                             ports = now;
+                            modes = now_modes;
+                            claims = now_claims;
                             record.ports.clone_from(&ports);
                             record.ready = false;
                             asked = Instant::now();
                             warned = false;
+                            changed = true;
                             state::write_json(&dirs.daemon_record(), &record)?;
                             write_wg0s(dirs, &confs, &tail.seen)?;
                         }
@@ -235,7 +265,7 @@ async fn supervise(dirs: &Dirs, opts: &Options) -> Result<()> {
                         Ok(g) => tracing::info!("reloaded on SIGHUP (generation {g})"),
                         Err(e) => tracing::warn!("reload on SIGHUP failed: {e:#}"),
                     }
-                    let now = configured_levels(dirs);
+                    let now = configured(dirs).log;
                     crate::set_log_level(now.general);
                     if now.proxy != levels.proxy {
                         // mitmdump reads its verbosity at start; a planned
@@ -297,13 +327,16 @@ struct Tail {
     path: PathBuf,
     /// Where the next read starts.
     pos: u64,
-    /// Ports whose config this mitmdump printed (and has not dropped since).
-    seen: std::collections::BTreeSet<u16>,
+    /// Port → the guest key of the last config this mitmdump printed for
+    /// it (a server started again prints a new one).
+    seen: BTreeMap<u16, String>,
+    /// Whether mitmdump logged a WireGuard server that failed to bind.
+    bind_failed: bool,
 }
 
 impl Tail {
     fn new(path: PathBuf, pos: u64) -> Self {
-        Self { path, pos, seen: std::collections::BTreeSet::new() }
+        Self { path, pos, seen: BTreeMap::new(), bind_failed: false }
     }
 
     /// The configs printed since the last call. Only whole lines are read,
@@ -324,12 +357,20 @@ impl Tail {
         };
         let text = String::from_utf8_lossy(&bytes[..end]);
         let found = clientconf::parse(&text);
+        // mitmproxy's words for it: "WireGuard server failed to listen on
+        // HOST:PORT with [Errno 98] …".
+        self.bind_failed |= text.contains("WireGuard server failed to listen on");
         // The next read starts a block's length before the end, so a block
         // still being printed is read again whole.
         let keep_from = text.match_indices('\n').rev().nth(clientconf::MAX_BLOCK_LINES + 2).map_or(0, |(i, _)| i + 1);
         let advance = if keep_from == 0 && full { end } else { keep_from };
         self.pos += advance as u64;
-        let fresh = found.into_iter().filter(|(port, _)| self.seen.insert(*port)).collect();
+        let fresh = found
+            .into_iter()
+            .filter(|(port, conf)| {
+                self.seen.insert(*port, conf.private_key.clone()).as_ref() != Some(&conf.private_key)
+            })
+            .collect();
         Ok(fresh)
     }
 }
@@ -360,16 +401,15 @@ fn rotate_log(path: &std::path::Path, max: u64) -> Result<bool> {
 }
 
 /// Render `wg0.conf` for every sandbox that holds a port whose config this
-/// mitmdump printed. The endpoint is the gvproxy host alias, as a Podman
-/// Machine guest sees the host.
-fn write_wg0s(
-    dirs: &Dirs,
-    confs: &BTreeMap<u16, clientconf::ClientConf>,
-    live: &std::collections::BTreeSet<u16>,
-) -> Result<()> {
+/// mitmdump printed with the keys of the sandbox's own claim (a config a
+/// former holder of the port got is never written). The endpoint is the
+/// gvproxy host alias, as a Podman Machine guest sees the host.
+fn write_wg0s(dirs: &Dirs, confs: &BTreeMap<u16, clientconf::ClientConf>, seen: &BTreeMap<u16, String>) -> Result<()> {
     let registry = PortRegistry::load(dirs)?;
+    let ports: Vec<u16> = registry.ports.keys().copied().collect();
+    let up = live(dirs, &ports, &registry.claims, seen);
     for (port, name) in &registry.ports {
-        if let (true, Some(conf)) = (live.contains(port), confs.get(port)) {
+        if let Some(conf) = confs.get(port).filter(|c| up.contains(port) && seen.get(port) == Some(&c.private_key)) {
             let text = clientconf::render_wg0(conf, sandbox::inner_ip(*port), clientconf::PODMAN_HOST_ALIAS, *port);
             state::write_atomic(&dirs.sandbox_wg_conf(name), text.as_bytes())?;
         }
@@ -443,16 +483,31 @@ fn is_mitmdump(pid: i32) -> bool {
     exec::run(&inv).is_ok_and(|o| o.stdout.contains("mitmdump"))
 }
 
-/// The levels in config.yaml; a malformed file keeps the defaults and says
-/// why, rather than stopping the proxy.
-fn configured_levels(dirs: &Dirs) -> crate::config::Levels {
-    crate::config::load(dirs).map_or_else(
-        |e| {
-            tracing::warn!("{e:#}; using the default log levels");
-            crate::config::Levels::default()
-        },
-        |c| c.log,
-    )
+/// config.yaml; a malformed file keeps the defaults and says why, rather
+/// than stopping the proxy.
+fn configured(dirs: &Dirs) -> crate::config::Config {
+    crate::config::load(dirs).unwrap_or_else(|e| {
+        tracing::warn!("{e:#}; using the default settings");
+        crate::config::Config::default()
+    })
+}
+
+/// The ports whose config this mitmdump printed with the keys of the
+/// port's current key file: the servers a guest can use now.
+fn live(
+    dirs: &Dirs,
+    ports: &[u16],
+    claims: &BTreeMap<u16, String>,
+    seen: &BTreeMap<u16, String>,
+) -> std::collections::BTreeSet<u16> {
+    ports
+        .iter()
+        .copied()
+        .filter(|&p| {
+            let keys = mitmdump::key_file(&dirs.wg(), p, claims.get(&p).map(String::as_str));
+            seen.get(&p).is_some_and(|printed| clientconf::client_key_of(&keys).as_ref() == Some(printed))
+        })
+        .collect()
 }
 
 fn now() -> String {

@@ -7,6 +7,7 @@
 //! blocked behind a VM boot. Every failure after the port is claimed rolls
 //! back what was created, so nothing is left half made.
 
+use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
@@ -539,8 +540,18 @@ enum Keep {
 fn forget(dirs: &Dirs, name: &str, keep: Keep) -> Result<()> {
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut registry = PortRegistry::load(dirs)?;
+    let keys = registry.port_of(name).map(|port| proxy::mitmdump::key_file(&dirs.wg(), port, registry.claim_of(port)));
     if registry.free(name).is_some() {
         registry.save_locked(dirs)?;
+    }
+    // The claim's keys die with it: the next claim of the port gets a new
+    // file (mitmdump read this one when it started the server, which the
+    // reload this is followed by stops).
+    if let Some(keys) = keys
+        && let Err(e) = std::fs::remove_file(&keys)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("warning: could not remove `{}`: {e}", keys.display());
     }
     let dir = dirs.sandbox(name);
     if keep == Keep::Log {
@@ -637,14 +648,15 @@ fn start_machine(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui: Ui
     })
 }
 
-/// Copy provision.sh and wg0.conf into the VM and run it; its output goes
-/// to the sandbox's machine.log.
+/// Copy provision.sh into the VM and run it with wg0.conf on its standard
+/// input; its output goes to the sandbox's machine.log. The config, which
+/// holds the guest's WireGuard key, is never staged in a file in the VM:
+/// provision.sh keeps it on tmpfs only (ADR 0018).
 pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
     ui.timed(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name), || {
         let machine = &rec.machine_name;
         let script = dirs.sandbox(&rec.name).join("provision.sh");
         state::write_atomic(&script, &crate::assets::provision())?;
-        // Private: wg0.conf carries the guest's WireGuard key.
         run_logged(
             dirs,
             &rec.name,
@@ -657,14 +669,9 @@ pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui
             &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
             "copying provision.sh",
         )?;
-        run_logged(
-            dirs,
-            &rec.name,
-            &podman.copy_in(&dirs.sandbox_wg_conf(&rec.name), machine, &format!("{GUEST_DIR}/wg0.conf")),
-            "copying wg0.conf",
-        )?;
         let up = podman
-            .ssh(machine, &provision_argv("up", &["--wg-conf", &format!("{GUEST_DIR}/wg0.conf"), "--image", image]))
+            .ssh(machine, &provision_argv("up", &["--wg-conf", "-", "--image", image]))
+            .stdin(Stdin::File(dirs.sandbox_wg_conf(&rec.name)))
             .timeout(PROVISION_TIMEOUT);
         let log = open_log(dirs, &rec.name)?;
         let _ = writeln!(&log, "$ {up}");
@@ -732,11 +739,16 @@ pub fn parse_checks(text: &str) -> Vec<Check> {
 pub const CHECKS: &[&str] = &["handshake", "no-direct-egress", "policy-denies", "ca-trusted", "no-secret-in-env"];
 
 /// Verify the sandbox from inside before the agent gets it.
+///
+/// The guest runs four checks itself; the fifth, `no-secret-in-env`, is
+/// decided here: the guest reports its processes' environment as digests
+/// salted with a value ppp picks, and ppp compares them with its own
+/// secrets' digests. Only the salt goes in, so nothing derived from a
+/// secret ever enters the VM (issue 11 point 6; ADR 0018).
 pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> {
     ui.timed(&format!("verifying `{}` before handover", rec.name), || {
         let salt = uuid::Uuid::new_v4().simple().to_string();
-        let digests = secret_digests(dirs, &salt);
-        let mut args: Vec<String> = vec!["--salt".into(), salt, "--digests".into(), digests.join(",")];
+        let mut args: Vec<String> = vec!["--salt".into(), salt.clone()];
         if probe_is_denied(dirs, &rec.name) {
             args.extend([
                 "--denied-url".into(),
@@ -748,9 +760,23 @@ pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> 
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let inv = podman.ssh(&rec.machine_name, &provision_argv("verify", &refs)).timeout(VERIFY_TIMEOUT);
         let (code, out) = exec::output(&inv)?;
+        let mut checks = parse_checks(&out.stdout);
+        // This verdict is the host's alone, whatever the guest printed.
+        checks.retain(|c| c.name != ENV_CHECK);
+        checks.push(env_check(&parse_env_report(&out.stdout), &secret_digests(dirs, &salt)));
         let log = open_log(dirs, &rec.name)?;
-        let _ = writeln!(&log, "$ provision.sh verify\n{}{}", out.stdout, out.stderr);
-        let checks = parse_checks(&out.stdout);
+        // The env report is hundreds of digests nobody reads; the log
+        // keeps the verdicts.
+        let shown = checks.iter().fold(String::new(), |mut s, c| {
+            let _ = writeln!(s, "{c}");
+            s
+        });
+        let _ = writeln!(&log, "$ provision.sh verify\n{shown}{}", out.stderr);
+        if checks.iter().any(|c| c.name == ENV_CHECK && c.outcome == Outcome::Fail) {
+            // What the guest did print, for whoever reads the log (bounded).
+            let tail: String = out.stdout.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+            let _ = writeln!(&log, "(last lines of the report, newest first)\n{tail}");
+        }
         let failed: Vec<&Check> = checks.iter().filter(|c| c.outcome == Outcome::Fail).collect();
         let missing: Vec<&&str> = CHECKS.iter().filter(|n| !checks.iter().any(|c| c.name == **n)).collect();
         if code == 0 && failed.is_empty() && missing.is_empty() {
@@ -769,6 +795,82 @@ pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> 
     })
 }
 
+impl std::fmt::Display for Check {
+    /// The line as provision.sh prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let word = match self.outcome {
+            Outcome::Ok => "ok",
+            Outcome::Fail => "fail",
+            Outcome::Skip => "skip",
+        };
+        if self.detail.is_empty() {
+            write!(f, "{word} {}", self.name)
+        } else {
+            write!(f, "{word} {}: {}", self.name, self.detail)
+        }
+    }
+}
+
+/// The check ppp decides from the guest's environment report.
+const ENV_CHECK: &str = "no-secret-in-env";
+
+/// What the guest said about its environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvReport {
+    /// Salted digest (lower-case hex) → where the guest found that value.
+    pub digests: Vec<(String, String)>,
+    /// Whether the closing `env-end` line came: without it the report was
+    /// cut short and proves nothing.
+    pub complete: bool,
+}
+
+/// The most a guest's `where` text may add to an error message: the
+/// guest chooses it, so it is cut and limited to printable ASCII.
+const WHERE_MAX: usize = 200;
+
+/// Parse the `env <hex> <where>` and `env-end <n>` lines of `verify`.
+pub fn parse_env_report(text: &str) -> EnvReport {
+    let mut report = EnvReport::default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("env ") {
+            let (hex, place) = rest.split_once(' ').unwrap_or((rest, ""));
+            if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                let place: String =
+                    place.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').take(WHERE_MAX).collect();
+                report.digests.push((hex.to_ascii_lowercase(), place));
+            }
+        } else if line.starts_with("env-end ") {
+            report.complete = true;
+        }
+    }
+    report
+}
+
+/// The `no-secret-in-env` check: no value in the guest's report has the
+/// salted digest of a stored secret. A failure names where the guest found
+/// it, never the value.
+pub fn env_check(report: &EnvReport, secrets: &std::collections::BTreeSet<String>) -> Check {
+    let name = ENV_CHECK.to_owned();
+    if !report.complete {
+        return Check {
+            outcome: Outcome::Fail,
+            name,
+            detail: "the guest's environment report was missing or cut short".into(),
+        };
+    }
+    let hits: Vec<&str> =
+        report.digests.iter().filter(|(d, _)| secrets.contains(d)).map(|(_, place)| place.as_str()).collect();
+    if hits.is_empty() {
+        Check { outcome: Outcome::Ok, name, detail: String::new() }
+    } else {
+        Check {
+            outcome: Outcome::Fail,
+            name,
+            detail: format!("a secret value is in the environment of {}", hits.join(", ")),
+        }
+    }
+}
+
 /// Whether the policy denies the handover probe for `sandbox`. A policy
 /// that allows everything leaves nothing to probe; `verify` then skips it.
 fn probe_is_denied(dirs: &Dirs, sandbox: &str) -> bool {
@@ -777,26 +879,26 @@ fn probe_is_denied(dirs: &Dirs, sandbox: &str) -> bool {
     })
 }
 
-/// SHA-256 of salt‖value for every stored secret, hex. The guest compares
-/// these against its processes' environments; the values never leave the
-/// host. A store that cannot be read gives none (the proxy cannot inject
-/// from it either).
-fn secret_digests(dirs: &Dirs, salt: &str) -> Vec<String> {
-    let Ok(store) = crate::secret::Store::open(dirs) else { return Vec::new() };
-    let Ok(entries) = store.list() else { return Vec::new() };
-    let mut out: Vec<String> = entries
+/// SHA-256 of salt‖value for every stored secret, hex, computed on the host
+/// and compared here: they never leave the host. A store that cannot be
+/// read gives none (the proxy cannot inject from it either).
+fn secret_digests(dirs: &Dirs, salt: &str) -> std::collections::BTreeSet<String> {
+    let Ok(store) = crate::secret::Store::open(dirs) else { return std::collections::BTreeSet::new() };
+    let Ok(entries) = store.list() else { return std::collections::BTreeSet::new() };
+    entries
         .iter()
         .filter_map(|e| store.get(&e.scope, &e.name, e.kind).ok().flatten())
-        .map(|v| {
-            let mut h = Sha256::new();
-            h.update(salt.as_bytes());
-            h.update(v.expose().as_bytes());
-            format!("{:x}", h.finalize())
-        })
-        .collect();
-    out.sort();
-    out.dedup();
-    out
+        .map(|v| salted_digest(salt, v.expose()))
+        .collect()
+}
+
+/// Lower-case hex SHA-256 of `salt` followed by `value`, as provision.sh's
+/// `sha256sum` of the same bytes prints it.
+pub fn salted_digest(salt: &str, value: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(salt.as_bytes());
+    h.update(value.as_bytes());
+    format!("{:x}", h.finalize())
 }
 
 /// The agent container's label holding the record's `agent_generation`
@@ -1100,5 +1202,33 @@ mod tests {
         assert_eq!(checks[1].name, "no-direct-egress");
         assert_eq!(checks[1].detail, "connected to 192.168.127.1:80");
         assert_eq!(checks[2].outcome, Outcome::Skip);
+    }
+
+    #[test]
+    fn the_env_check_is_decided_on_the_host() {
+        let salt = "00112233445566778899aabbccddeeff";
+        let key = "sk-ant-REAL";
+        let hit = salted_digest(salt, key);
+        let other = salted_digest(salt, "/home/core");
+        let secrets: std::collections::BTreeSet<String> = [hit.clone()].into();
+        let text = format!(
+            "ok handshake\nenv {other} pid 1 variable HOME\nenv {} pid 42 variable LEAKY, pid 43 variable X\x1b[2J and 3 more\nenv-end 2\n",
+            hit.to_ascii_uppercase()
+        );
+        let report = parse_env_report(&text);
+        assert!(report.complete);
+        let c = env_check(&report, &secrets);
+        assert_eq!(c.outcome, Outcome::Fail);
+        assert_eq!(
+            c.detail,
+            "a secret value is in the environment of pid 42 variable LEAKY, pid 43 variable X[2J and 3 more"
+        );
+        assert!(!c.to_string().contains(key));
+        // Nothing stored, or nothing matching: ok.
+        assert_eq!(env_check(&report, &std::collections::BTreeSet::new()).outcome, Outcome::Ok);
+        // A report without its end proves nothing.
+        let cut = parse_env_report(&format!("env {other} pid 1 variable HOME\n"));
+        assert_eq!(env_check(&cut, &secrets).outcome, Outcome::Fail);
+        assert_eq!(env_check(&parse_env_report("ok no-secret-in-env\n"), &secrets).outcome, Outcome::Fail);
     }
 }

@@ -157,11 +157,28 @@ pub fn machine_name(name: &str) -> String {
     format!("{MACHINE_PREFIX}{name}")
 }
 
-/// The inner tunnel address for a pool port: 10.0.0.N with N = port − 51819.
+/// Addresses in 10.0.0.0/24 that the tunnel itself uses, so no sandbox may
+/// have them: the network address, 10.0.0.1 (the `Address` every
+/// mitmproxy WireGuard server prints for its client, so a guest run from an
+/// unedited config would share it), 10.0.0.53 (mitmproxy's DNS server and
+/// where provisioning reaches `mitm.it`; `dns_resolver.py` and
+/// `next_layer.py` single it out) and the broadcast address. mitmproxy's
+/// own end of the tunnel has no 10.0.0.x address: its smoltcp interface
+/// answers any IP (`set_any_ip`, `mitmproxy_rs`'s `network/tcp.rs`).
+pub const TUNNEL_ADDRESSES: [Ipv4Addr; 4] =
+    [Ipv4Addr::new(10, 0, 0, 0), Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 53), Ipv4Addr::new(10, 0, 0, 255)];
+
+/// The inner tunnel address for a pool port: the pool's N-th port (from 0)
+/// gets the N-th address of 10.0.0.2 upward that is not one of
+/// [`TUNNEL_ADDRESSES`], so 51820 is 10.0.0.2 and 51899 is 10.0.0.82.
 pub fn inner_ip(port: u16) -> Ipv4Addr {
     debug_assert!((POOL_START..=POOL_END).contains(&port));
-    let n = u8::try_from(port - (POOL_START - 1)).expect("pool has 80 ports");
-    Ipv4Addr::new(10, 0, 0, n)
+    let index = usize::from(port.saturating_sub(POOL_START));
+    (2..=254u8)
+        .map(|n| Ipv4Addr::new(10, 0, 0, n))
+        .filter(|ip| !TUNNEL_ADDRESSES.contains(ip))
+        .nth(index)
+        .expect("the pool has 80 ports and 10.0.0.0/24 has 250 free addresses")
 }
 
 /// Load one sandbox record; `None` if the sandbox does not exist.
@@ -209,6 +226,14 @@ pub fn save_locked(dirs: &Dirs, rec: &Record) -> Result<()> {
 pub struct PortRegistry {
     /// Port → sandbox name. A `BTreeMap` keeps the file stable and sorted.
     pub ports: BTreeMap<u16, String>,
+    /// Port → the id of its current claim, which names the port's WireGuard
+    /// key file (`keys-<port>-<claim>.conf`). Every claim gets a new id, so
+    /// mitmdump's server for the port starts again with keys of its own and
+    /// a former holder's `wg0.conf` is worth nothing (issue 11 point 5, ADR
+    /// 0018). A port without one (a registry older than this) keeps
+    /// `keys-<port>.conf` until it is claimed again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<u16, String>,
 }
 
 impl PortRegistry {
@@ -242,6 +267,7 @@ impl PortRegistry {
                 .hint("remove sandboxes you no longer need with `ppp rm`")
         })?;
         self.ports.insert(port, name.to_owned());
+        self.claims.insert(port, new_claim_id());
         Ok(port)
     }
 
@@ -249,8 +275,22 @@ impl PortRegistry {
     pub fn free(&mut self, name: &str) -> Option<u16> {
         let port = self.port_of(name)?;
         self.ports.remove(&port);
+        self.claims.remove(&port);
         Some(port)
     }
+
+    /// The claim id of `port`, if it has one.
+    pub fn claim_of(&self, port: u16) -> Option<&str> {
+        self.claims.get(&port).map(String::as_str)
+    }
+}
+
+/// A fresh claim id: 16 random hex digits (64 bits), enough that two
+/// claims of one port never share a key file.
+fn new_claim_id() -> String {
+    let mut id = uuid::Uuid::new_v4().simple().to_string();
+    id.truncate(16);
+    id
 }
 
 /// Take `state.lock`, run `f` on the registry, and save it if `f` succeeded.
@@ -284,8 +324,29 @@ mod tests {
 
     #[test]
     fn inner_ips_follow_ports() {
-        assert_eq!(inner_ip(51820), Ipv4Addr::new(10, 0, 0, 1));
-        assert_eq!(inner_ip(51899), Ipv4Addr::new(10, 0, 0, 80));
+        assert_eq!(inner_ip(51820), Ipv4Addr::new(10, 0, 0, 2));
+        assert_eq!(inner_ip(51870), Ipv4Addr::new(10, 0, 0, 52));
+        assert_eq!(inner_ip(51871), Ipv4Addr::new(10, 0, 0, 54));
+        assert_eq!(inner_ip(51899), Ipv4Addr::new(10, 0, 0, 82));
+    }
+
+    /// Issue 11 point 8: the 53rd port got 10.0.0.53, the tunnel's DNS and
+    /// `mitm.it` address. Claims every port of the pool, as 80 `create`s
+    /// would, and checks each one's address.
+    #[test]
+    fn no_claimed_port_gets_a_tunnel_address() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = dirs(tmp.path());
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..=(POOL_END - POOL_START) {
+            let port = with_registry(&d, |r| r.allocate(&format!("s{i}"))).unwrap();
+            let ip = inner_ip(port);
+            assert!(!TUNNEL_ADDRESSES.contains(&ip), "port {port} got the tunnel's own {ip}");
+            assert_eq!(ip.octets()[..3], [10, 0, 0], "port {port} got {ip}, outside 10.0.0.0/24");
+            assert!(seen.insert(ip), "port {port} got {ip} twice");
+        }
+        assert_eq!(seen.len(), 80);
+        assert!(with_registry(&d, |r| r.allocate("one-more")).is_err());
     }
 
     #[test]
@@ -295,8 +356,17 @@ mod tests {
         assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820);
         assert_eq!(with_registry(&d, |r| r.allocate("b")).unwrap(), 51821);
         assert_eq!(with_registry(&d, |r| r.allocate("a")).unwrap(), 51820, "idempotent");
+        let of_a = PortRegistry::load(&d).unwrap().claims[&51820].clone();
         assert_eq!(with_registry(&d, |r| Ok(r.free("a"))).unwrap(), Some(51820));
+        assert!(!PortRegistry::load(&d).unwrap().claims.contains_key(&51820), "the claim goes with the port");
+        let first = PortRegistry::load(&d).unwrap().claims[&51821].clone();
+        assert_eq!(with_registry(&d, |r| r.allocate("b")).unwrap(), 51821);
+        assert_eq!(PortRegistry::load(&d).unwrap().claims[&51821], first, "the same claim keeps its id");
         assert_eq!(with_registry(&d, |r| r.allocate("c")).unwrap(), 51820, "freed port reused");
+        let reg = PortRegistry::load(&d).unwrap();
+        assert_eq!(reg.claims.len(), 2);
+        assert_ne!(reg.claim_of(51820), reg.claim_of(51821));
+        assert_ne!(reg.claim_of(51820), Some(of_a.as_str()), "a port claimed again gets new keys");
         let mut reg = PortRegistry::load(&d).unwrap();
         for i in 0..78 {
             reg.allocate(&format!("s{i}")).unwrap();

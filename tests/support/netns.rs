@@ -940,6 +940,14 @@ impl Daemon {
     /// `ppp daemon start -d` inside the topology's host namespace, trusting
     /// only the upstream's test CA.
     pub fn start(&self, topo: &Topology, upstream: &Upstream) {
+        // These guests reach the host namespace at its veths' addresses,
+        // not through gvproxy's NAT to loopback: listen on all of them,
+        // unless the test configured something else.
+        let config = self.root.join("config/config.yaml");
+        if !config.exists() {
+            std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+            std::fs::write(&config, "wireguard:\n  listen_host: 0.0.0.0\n").unwrap();
+        }
         let start = self.ppp(&["daemon", "start", "-d"]);
         let argv: Vec<String> = std::iter::once(start.get_program().to_string_lossy().into_owned())
             .chain(start.get_args().map(|a| a.to_string_lossy().into_owned()))
