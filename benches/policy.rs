@@ -116,7 +116,14 @@ fn decide(c: &mut Criterion) {
 
 fn check_path(c: &mut Criterion) {
     let (rules, _) = workload(10_000);
-    let text = serde_norway::to_string(&GlobalFile { default: Verdict::Deny, preset: None, rules }).unwrap();
+    let text = serde_norway::to_string(&GlobalFile {
+        default: Verdict::Deny,
+        preset: None,
+        upload: None,
+        download: None,
+        rules,
+    })
+    .unwrap();
     if let Some(out) = std::env::var_os("PPP_BENCH_WRITE") {
         std::fs::write(out, &text).unwrap();
     }

@@ -45,7 +45,7 @@ APT_PACKAGES=(
   wireguard-tools wireguard-go iproute2 nftables bind9-dnsutils
   curl ca-certificates openssl procps util-linux qemu-utils
   hyperfine shellcheck age tmux groff-base man-db
-  docker-registry apache2-utils
+  docker-registry apache2-utils git
 )
 
 export DEBIAN_FRONTEND=noninteractive

@@ -827,7 +827,7 @@ impl AgentServers {
     /// and return its digest.
     fn layer(&self, repo: &str, size: usize) -> String {
         use sha2::Digest as _;
-        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..251u8).cycle().take(size).collect();
         let hex = format!("{:x}", sha2::Sha256::digest(&data));
         let v2 = self.dir.join("registry/docker/registry/v2");
         let blob = v2.join(format!("blobs/sha256/{}/{hex}", &hex[..2]));
@@ -851,7 +851,7 @@ impl AgentServers {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            *b = x as u8;
+            *b = x.to_le_bytes()[0];
         }
         std::fs::write(work.join("blob.bin"), data).unwrap();
         let git = |args: &[&str], cwd: &Path| {
@@ -1004,8 +1004,8 @@ fn agent_traffic_streams_through_the_tunnel() {
         "bash",
         "-c",
         &format!(
-            "curl -sS -m 120 --cacert {ca} --resolve {} https://echo.test:5000/v2/ppp/agent/blobs/{digest} | sha256sum",
-            format!("echo.test:5000:{UPSTREAM_IP}")
+            "curl -sS -m 120 --cacert {ca} --resolve echo.test:5000:{UPSTREAM_IP} \
+             https://echo.test:5000/v2/ppp/agent/blobs/{digest} | sha256sum"
         ),
     ]);
     let got = String::from_utf8_lossy(&out.stdout);

@@ -854,6 +854,25 @@ class Live(Base):
         self.assertIn("host: www.allowed.test", f.response.text)
         self.assertNotIn("fine.allowed.test", f.response.text)
 
+    def test_a_503_names_no_host_path(self) -> None:
+        # The daemon's error names its socket's path on the host; the guest
+        # gets only what to do.
+        real = self.addon.daemon.ask
+
+        def failing(req: dict[str, Any]) -> dict[str, Any]:
+            if req.get("op") == "inject":
+                raise A.DaemonError(f"daemon socket {STATE}/secret.sock: [Errno 111] Connection refused")
+            return real(req)
+
+        self.addon.daemon.ask = failing  # type: ignore[method-assign]
+        f = http_flow(51820, "api.anthropic.com")
+        f.response = None
+        self.addon.requestheaders(f)
+        self.assertEqual(f.response.status_code, 503, f.response.text)
+        self.assertNotIn(STATE, f.response.text)
+        self.assertNotIn("/", f.response.text.split("\n", 1)[0])
+        self.assertIn("ppp daemon status", f.response.text)
+
     def test_flow_log_reopened_when_the_file_is_replaced(self) -> None:
         path = Path(STATE) / "flows.jsonl"
         saved, A.FLOW_LOG_RECHECK = A.FLOW_LOG_RECHECK, 0.0
