@@ -514,6 +514,31 @@ def _size_text(n: int) -> str:
     return f"{n}B"
 
 
+def _frame_converted_bodies() -> None:
+    """Give a streamed HTTP/2 or HTTP/3 request body framing on its way to
+    an HTTP/1 upstream.
+
+    mitmproxy 12.2.3's `Http1Client.send` (proxy/layers/http/_http1.py)
+    turns such a request into HTTP/1 but, for a body without Content-Length
+    (an upload streamed over HTTP/2 has none), sends the DATA bytes with no
+    `transfer-encoding` either: the upstream reads an empty body and the
+    rest as garbage. Wrapped once: such a request gets `transfer-encoding:
+    chunked`, which `send` then honours for each chunk and the end."""
+    orig = _http1.Http1Client.send
+    if getattr(orig, "ppp_framed", False):
+        return
+
+    def send(self: Any, event: Any, _orig: Any = orig) -> Any:
+        if isinstance(event, _http1.RequestHeaders) and not event.end_stream:
+            req = event.request
+            if (req.is_http2 or req.is_http3) and "content-length" not in req.headers and "transfer-encoding" not in req.headers:
+                req.headers["transfer-encoding"] = "chunked"
+        yield from _orig(self, event)
+
+    send.ppp_framed = True  # type: ignore[attr-defined]
+    _http1.Http1Client.send = send
+
+
 # json.dumps builds a new encoder on every call that passes separators.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -568,6 +593,7 @@ class PppAddon:
     def load(self, loader: Any) -> None:
         _cap_http1_headers()
         _cap_websocket_messages()
+        _frame_converted_bodies()
         loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
 
     def configure(self, updated: set[str]) -> None:

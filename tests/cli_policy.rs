@@ -220,7 +220,13 @@ fn ls_inspect_rm_reset() {
     let table = ok(&mut w.ppp(["policy", "ls", "--source", "local"]));
     assert!(table.starts_with("ID        SCOPE   DECISION  RESOURCE   SOURCE\n"), "{table}");
     assert!(table.contains(&format!("{}  global  deny      d.example  local", &d[..8])), "{table}");
-    assert!(table.ends_with("default: deny (preset `balanced`)\n"), "{table}");
+    assert!(
+        table.ends_with(
+            "default: deny (preset `balanced`)\nupload: 1MiB (default; none to hosts ppp injects a key into)\n\
+             download: none (default)\n"
+        ),
+        "{table}"
+    );
 
     let text = ok(&mut w.ppp(["policy", "inspect", &s]));
     assert!(text.contains(&format!("id:         {s}")) && text.contains("scope:      sandbox `sb`"), "{text}");

@@ -952,7 +952,11 @@ fn agent_traffic_streams_through_the_tunnel() {
             "https://api.anthropic.com:8443/sink",
         ]);
         let body = String::from_utf8_lossy(&out.stdout);
-        let got: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{extra:?}: {}", describe(&out)));
+        let got: Value = serde_json::from_str(&body).unwrap_or_else(|_| {
+            let log = std::fs::read_to_string(rig.daemon.data().join("proxy.log")).unwrap_or_default();
+            let err = std::fs::read_to_string(servers.dir.join("servers.err")).unwrap_or_default();
+            panic!("{extra:?}: {}\nproxy.log:\n{log}\nservers.err:\n{err}", describe(&out))
+        });
         assert_eq!((got["bytes"].as_u64(), got["sha256"].as_str()), (Some(16 << 20), Some(want.as_str())), "{extra:?}");
     }
 

@@ -52,6 +52,8 @@ fn a_sandbox_from_create_to_rm() {
     let body = env.ok(&["exec", "red", "--", "curl", "-sS", "-m", "15", "https://echo.test/from-vm"]);
     let echo: Value = serde_json::from_str(&body).unwrap();
     assert_eq!((echo["path"].as_str(), echo["tls"].as_bool()), (Some("/from-vm"), Some(true)), "{body}");
+    // The key goes only over TLS to the service's own name; the upstream
+    // echoes it back, and ppp scrubs it from what the VM receives.
     let body = env.ok(&[
         "exec",
         "red",
@@ -62,9 +64,11 @@ fn a_sandbox_from_create_to_rm() {
         "15",
         "-H",
         "x-api-key: ppp-proxy-managed",
-        "http://api.anthropic.com/v1/messages",
+        "https://api.anthropic.com/v1/messages",
     ]);
-    assert!(body.contains(KEY), "the upstream saw the real key: {body}");
+    let seen = env.upstream.requests().into_iter().rfind(|r| r["path"] == "/v1/messages").expect("reached upstream");
+    assert!(seen["headers"].to_string().contains(KEY), "the upstream saw the real key: {seen}");
+    assert!(!body.contains(KEY) && body.contains("[redacted by ppp]"), "scrubbed on the way back: {body}");
     let code = env.denied_status("red");
     assert_eq!(code, "403");
 

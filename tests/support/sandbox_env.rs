@@ -24,7 +24,7 @@ echo "stub-agent args: $*"
 echo "stub-agent key: $ANTHROPIC_API_KEY"
 echo "stub-agent cwd: $(pwd)"
 echo "stub-agent kit-env: ${TOOLS_HOME:-none}"
-code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" http://api.anthropic.com/from-agent)
+code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' -H "x-api-key: $ANTHROPIC_API_KEY" https://api.anthropic.com/from-agent)
 echo "stub-agent api: $code"
 code=$(curl -sS -m 15 -o /dev/null -w '%{http_code}' https://echo.test/agent-tls)
 echo "stub-agent tls: $code"
