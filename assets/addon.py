@@ -203,6 +203,13 @@ TUNNEL_DNS = ("10.0.0.53", 53)
 REDACTED = b"[redacted by ppp]"
 
 
+def redaction(value: bytes) -> bytes:
+    """REDACTED cut or padded with `*` to exactly `value`'s length: the
+    body keeps its length, so a Content-Length the upstream sent stays true
+    (an HTTP/2 client resets a stream whose DATA disagrees with it)."""
+    return (REDACTED + b"*" * len(value))[: len(value)]
+
+
 LOCAL = Verdict(allow=True, rule_id="builtin:mitm.it", reason="served by ppp")
 
 
@@ -401,7 +408,7 @@ def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
 
 class Scrubber:
     """A `flow.response.stream` function that replaces every secret value in
-    a streamed body with REDACTED, also across chunk boundaries: it holds
+    a streamed body with its `redaction`, also across chunk boundaries: it holds
     back the last `longest - 1` bytes of each chunk until the next one (or
     the end, `b""`) shows they start no secret. Memory: one chunk plus that
     tail."""
@@ -414,7 +421,7 @@ class Scrubber:
     def scrub(self, data: bytes) -> bytes:
         for v in self.values:
             if v in data:
-                data = data.replace(v, REDACTED)
+                data = data.replace(v, redaction(v))
         return data
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:

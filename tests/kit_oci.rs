@@ -317,8 +317,9 @@ fn auth_failure_hints_at_secret_set_and_stored_credentials_work() {
     let (code, _, err) = output(&mut ppp(&w, &["kit", "pull", &reference]));
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("refused access"), "{err}");
+    // A credential that is not stored is a usage mistake: exit 2.
     let (code, _, err) = output(&mut ppp(&w, &["secret", "rm", "-f", "--registry", &reg.addr]));
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("no credentials are stored for registry"), "{err}");
 }
 

@@ -290,6 +290,9 @@ struct Rig {
     vm: Vm,
     daemon: Daemon,
     upstream: Upstream,
+    /// The daemon resolves names with the test DNS server (a name counts
+    /// only where it resolves).
+    _etc: netns::NetnsEtc,
     topo: Topology,
 }
 
@@ -297,6 +300,7 @@ fn rig() -> Rig {
     netns::require_env();
     let topo = Topology::new(1);
     let upstream = Upstream::start(&topo);
+    let etc = netns::NetnsEtc::new(&topo);
     let root = topo.path().join("ppp");
     std::fs::create_dir_all(&root).unwrap();
     let daemon = Daemon { root };
@@ -312,7 +316,7 @@ fn rig() -> Rig {
     daemon.start(&topo, &upstream);
     wait_until("the daemon to write wg0.conf", netns::DEADLINE, || dirs.sandbox_wg_conf(NAME).exists());
     let vm = Vm::start(&topo);
-    Rig { vm, daemon, upstream, topo }
+    Rig { vm, daemon, upstream, _etc: etc, topo }
 }
 
 #[test]
