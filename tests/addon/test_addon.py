@@ -67,13 +67,13 @@ def ask(req: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def red_fox_limits(lines: str) -> Iterator[None]:
-    """red-fox's policy.yaml with top-level limit lines (`upload: 10B`),
-    reloaded into the daemon; the file and policy restored after."""
-    policy = Path(STATE) / "sandboxes" / "red-fox" / "policy.yaml"
+def sandbox_policy(sandbox: str, edit: Any) -> Iterator[None]:
+    """`sandbox`'s policy.yaml as `edit(text)` returns it, reloaded into the
+    daemon; the file and the policy restored after."""
+    policy = Path(STATE) / "sandboxes" / sandbox / "policy.yaml"
     before = policy.read_text()
     try:
-        policy.write_text(lines + before)
+        policy.write_text(edit(before))
         reply = ask({"op": "reload"})
         assert reply["ok"], reply
         yield
@@ -82,24 +82,18 @@ def red_fox_limits(lines: str) -> Iterator[None]:
         ask({"op": "reload"})
 
 
-@contextlib.contextmanager
-def blue_allows(host: str, n: int) -> Iterator[None]:
-    """blue's policy.yaml with one more rule (id ending in `n`) allowing
-    `host`, reloaded into the daemon; the file and policy restored after."""
-    policy = Path(STATE) / "sandboxes" / "blue" / "policy.yaml"
-    before = policy.read_text()
-    try:
-        policy.write_text(
-            before
-            + f"  - id: 7f1c2d3e-0000-4000-8000-{n:012d}\n    decision: allow\n    type: network\n"
-            + f'    resource: "{host}"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
-        )
-        reply = ask({"op": "reload"})
-        assert reply["ok"], reply
-        yield
-    finally:
-        policy.write_text(before)
-        ask({"op": "reload"})
+def red_fox_limits(lines: str) -> contextlib.AbstractContextManager[None]:
+    """red-fox's policy with top-level limit lines (`upload: 10B`) first."""
+    return sandbox_policy("red-fox", lambda text: lines + text)
+
+
+def blue_allows(host: str, n: int) -> contextlib.AbstractContextManager[None]:
+    """blue's policy with one more rule (id ending in `n`) allowing `host`."""
+    rule = (
+        f"  - id: 7f1c2d3e-0000-4000-8000-{n:012d}\n    decision: allow\n    type: network\n"
+        f'    resource: "{host}"\n    created_at: 2026-01-01T00:00:00Z\n    source: local\n'
+    )
+    return sandbox_policy("blue", lambda text: text + rule)
 
 
 def client(port: int, peer: str = "10.0.0.2") -> connection.Client:
