@@ -33,6 +33,7 @@ import ipaddress
 import itertools
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -42,8 +43,9 @@ from typing import Any
 
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
 from mitmproxy.net.dns import response_codes
-from mitmproxy.proxy import commands, mode_specs, server_hooks
+from mitmproxy.proxy import commands, mode_servers, mode_specs, server_hooks
 from mitmproxy.proxy import events as proxy_events
+from mitmproxy.proxy import server as proxy_server
 from mitmproxy.proxy.layers import websocket as ws_layer
 from mitmproxy.proxy.layers.http import _http1
 
@@ -118,6 +120,22 @@ FLOW_LOG_MAX = 32 * 1024 * 1024
 # carried by the sandbox's next line that is logged.
 LOG_WINDOW = 60.0
 LOG_BUDGET = 120
+# Sharing mitmdump's one event loop between sandboxes (docs/adr/0020).
+# Each sandbox's work on the loop (its connections' events and hooks) is
+# timed; a sandbox counts as active for LOOP_ACTIVE seconds after its last
+# work. While another sandbox is active, the one that used the most loop
+# time lately (an average with time constant LOOP_TAU seconds) waits, before
+# its connections read again, LOOP_YIELD times the time its work took, so a
+# flood gets at most 1 / (1 + LOOP_YIELD) of the loop and another sandbox's
+# requests find it mostly free. Alone, a sandbox is never held back.
+LOOP_ACTIVE = 0.25
+LOOP_TAU = 0.5
+LOOP_YIELD = 2.0
+# The longest single wait, so that a stale debt never stalls a connection.
+LOOP_MAX_WAIT = 0.1
+# The most one event or hook is charged: a hook's time is its wall time,
+# which for a hook that waits (an intercepted or held flow) is not loop time.
+LOOP_MAX_CHARGE = 0.05
 # Entries kept in each bounded cache (decisions, secrets, log throttles).
 CACHE_MAX = 4096
 # Client connections remembered as denied (dropped on disconnect anyway).
@@ -546,6 +564,126 @@ def _frame_converted_bodies() -> None:
     _http1.Http1Client.send = send
 
 
+class LoopShare:
+    """Who used mitmdump's event loop lately, and who must wait for it.
+
+    Keys are WireGuard listen ports (one per sandbox; at most 65,535, and an
+    entry idle for 10 * LOOP_ACTIVE is dropped). Pure bookkeeping with an
+    injectable clock; `_share_the_loop` feeds it and applies its waits."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self._usage: dict[Any, tuple[float, float]] = {}  # key -> (average, at)
+        self._seen: dict[Any, float] = {}
+        self._ready: dict[Any, float] = {}
+        self._pruned = 0.0
+
+    def _avg(self, key: Any, now: float) -> float:
+        u = self._usage.get(key)
+        if u is None:
+            return 0.0
+        value, at = u
+        return value * math.exp(-(now - at) / LOOP_TAU)
+
+    def _hog(self, key: Any, now: float) -> bool:
+        """Whether another sandbox is active and `key` used more than any
+        active other."""
+        others = [k for k, t in self._seen.items() if k != key and now - t <= LOOP_ACTIVE]
+        if not others:
+            return False
+        return self._avg(key, now) > max(self._avg(k, now) for k in others)
+
+    def charge(self, key: Any, cost: float) -> None:
+        """`key`'s work just took `cost` seconds of the loop."""
+        now = self.clock()
+        cost = min(cost, LOOP_MAX_CHARGE)
+        self._usage[key] = (self._avg(key, now) + cost, now)
+        self._seen[key] = now
+        if self._hog(key, now):
+            self._ready[key] = max(self._ready.get(key, now), now) + cost * LOOP_YIELD
+        else:
+            self._ready.pop(key, None)
+        if now - self._pruned > LOOP_ACTIVE:
+            self._pruned = now
+            for k in [k for k, t in self._seen.items() if now - t > 10 * LOOP_ACTIVE]:
+                self._seen.pop(k, None)
+                self._usage.pop(k, None)
+                self._ready.pop(k, None)
+
+    def wait(self, key: Any) -> float:
+        """How long `key`'s connections should wait before reading again."""
+        ready = self._ready.get(key)
+        if ready is None:
+            return 0.0
+        now = self.clock()
+        if ready <= now or not self._hog(key, now):
+            self._ready.pop(key, None)
+            return 0.0
+        return min(ready - now, LOOP_MAX_WAIT)
+
+
+LOOP_SHARE = LoopShare()
+
+
+def _share_key(handler: Any) -> Any:
+    """The sandbox of a connection handler: its WireGuard listen port, or
+    None (not shared) for any other mode."""
+    key = getattr(handler, "ppp_share_key", False)
+    if key is False:
+        mode = handler.client.proxy_mode
+        key = mode.listen_port() if isinstance(mode, mode_specs.WireGuardMode) else None
+        handler.ppp_share_key = key
+    return key
+
+
+def _share_the_loop() -> None:
+    """Time each sandbox's work on the event loop and hold back a flood.
+
+    mitmproxy 12.2.3 runs every connection of every WireGuard server on one
+    asyncio loop (proxy/server.py `ConnectionHandler`), first come first
+    served: a sandbox streaming at full speed always has its next chunk
+    ready, so each step of another sandbox's request waits behind one. The
+    handler is wrapped once: `server_event` (the layers' work on data, the
+    stream callbacks included) and `handle_hook` (addon hooks) are timed
+    and charged to the handler's sandbox, and `drain_writers`, which the
+    read loop awaits after every read, waits as LoopShare says. A held
+    connection stops reading, so TCP backpressure slows the flood at its
+    source, in the guest. Alone, a sandbox never waits."""
+    cls = proxy_server.ConnectionHandler
+    if getattr(cls.server_event, "ppp_shared", False):
+        return
+    orig_event, orig_drain = cls.server_event, cls.drain_writers
+    handler_cls = mode_servers.ProxyConnectionHandler
+    orig_hook = handler_cls.handle_hook
+
+    async def server_event(self: Any, event: Any, _orig: Any = orig_event) -> None:
+        t = time.perf_counter()
+        try:
+            await _orig(self, event)
+        finally:
+            if (key := _share_key(self)) is not None:
+                LOOP_SHARE.charge(key, time.perf_counter() - t)
+
+    async def handle_hook(self: Any, hook: Any, _orig: Any = orig_hook) -> None:
+        t = time.perf_counter()
+        try:
+            await _orig(self, hook)
+        finally:
+            if (key := _share_key(self)) is not None:
+                LOOP_SHARE.charge(key, time.perf_counter() - t)
+
+    async def drain_writers(self: Any, _orig: Any = orig_drain) -> None:
+        await _orig(self)
+        if (key := _share_key(self)) is not None:
+            while (d := LOOP_SHARE.wait(key)) > 0:
+                await asyncio.sleep(d)
+
+    server_event.ppp_shared = True  # type: ignore[attr-defined]
+    cls.server_event = server_event
+    cls.drain_writers = drain_writers
+    handler_cls.handle_hook = handle_hook
+
+
 # json.dumps builds a new encoder on every call that passes separators.
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -601,6 +739,7 @@ class PppAddon:
         _cap_http1_headers()
         _cap_websocket_messages()
         _frame_converted_bodies()
+        _share_the_loop()
         loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
 
     def configure(self, updated: set[str]) -> None:

@@ -179,6 +179,15 @@ fn addon_fails_closed_without_a_daemon() {
     assert_eq!(python_suite(&d.data, &["NoDaemon"]), 1);
 }
 
+/// The event loop's sharing between sandboxes (ADR 0020) needs no daemon.
+#[test]
+fn addon_shares_the_event_loop_between_sandboxes() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    assert_eq!(python_suite(&d.data, &["LoopShareTest"]), 6);
+}
+
 /// Deletes the named network namespace on drop, also when an assertion fails.
 struct Cleanup(String);
 

@@ -1295,6 +1295,26 @@ fn a_flood_of_refused_dns_names_is_bounded_and_logged_throttled() {
     eprintln!("{logged} lines logged; {carried} refusals counted as suppressed so far");
 }
 
+/// Issue 11, point 4: datagrams as fast as the guest sends them, to ppp's
+/// resolver and to a UDP service the policy allows. mitmproxy_rs queues a
+/// UDP flow's datagrams until Python reads them, with no limit of its own,
+/// and one Python loop reads fewer than a guest can send: mitmdump must
+/// stay bounded anyway, and the other sandbox keep working.
+#[test]
+fn a_udp_flood_at_full_speed_is_bounded() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    rig.daemon.ok(&["policy", "allow", "network", "--sandbox", "red", "198.18.0.10:9999"]);
+    let script = netns::flood_script().display().to_string();
+    let py = python();
+    for (ip, port) in [("10.0.0.53", "53"), ("198.18.0.10", "9999")] {
+        let f = flood(&rig, &[&py, &script, "udp", ip, port, "10", "1200"], Duration::from_secs(120));
+        eprintln!("{}", f.stdout());
+        f.assert_bounded(&format!("a UDP flood to {ip}:{port}"));
+    }
+}
+
 /// Blue's request latency (seconds, curl's `time_total`) over `n` requests.
 fn latencies(g: &Guest, n: usize) -> Vec<f64> {
     let mut out: Vec<f64> = (0..n)
@@ -1345,7 +1365,22 @@ fn bench_other_sandbox_latency_under_a_flood() {
         let idle = latencies(blue, n);
         let mut floods = Vec::new();
         if kinds.contains("download") {
-            floods.push(rig.guests[0].spawn(&["curl", "-sS", "-o", "/dev/null", "--resolve", &resolve_echo, &url]));
+            // FLOOD_RATE (curl's --limit-rate, e.g. 20M) shows how latency
+            // follows the flood's speed; unset, the flood runs at full speed.
+            let rate = std::env::var("FLOOD_RATE").unwrap_or_else(|_| "0".to_owned());
+            floods.push(rig.guests[0].spawn(&[
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "flood %{speed_download} B/s\n",
+                "--limit-rate",
+                &rate,
+                "--resolve",
+                &resolve_echo,
+                &url,
+            ]));
         }
         if kinds.contains("dns") {
             let prefix = format!("b{round}-");

@@ -991,6 +991,97 @@ class Live(Base):
         self.assertEqual(A.header_text(h, b"nope"), "")
 
 
+class LoopShareTest(unittest.TestCase):
+    """Sharing mitmdump's event loop between sandboxes (ADR 0020): pure
+    bookkeeping on a fake clock, then the wrapped read loop really waits."""
+
+    def setUp(self) -> None:
+        self.now = 100.0
+        self.share = A.LoopShare(clock=lambda: self.now)
+
+    def test_a_sandbox_alone_never_waits(self) -> None:
+        for _ in range(100):
+            self.share.charge(51820, 0.01)
+            self.assertEqual(self.share.wait(51820), 0.0)
+            self.now += 0.01
+
+    def test_a_flood_waits_while_another_sandbox_is_active_and_the_other_never(self) -> None:
+        self.share.charge(51821, 0.001)  # blue's small request
+        self.share.charge(51820, 0.01)  # red's chunk
+        self.assertAlmostEqual(self.share.wait(51820), 0.01 * A.LOOP_YIELD)
+        self.assertEqual(self.share.wait(51821), 0.0)
+        # Debt adds up, but one wait is bounded.
+        for _ in range(50):
+            self.share.charge(51820, 0.01)
+        self.assertEqual(self.share.wait(51820), A.LOOP_MAX_WAIT)
+        # A hook that waited (a held flow) is charged at most LOOP_MAX_CHARGE.
+        self.share.charge(51822, 60.0)
+        self.assertLessEqual(self.share._usage[51822][0], A.LOOP_MAX_CHARGE)
+
+    def test_the_wait_ends_when_the_other_goes_quiet(self) -> None:
+        self.share.charge(51821, 0.001)
+        self.share.charge(51820, 0.05)
+        self.assertGreater(self.share.wait(51820), 0.0)
+        self.now += A.LOOP_ACTIVE + 0.01
+        self.assertEqual(self.share.wait(51820), 0.0)
+        self.share.charge(51820, 0.05)
+        self.assertEqual(self.share.wait(51820), 0.0)
+
+    def test_two_floods_both_progress_and_the_heavier_is_held(self) -> None:
+        cost = {51820: 0.004, 51821: 0.001}
+        held = {51820: 0, 51821: 0}
+        used = {51820: 0.0, 51821: 0.0}
+        for _ in range(400):
+            for k in cost:
+                if self.share.wait(k) > 0:
+                    held[k] += 1
+                    continue
+                self.share.charge(k, cost[k])
+                used[k] += cost[k]
+            self.now += 0.002
+        self.assertGreater(held[51820], 0)
+        self.assertGreater(used[51821], 0.2)
+        self.assertGreater(used[51820], 0.2)
+        # Equal floods are not held: first come first served already
+        # alternates them, and holding either would leave the loop idle.
+        self.share = A.LoopShare(clock=lambda: self.now)
+        for _ in range(100):
+            for k in cost:
+                self.assertEqual(self.share.wait(k), 0.0)
+                self.share.charge(k, 0.002)
+            self.now += 0.002
+
+    def test_idle_sandboxes_are_forgotten(self) -> None:
+        for port in range(1000, 3000):
+            self.share.charge(port, 0.0001)
+            self.now += 0.001
+        self.now += 10 * A.LOOP_ACTIVE + 1
+        self.share.charge(51820, 0.0001)
+        self.assertEqual(set(self.share._seen), {51820})
+        self.assertLessEqual(len(self.share._usage), 1)
+
+    def test_the_read_loop_waits(self) -> None:
+        import asyncio
+
+        from mitmproxy.proxy import server as proxy_server
+
+        A._share_the_loop()
+        self.assertTrue(getattr(proxy_server.ConnectionHandler.server_event, "ppp_shared", False))
+        handler = types.SimpleNamespace(
+            client=client(51820), transports={}, _drain_lock=asyncio.Lock()
+        )
+        other = types.SimpleNamespace(client=client(51821))
+        share = A.LOOP_SHARE
+        share.charge(A._share_key(other), 0.0001)
+        share.charge(A._share_key(handler), 0.05)
+        self.assertIsNone(A._share_key(types.SimpleNamespace(client=connection.Client(
+            peername=("10.0.0.2", 1), sockname=("0.0.0.0", 8080), timestamp_start=0.0,
+            proxy_mode=ProxyMode.parse("regular")))))
+        t = time.monotonic()
+        asyncio.run(proxy_server.ConnectionHandler.drain_writers(handler))  # type: ignore[arg-type]
+        self.assertGreaterEqual(time.monotonic() - t, 0.05)
+
+
 class NoDaemon(Base):
     """Run with a state dir whose daemon is not listening: everything is denied."""
 

@@ -13,6 +13,8 @@ usage:
                                      back for each (status line or "closed")
   flood.py dns IP PORT PREFIX N      N DNS A queries over UDP to IP:PORT for
                                      distinct names PREFIX<i>.flood.test
+  flood.py udp IP PORT SECONDS SIZE  SIZE-byte datagrams to IP:PORT as fast
+                                     as they go, for SECONDS
 """
 
 import base64
@@ -120,6 +122,28 @@ def dns(ip, port, prefix, n):
     return {"sent": sent}
 
 
+def udp(ip, port, seconds, size):
+    """Datagrams of `size` bytes to ip:port as fast as the guest can send,
+    for `seconds`: more than the proxy's one Python loop can read."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setblocking(False)
+    payload = b"\x00" * size
+    sent = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            s.sendto(payload, (ip, port))
+            sent += 1
+        except BlockingIOError:
+            time.sleep(0.0005)
+        try:
+            while True:
+                s.recv(4096)
+        except BlockingIOError:
+            pass
+    return {"sent": sent}
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "ws":
@@ -128,6 +152,8 @@ def main():
         out = headers(args[0], args[1], int(args[2]), int(args[3]))
     elif cmd == "dns":
         out = dns(args[0], int(args[1]), args[2], int(args[3]))
+    elif cmd == "udp":
+        out = udp(args[0], int(args[1]), float(args[2]), int(args[3]))
     else:
         raise SystemExit(__doc__)
     print(json.dumps(out))
