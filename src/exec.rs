@@ -147,6 +147,34 @@ pub fn run(inv: &Invocation) -> Result<Output, ExecError> {
     }
 }
 
+/// The most of a child's stdout (and, separately, stderr) that `output`
+/// keeps. Some children print what a guest chose (`podman machine ssh …
+/// provision.sh verify` runs in the VM, where root can print anything):
+/// what is past this is read and dropped, so the child never blocks and
+/// ppp's memory stays bounded. Nothing ppp captures legitimately comes near
+/// it; content (`ppp cp`) goes to files, never through a capture.
+pub const CAPTURE_MAX: usize = 8 << 20;
+
+/// Everything `r` gives until EOF, keeping the first `cap` bytes.
+fn read_capped(r: &mut impl Read, cap: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let _ = r.by_ref().take(cap as u64).read_to_end(&mut kept);
+    let mut dropped = 0u64;
+    let mut scratch = [0u8; 64 * 1024];
+    loop {
+        match r.read(&mut scratch) {
+            Ok(0) => break,
+            Ok(n) => dropped += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    if dropped > 0 {
+        tracing::warn!("a child printed {dropped} bytes past the {cap}-byte capture limit; they were dropped");
+    }
+    kept
+}
+
 /// Run `inv` to completion and return its exit code (128 + the signal
 /// number when a signal ended it) with what it printed; a non-zero exit is
 /// not an error here.
@@ -166,16 +194,8 @@ pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
     // pipe while we wait on it.
     let mut out_pipe = child.stdout.take().expect("piped");
     let mut err_pipe = child.stderr.take().expect("piped");
-    let out_t = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = out_pipe.read_to_end(&mut b);
-        b
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = err_pipe.read_to_end(&mut b);
-        b
-    });
+    let out_t = std::thread::spawn(move || read_capped(&mut out_pipe, CAPTURE_MAX));
+    let err_t = std::thread::spawn(move || read_capped(&mut err_pipe, CAPTURE_MAX));
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -351,6 +371,20 @@ mod tests {
         assert_eq!(err.to_string(), "`sh -c echo boom >&2; exit 3` exited with status 3: boom");
         let err = run(&Invocation::new("/nonexistent/podman")).unwrap_err();
         assert!(matches!(err, ExecError::NotFound { .. }), "{err}");
+    }
+
+    /// What a hostile guest does to `provision.sh verify`'s report: print
+    /// without end. ppp keeps CAPTURE_MAX bytes, reads the rest to EOF (the
+    /// child finishes instead of blocking on a full pipe) and drops it.
+    #[test]
+    fn captured_output_is_capped_and_the_child_still_finishes() {
+        let flood = "head -c 40000000 /dev/zero; head -c 20000000 /dev/zero >&2; echo done >&2";
+        let (code, out) = output(&Invocation::new("/bin/sh").args(["-c", flood])).unwrap();
+        assert_eq!(code, 0);
+        assert_eq!(out.stdout.len(), CAPTURE_MAX);
+        assert_eq!(out.stderr.len(), CAPTURE_MAX);
+        let small = read_capped(&mut &b"abc"[..], 2);
+        assert_eq!(small, b"ab");
     }
 
     #[test]
