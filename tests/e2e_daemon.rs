@@ -1296,7 +1296,7 @@ fn a_flood_of_refused_dns_names_is_bounded_and_logged_throttled() {
 }
 
 /// Issue 11, point 4: datagrams as fast as the guest sends them, to ppp's
-/// resolver and to a UDP service the policy allows. mitmproxy_rs queues a
+/// resolver and to a UDP service the policy allows. `mitmproxy_rs` queues a
 /// UDP flow's datagrams until Python reads them, with no limit of its own,
 /// and one Python loop reads fewer than a guest can send: mitmdump must
 /// stay bounded anyway, and the other sandbox keep working.
