@@ -115,7 +115,11 @@ fn start_restart_recover_stop() {
     // mitmdump on purpose (not counted as a crash) with the new verbosity.
     assert_eq!(ok(&mut w.ppp(["daemon", "log-level"])), "proxy:   info\ngeneral: warn\n");
     let out = ok(&mut w.ppp(["daemon", "log-level", "set", "proxy", "debug"]));
-    assert_eq!(out, "proxy log level set to debug; the running daemon applies it now\n");
+    assert_eq!(
+        out,
+        "proxy log level set to debug; the running daemon restarts mitmdump to apply it: open connections are \
+         cut, and each sandbox's tunnel is back within about 20 s\n"
+    );
     wait_for("mitmdump to restart with the new level", || {
         let s = status(&w);
         s["mitmdump_alive"] == true && s["mitmdump_pid"].as_i64() != Some(first)
@@ -126,6 +130,9 @@ fn start_restart_recover_stop() {
     let cmdline = std::fs::read_to_string(format!("/proc/{first}/cmdline")).unwrap();
     assert!(cmdline.contains("termlog_verbosity=debug"), "{cmdline:?}");
     assert_eq!(ok(&mut w.ppp(["daemon", "log-level", "general"])), "general: warn\n");
+    // The general level restarts nothing.
+    let out = ok(&mut w.ppp(["daemon", "log-level", "set", "general", "warn"]));
+    assert_eq!(out, "general log level set to warn; the running daemon applies it now\n");
     let yaml = std::fs::read_to_string(w.config().join("config.yaml")).unwrap();
     assert!(yaml.contains("proxy: debug") && yaml.contains("general: warn"), "{yaml}");
 
@@ -152,6 +159,32 @@ fn start_restart_recover_stop() {
     .unwrap();
     wait_for("the supervisor to die", || status(&w)["running"] == false);
     assert!(alive(second), "its mitmdump outlives it");
+    // Status tells the truth about it, and stop stops it.
+    let s = status(&w);
+    assert_eq!(s["orphan_mitmdump_pid"], second, "{s}");
+    let text = ok(&mut w.ppp(["daemon", "status"]));
+    assert!(text.contains(&format!("mitmdump:  still running (pid {second}), left behind")), "{text}");
+    let out = ok(&mut w.ppp(["daemon", "stop"]));
+    assert_eq!(
+        out,
+        format!(
+            "the ppp daemon was not running; stopped the mitmdump it left behind (pid {second}), its ports are free\n"
+        )
+    );
+    assert!(!alive(second), "daemon stop stopped the orphan");
+    assert_eq!(status(&w)["orphan_mitmdump_pid"], Value::Null);
+
+    // A killed supervisor again: start recovers, stopping the mitmdump it
+    // left behind.
+    ok(&mut in_ns(&w, &ns, &["daemon", "start", "-d"]));
+    let s = status(&w);
+    let (daemon, second) = (s["pid"].as_i64().unwrap(), s["mitmdump_pid"].as_i64().unwrap());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(daemon).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("the supervisor to die", || status(&w)["running"] == false);
     let out = ok(&mut in_ns(&w, &ns, &["daemon", "start", "-d"]));
     assert!(out.starts_with("ppp daemon started"), "{out}");
     wait_for("the orphaned mitmdump to go", || !alive(second));

@@ -147,9 +147,10 @@ fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
         output::print(&text)?;
         return Ok(ExitCode::SUCCESS);
     };
-    {
+    let proxy_changes = {
         let _lock = crate::state::Lock::acquire(&dirs.state_lock())?;
         let mut c = crate::config::load(dirs)?;
+        let before = c.log.proxy;
         if target != LogTarget::General {
             c.log.proxy = level;
         }
@@ -157,14 +158,21 @@ fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
             c.log.general = level;
         }
         crate::config::save(dirs, &c)?;
-    }
+        c.log.proxy != before
+    };
     let applied = if supervisor::is_running(dirs)? {
         let rec = supervisor::load_record(dirs)?;
         match rec.and_then(|r| i32::try_from(r.pid).ok()) {
             Some(pid) => {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP)
                     .with_context(|| format!("could not signal the daemon (pid {pid})"))?;
-                "; the running daemon applies it now"
+                if proxy_changes {
+                    // mitmdump reads its verbosity only at start.
+                    "; the running daemon restarts mitmdump to apply it: open connections are cut, \
+                     and each sandbox's tunnel is back within about 20 s"
+                } else {
+                    "; the running daemon applies it now"
+                }
             }
             None => "; it applies when the daemon next starts",
         }
@@ -183,8 +191,13 @@ fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
 
 fn stop(dirs: &Dirs) -> Result<ExitCode> {
     match supervisor::stop(dirs, STOP_DEADLINE)? {
-        None => output::println("the ppp daemon is not running")?,
-        Some(rec) => output::println(&format!("ppp daemon stopped; ports {} are free", ports_text(&rec.ports)))?,
+        supervisor::Stopped::Nothing => output::println("the ppp daemon is not running")?,
+        supervisor::Stopped::Orphan(pid) => output::println(&format!(
+            "the ppp daemon was not running; stopped the mitmdump it left behind (pid {pid}), its ports are free"
+        ))?,
+        supervisor::Stopped::Daemon(rec) => {
+            output::println(&format!("ppp daemon stopped; ports {} are free", ports_text(&rec.ports)))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -206,6 +219,9 @@ pub struct Status {
     pub restarts: u32,
     pub last_restart: Option<String>,
     pub last_log_line: Option<String>,
+    /// With no daemon running: a mitmdump a dead daemon left behind, still
+    /// serving its ports (`daemon stop` stops it).
+    pub orphan_mitmdump_pid: Option<u32>,
 }
 
 /// A sandbox's pool port as the daemon sees it.
@@ -310,6 +326,7 @@ pub fn status_report(dirs: &Dirs) -> Result<Status> {
         restarts: rec.as_ref().map_or(0, |r| r.restarts),
         last_restart: rec.as_ref().and_then(|r| r.last_restart.clone()),
         last_log_line,
+        orphan_mitmdump_pid: if running { None } else { supervisor::orphan(dirs)? },
     })
 }
 
@@ -330,6 +347,11 @@ fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
             },
             ports_text(&s.ports),
             s.restarts
+        )
+    } else if let Some(p) = s.orphan_mitmdump_pid {
+        format!(
+            "daemon:    not running\nmitmdump:  still running (pid {p}), left behind by a daemon that died; \
+             it still serves the ports it had\nhint:      `ppp daemon stop` stops it, `ppp daemon start -d` replaces it\n"
         )
     } else {
         "daemon:    not running\n".to_owned()

@@ -420,16 +420,35 @@ fn write_wg0s(dirs: &Dirs, confs: &BTreeMap<u16, clientconf::ClientConf>, seen: 
 /// Stop a mitmdump a dead supervisor left running, identified by
 /// `proxy.pid` and confirmed by its command line, so a recycled pid is
 /// never signalled.
-fn stop_orphan(dirs: &Dirs) -> Result<()> {
+/// The mitmdump named by `proxy.pid`, if it still runs. With no daemon
+/// holding `daemon.lock`, that is one left behind by a daemon that died
+/// (SIGKILL gives it no chance to stop its child), still serving every
+/// WireGuard port it had.
+pub fn orphan(dirs: &Dirs) -> Result<Option<u32>> {
+    if is_running(dirs)? {
+        return Ok(None);
+    }
+    proxy_pid_alive(dirs)
+}
+
+fn proxy_pid_alive(dirs: &Dirs) -> Result<Option<u32>> {
     let Some(text) = state::read_optional(&dirs.proxy_pid())? else {
-        return Ok(());
+        return Ok(None);
     };
     let Ok(pid) = text.trim().parse::<i32>() else {
-        return Ok(());
+        return Ok(None);
     };
-    if pid <= 0 || !is_mitmdump(pid) {
-        return Ok(());
-    }
+    Ok((pid > 0 && alive(pid) && is_mitmdump(pid)).then(|| pid.unsigned_abs()))
+}
+
+/// Stop a mitmdump left behind by a dead daemon; its pid, if there was one.
+/// Called with `daemon.lock` held (by a starting daemon, or by
+/// `daemon stop` and `reset` when no daemon runs).
+pub fn stop_orphan(dirs: &Dirs) -> Result<Option<u32>> {
+    let Some(found) = proxy_pid_alive(dirs)? else {
+        return Ok(None);
+    };
+    let Ok(pid) = i32::try_from(found) else { return Ok(None) };
     tracing::warn!("stopping mitmdump {pid}, left behind by a daemon that died");
     let pid = nix::unistd::Pid::from_raw(pid);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
@@ -441,15 +460,20 @@ fn stop_orphan(dirs: &Dirs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
+    let _ = std::fs::remove_file(dirs.proxy_pid());
+    Ok(Some(found))
 }
 
 /// Stop a running daemon: SIGTERM, then wait until it and its mitmdump
 /// are gone (so the WireGuard ports are free). Returns its last record, or
 /// `None` when no daemon was running.
-pub fn stop(dirs: &Dirs, deadline: Duration) -> Result<Option<Record>> {
+pub fn stop(dirs: &Dirs, deadline: Duration) -> Result<Stopped> {
     if !is_running(dirs)? {
-        return Ok(None);
+        // No daemon: holding its lock keeps one from starting meanwhile.
+        let Some(_lock) = state::Lock::try_acquire(&dirs.daemon_lock())? else {
+            return Ok(Stopped::Nothing);
+        };
+        return Ok(stop_orphan(dirs)?.map_or(Stopped::Nothing, Stopped::Orphan));
     }
     let rec = load_record(dirs)?
         .ok_or_else(|| crate::error::fail("the daemon is running but left no `daemon.json`").hint("stop it by hand"))?;
@@ -469,7 +493,17 @@ pub fn stop(dirs: &Dirs, deadline: Duration) -> Result<Option<Record>> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(Some(rec))
+    Ok(Stopped::Daemon(rec))
+}
+
+/// What `stop` stopped.
+#[derive(Debug)]
+pub enum Stopped {
+    /// The daemon, with its last record.
+    Daemon(Record),
+    /// No daemon, but the mitmdump (this pid) a dead one left behind.
+    Orphan(u32),
+    Nothing,
 }
 
 /// Whether `pid` names a live process.
