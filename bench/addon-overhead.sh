@@ -64,7 +64,7 @@ cleanup() {
   done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   for ns in "$h" "$g" "$u"; do ip netns del "$ns" 2>/dev/null || true; done
-  rm -rf "$work"
+  rm -rf "$work" "/etc/netns/$h"
 }
 trap cleanup EXIT
 
@@ -113,6 +113,13 @@ ip -n "$h" addr add 10.251.1.1/30 dev "${p}hg"
 ip -n "$h" link set "${p}hg" up
 ip -n "$g" addr add 10.251.1.2/30 dev veth0
 ip -n "$g" link set veth0 up
+
+# The host namespace resolves with the upstream's test DNS server only
+# (`ip netns exec` bind-mounts these over /etc): ppp refuses a connection to
+# an address the name does not resolve to.
+mkdir -p "/etc/netns/$h"
+echo "nameserver $up_ip" >"/etc/netns/$h/resolv.conf"
+echo "127.0.0.1 localhost" >"/etc/netns/$h/hosts"
 
 # Upstream: a throwaway CA, a certificate for $name, the echo server.
 up=$work/upstream
@@ -256,7 +263,10 @@ bare_ca=$work/bare/c/mitmproxy-ca-cert.pem
 pin_mitm "$bare"
 
 # (b) ppp's daemon and addon: deny-all plus one allow, a stored key.
-mkdir -p "$PPP_DATA"
+mkdir -p "$PPP_DATA" "$PPP_CONFIG"
+# The guest reaches the host namespace at its veth's address, not through
+# gvproxy's NAT to loopback (where ppp's servers listen by default).
+printf 'wireguard:\n  listen_host: 0.0.0.0\n' >"$PPP_CONFIG/config.yaml"
 echo "{\"ports\": {\"$port\": \"bench\"}}" >"$PPP_DATA/port-registry.json"
 "$ppp" policy init deny-all >/dev/null
 # $up_ip is not public: the DNS-rebinding defence needs an address rule.
@@ -275,7 +285,9 @@ guest_up "${bare_keys[@]}"
 guest_curl "$bare_ca" -o /dev/null || die "bare mitmdump: request failed"
 guest_up "${ppp_keys[@]}"
 resp=$(guest_curl "$ppp_ca") || die "ppp: request failed"
-grep -q "\"x-api-key\": \"$key\"" <<<"$resp" || die "ppp did not inject the key; upstream saw: $resp"
+# ppp scrubs the key out of the echo it sends back: the upstream's own log
+# shows what arrived.
+grep -q "\"x-api-key\": \"$key\"" "$up/requests.jsonl" || die "ppp did not inject the key; upstream answered: $resp"
 
 measure() { # a|b: switch the guest over, load, print the result with mitmdump's CPU ms per request
   local side=$1 pid ca out t0 t1

@@ -1,4 +1,4 @@
-"""The servers agents really talk to, for tests/e2e_traffic.rs.
+"""The servers agents really talk to, for tests/e2e_daemon.rs.
 
 Runs inside the test's upstream network namespace, never in the root one,
 with the upstream's test certificate:
@@ -8,10 +8,25 @@ with the upstream's test certificate:
     the rest only after the file DIR/NAME exists, which the test creates
     once it has read event 1. A proxy that buffers the stream never hands
     event 1 over, so the test fails by its deadline instead of by timing.
-  - GET /sse-idle?idle=S: one event, S seconds of silence, one more.
+  - GET /sse-idle?idle=S&tag=T: one event, S seconds of silence, one more;
+    DIR/T-resumed is created just before that one is written, so a test
+    can tell whether the first event reached it before the silence ended.
+  - GET /sse-ticks?n=N&every=S: N events, one every S seconds, each
+    `data: <time.monotonic_ns() when it was written>` (the clock all
+    namespaces share), for the latency benchmark.
   - POST|PUT /sink: reads the body as it comes (Content-Length or chunked)
-    without keeping it, answers {"bytes", "sha256", "expect"}.
+    without keeping it, answers {"bytes", "sha256", "expect", "key_sha256"}
+    (the SHA-256 of the x-api-key that arrived: ppp scrubs the key itself
+    out of responses).
   - GET /download?bytes=N: N bytes (a repeating pattern), chunked.
+* HTTPS on ADDR:8444, HTTP/2 only (ALPN h2, the `h2` library of the
+  mitmproxy venv):
+  - POST /bidi: gRPC-style bidirectional streaming. Response headers go
+    out at once; every DATA frame is echoed back as it arrives, while the
+    request is still open; when the request ends, trailers
+    `grpc-status: 0` end the response.
+  - anything else: {"protocol": "h2", "method", "path", "body_bytes",
+    "key_sha256"} once the request has ended.
 * HTTP on ADDR:8080: git's smart HTTP (`git http-backend`) for the bare
   repositories under DIR/git.
 
@@ -22,6 +37,7 @@ usage: agent_servers.py ADDR CERT KEY DIR READY
 
 import hashlib
 import http.server
+import socket
 import json
 import os
 import ssl
@@ -31,8 +47,16 @@ import threading
 import time
 import urllib.parse
 
+import h2.config
+import h2.connection
+import h2.events
+
 addr, cert, key, root, ready = sys.argv[1:6]
 PATTERN = bytes(range(256)) * 256  # 64 KiB
+
+
+def key_sha256(value):
+    return hashlib.sha256(value.encode()).hexdigest() if value is not None else None
 
 
 class Agentish(http.server.BaseHTTPRequestHandler):
@@ -73,7 +97,18 @@ class Agentish(http.server.BaseHTTPRequestHandler):
             self.start_stream("text/event-stream")
             self.chunk(b"data: hello\n\n")
             time.sleep(float(q.get("idle", "1")))
+            open(os.path.join(root, os.path.basename(q.get("tag", "idle")) + "-resumed"), "w").close()
             self.chunk(b"data: after-idle\n\n")
+            self.chunk(b"")
+        elif path == "/sse-ticks":
+            # As an LLM API's server does: no Nagle delay on small events.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.start_stream("text/event-stream")
+            every = float(q.get("every", "0.05"))
+            start = time.monotonic()
+            for i in range(int(q.get("n", "100"))):
+                time.sleep(max(0.0, start + i * every - time.monotonic()))
+                self.chunk(b"data: %d\n\n" % time.monotonic_ns())
             self.chunk(b"")
         elif path == "/download":
             left = int(q.get("bytes", "0"))
@@ -112,7 +147,14 @@ class Agentish(http.server.BaseHTTPRequestHandler):
                 h.update(data)
                 total += len(data)
                 left -= len(data)
-        out = json.dumps({"bytes": total, "sha256": h.hexdigest(), "expect": self.headers.get("Expect")}).encode()
+        out = json.dumps(
+            {
+                "bytes": total,
+                "sha256": h.hexdigest(),
+                "expect": self.headers.get("Expect"),
+                "key_sha256": key_sha256(self.headers.get("x-api-key")),
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
@@ -177,6 +219,93 @@ class Git(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_any
 
+
+def serve_h2(raw):
+    """One HTTP/2 connection (sans-IO `h2`, blocking socket, own thread)."""
+    try:
+        sock = h2_ctx.wrap_socket(raw, server_side=True)
+    except (OSError, ssl.SSLError) as e:
+        sys.stderr.write("h2: handshake failed: %s\n" % e)
+        raw.close()
+        return
+    with sock:
+        if sock.selected_alpn_protocol() != "h2":
+            sys.stderr.write("h2: ALPN %r, not h2\n" % sock.selected_alpn_protocol())
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        streams = {}
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.RequestReceived):
+                    headers = dict(ev.headers)
+                    streams[ev.stream_id] = {"headers": headers, "bytes": 0}
+                    sys.stderr.write("h2 %s %s\n" % (headers.get(":method"), headers.get(":path")))
+                    if headers.get(":path") == "/bidi":
+                        conn.send_headers(
+                            ev.stream_id,
+                            [
+                                (":status", "200"),
+                                ("content-type", "application/grpc"),
+                                ("x-key-sha256", key_sha256(headers.get("x-api-key")) or "none"),
+                            ],
+                        )
+                elif isinstance(ev, h2.events.DataReceived):
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    st = streams.get(ev.stream_id)
+                    if st is None:
+                        continue
+                    st["bytes"] += len(ev.data)
+                    if st["headers"].get(":path") == "/bidi" and ev.data:
+                        conn.send_data(ev.stream_id, ev.data)
+                elif isinstance(ev, h2.events.StreamEnded):
+                    st = streams.pop(ev.stream_id, None)
+                    if st is None:
+                        continue
+                    h = st["headers"]
+                    if h.get(":path") == "/bidi":
+                        conn.send_headers(ev.stream_id, [("grpc-status", "0"), ("grpc-message", "OK")], end_stream=True)
+                    else:
+                        out = json.dumps(
+                            {
+                                "protocol": "h2",
+                                "method": h.get(":method"),
+                                "path": h.get(":path"),
+                                "body_bytes": st["bytes"],
+                                "key_sha256": key_sha256(h.get("x-api-key")),
+                            }
+                        ).encode()
+                        conn.send_headers(
+                            ev.stream_id,
+                            [(":status", "200"), ("content-type", "application/json"), ("content-length", str(len(out)))],
+                        )
+                        conn.send_data(ev.stream_id, out, end_stream=True)
+                elif isinstance(ev, h2.events.StreamReset):
+                    streams.pop(ev.stream_id, None)
+                elif isinstance(ev, h2.events.ConnectionTerminated):
+                    sock.sendall(conn.data_to_send())
+                    return
+            sock.sendall(conn.data_to_send())
+
+
+def accept_h2(listener):
+    while True:
+        raw, _ = listener.accept()
+        threading.Thread(target=serve_h2, args=(raw,), daemon=True).start()
+
+
+h2_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+h2_ctx.load_cert_chain(cert, key)
+h2_ctx.set_alpn_protocols(["h2"])
+h2_listener = socket.create_server((addr, 8444))
+threading.Thread(target=accept_h2, args=(h2_listener,), daemon=True).start()
 
 https = http.server.ThreadingHTTPServer((addr, 8443), Agentish)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
