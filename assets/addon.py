@@ -426,15 +426,47 @@ def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
 
 class Scrubber:
     """A `flow.response.stream` function that replaces every secret value in
-    a streamed body with its `redaction`, also across chunk boundaries: it holds
-    back the last `longest - 1` bytes of each chunk until the next one (or
-    the end, `b""`) shows they start no secret. Memory: one chunk plus that
-    tail."""
+    a streamed body with its `redaction`, also across chunk boundaries: it
+    holds back the longest end of each chunk that is the start of a secret
+    (shorter than it) until the next chunk (or the end, `b""`) shows whether
+    the secret follows. Only such an end is held: a chunk that ends
+    otherwise (an SSE event ends in a blank line) goes on whole and at once,
+    so streamed events and gRPC messages are never delayed. Memory: one
+    chunk plus that tail."""
 
     def __init__(self, values: list[bytes]) -> None:
         self.values = sorted({v for v in values if v}, key=len, reverse=True)
         self.keep = max((len(v) for v in self.values), default=1) - 1
         self.tail = b""
+        # Knuth-Morris-Pratt failure function of each secret, so that
+        # `_held` costs O(len(secret)) per chunk whatever the bytes.
+        self._fail = [self._failure(v) for v in self.values]
+
+    @staticmethod
+    def _failure(v: bytes) -> list[int]:
+        f = [0] * len(v)
+        k = 0
+        for i in range(1, len(v)):
+            while k and v[i] != v[k]:
+                k = f[k - 1]
+            if v[i] == v[k]:
+                k += 1
+            f[i] = k
+        return f
+
+    def _held(self, data: bytes) -> int:
+        """The length of the longest end of `data` that is a proper prefix
+        of a secret: only that can still become one."""
+        best = 0
+        for v, f in zip(self.values, self._fail):
+            q = 0
+            for b in data[-(len(v) - 1) :] if len(v) > 1 else b"":
+                while q and (q == len(v) or b != v[q]):
+                    q = f[q - 1]
+                if b == v[q]:
+                    q += 1
+            best = max(best, q if q < len(v) else f[q - 1])
+        return best
 
     def scrub(self, data: bytes) -> bytes:
         for v in self.values:
@@ -447,9 +479,9 @@ class Scrubber:
         if chunk == b"" or self.keep == 0:
             self.tail = b""
             return data
-        # Hold back a tail that could be the start of a secret; REDACTED
-        # itself never is, so nothing is replaced twice.
-        cut = max(len(data) - self.keep, 0)
+        # Hold back a tail that could be the start of a secret; a redaction
+        # never contains a secret, so nothing is replaced twice.
+        cut = len(data) - self._held(data)
         self.tail = data[cut:]
         # Never b"" mid-stream: mitmproxy would send it as an empty chunk,
         # which ends a chunked body.

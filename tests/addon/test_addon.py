@@ -840,6 +840,39 @@ class Live(Base):
             out = b"".join(flat(sc(c)) for c in [*chunks, b""])
             self.assertEqual(out, whole.replace(secret, A.redaction(secret)), (parts, chunks))
 
+    def test_scrubber_holds_back_only_what_could_start_a_secret(self) -> None:
+        import random
+
+        # An SSE event or a gRPC message goes on whole and at once (before,
+        # the last len(secret) - 1 bytes of every chunk waited for the next).
+        sc = A.Scrubber([b"sk-ant-SECRET-123", b"tok-9"])
+        self.assertEqual(flat(sc(b"data: 1\n\n")), b"data: 1\n\n")
+        self.assertEqual(flat(sc(b"x tok")), b"x ")
+        self.assertEqual(flat(sc(b"-9 data: sk-ant-S")), A.redaction(b"tok-9") + b" data: ")
+        self.assertEqual(flat(sc(b"ECRET-123!")), A.redaction(b"sk-ant-SECRET-123") + b"!")
+        # Against a slow reference, on bytes that overlap themselves.
+        rnd = random.Random(11)
+        for _ in range(3000):
+            values = [bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(2, 7))) for _ in range(rnd.randint(1, 3))]
+            sc = A.Scrubber(values)
+            data = bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(0, 20)))
+            want = max(
+                [n for v in sc.values for n in range(1, min(len(v) - 1, len(data)) + 1) if data.endswith(v[:n])],
+                default=0,
+            )
+            self.assertEqual(sc._held(data), want, (values, data))
+            # Split anywhere, no secret ever comes out.
+            body = bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(0, 60)))
+            out, i = b"", 0
+            while i < len(body):
+                j = i + rnd.randint(1, 7)
+                out += flat(sc(body[i:j]))
+                i = j
+            out += flat(sc(b""))
+            self.assertEqual(len(out), len(body))
+            for v in sc.values:
+                self.assertNotIn(v, out, (values, body))
+
     def test_a_tls_denial_names_the_sni_and_a_daemon_failure_suggests_no_rule(self) -> None:
         c = self.tls(51821, "www.allowed.test", "93.184.216.34")
         f = http_flow(51821, "fine.allowed.test")
