@@ -82,6 +82,33 @@ pub fn fail(message: impl Into<String>) -> Failure {
     Failure::new(message)
 }
 
+/// The error a child `ppp` printed (what [`render`] wrote: the last
+/// `error:` line, its `caused by:` lines and `hint:`), rebuilt so that it
+/// can be the cause of this process's error with nothing lost; `fallback`
+/// is the hint when the child gave none. `None` when `text` holds no
+/// `error:` line.
+pub fn from_rendered(text: &str, fallback: &str) -> Option<anyhow::Error> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.iter().rposition(|l| l.starts_with("error: "))?;
+    let mut chain = vec![lines[start].trim_start_matches("error: ").to_owned()];
+    let mut hint = (!fallback.is_empty()).then(|| fallback.to_owned());
+    for l in &lines[start + 1..] {
+        if let Some(c) = l.strip_prefix("  caused by: ") {
+            chain.push(c.to_owned());
+        } else if let Some(h) = l.strip_prefix("hint: ") {
+            hint = Some(h.to_owned());
+        }
+    }
+    let mut err = anyhow::Error::msg(chain.pop()?);
+    while let Some(outer) = chain.pop() {
+        err = err.context(outer);
+    }
+    Some(match hint {
+        Some(h) => hinted(err, h),
+        None => err,
+    })
+}
+
 /// Render `err` as the lines ppp prints on stderr, and pick the exit code.
 pub fn render(err: &anyhow::Error) -> (String, u8) {
     let mut out = String::new();
@@ -120,6 +147,23 @@ pub fn render(err: &anyhow::Error) -> (String, u8) {
 mod tests {
     use super::*;
     use anyhow::Context;
+
+    #[test]
+    fn a_child_error_is_rebuilt_whole() {
+        let child: anyhow::Result<()> = Err(fail("the socket path is too long").hint("set PPP_DATA shorter").into());
+        let child = child.context("could not listen").unwrap_err();
+        let (text, _) = render(&child);
+        let printed = format!("warning: something earlier\n{text}");
+        let rebuilt = from_rendered(&printed, "see the log").unwrap().context("the daemon exited during start-up");
+        assert_eq!(
+            render(&rebuilt).0,
+            "error: the daemon exited during start-up\n  caused by: could not listen\n  caused by: the socket \
+             path is too long\nhint: set PPP_DATA shorter\n"
+        );
+        assert!(from_rendered("just noise\n", "").is_none());
+        let bare = from_rendered("error: boom\n", "see the log").unwrap();
+        assert_eq!(render(&bare).0, "error: boom\nhint: see the log\n");
+    }
 
     #[test]
     fn renders_chain_hint_and_code() {

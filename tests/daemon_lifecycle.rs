@@ -199,3 +199,18 @@ fn start_restart_recover_stop() {
     let (code, out, _) = output(&mut w.ppp(["daemon", "stop"]));
     assert_eq!((code, out.as_str()), (0, "the ppp daemon is not running\n"));
 }
+
+/// Issue 14, point 3: a daemon that cannot start says why. The detached
+/// daemon's own error (a socket path too long for a Unix socket) reaches
+/// the user with its cause and its hint, not only "it exited".
+#[test]
+fn a_daemon_that_cannot_start_says_why() {
+    let w = World::new();
+    let long = w.path().join("d".repeat(120));
+    let (code, _, err) =
+        output(w.ppp(["daemon", "start", "-d"]).env("PPP_DATA", &long).env("PPP_MITMDUMP", test_mitmdump()));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.starts_with("error: the daemon exited during start-up"), "{err}");
+    assert!(err.contains("caused by: the daemon socket path"), "the child's error is the cause: {err}");
+    assert!(err.contains("hint: set `PPP_DATA` to a shorter directory"), "the child's hint: {err}");
+}

@@ -74,6 +74,8 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
         .append(true)
         .open(&log_path)
         .with_context(|| format!("could not open `{}`", log_path.display()))?;
+    // Where this start's own lines begin in the log, to lift its error.
+    let offset = log.metadata().map_or(0, |m| m.len());
     let mut child = exec::spawn_detached(&Invocation::new(exe).args(["daemon", "start"]), &log)?;
     let deadline = Instant::now() + READY_DEADLINE;
     // The daemon to wait for: ours, unless another start won the race for
@@ -84,9 +86,14 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
             && let Some(status) = child.try_wait()?
         {
             if !(status.success() && supervisor::is_running(dirs)?) {
-                return Err(fail(format!("the daemon exited during start-up ({status})"))
-                    .hint(format!("see `{}` and `{}`", log_path.display(), dirs.proxy_log().display()))
-                    .into());
+                let what = format!("the daemon exited during start-up ({status})");
+                let see = format!("see `{}` and `{}`", log_path.display(), dirs.proxy_log().display());
+                // The child's own error (with its cause and hint) is in the
+                // log; it is what the user needs, not just that it exited.
+                return Err(match crate::error::from_rendered(&log_since(&log_path, offset), &see) {
+                    Some(e) => e.context(what),
+                    None => fail(what).hint(see).into(),
+                });
             }
             pid = None;
         }
@@ -106,6 +113,19 @@ fn start_detached(dirs: &Dirs) -> Result<ExitCode> {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// What `path` gained past `offset`, at most its last 64 KiB.
+fn log_since(path: &std::path::Path, offset: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let from = offset.max(len.saturating_sub(64 * 1024));
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_ok() {
+        let _ = f.take(64 * 1024).read_to_end(&mut buf);
+    }
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// The record of the daemon `pid` (any running daemon for `None`) once

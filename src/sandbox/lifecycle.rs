@@ -596,11 +596,20 @@ fn ensure_daemon(dirs: &Dirs, ui: Ui) -> Result<()> {
     ui.timed("starting the ppp daemon", || {
         let me = std::env::current_exe().context("could not find the ppp executable")?;
         let inv = Invocation::new(me).args(["daemon", "start", "-d"]).timeout(Duration::from_secs(15 * 60));
+        let generic = "see `ppp daemon status` and `ppp daemon start` for details";
         exec::run(&inv).map(drop).map_err(|e| {
-            anyhow::Error::new(e).context("could not start the ppp daemon").context(
-                fail("the sandbox needs the ppp daemon")
-                    .hint("see `ppp daemon status` and `ppp daemon start` for details"),
-            )
+            // `ppp daemon start -d` printed its error, cause and hint; keep
+            // them all (the exec error alone shows only its last line).
+            let cause = match &e {
+                exec::ExecError::Failed { stderr, .. } => crate::error::from_rendered(stderr, generic),
+                _ => None,
+            };
+            match cause {
+                Some(c) => c.context("could not start the ppp daemon").context("the sandbox needs the ppp daemon"),
+                None => anyhow::Error::new(e)
+                    .context("could not start the ppp daemon")
+                    .context(fail("the sandbox needs the ppp daemon").hint(generic)),
+            }
         })
     })
 }
