@@ -165,6 +165,11 @@ fn failures_leave_nothing_half_made() {
     setup_policy(&env, "red");
     let nothing_left = |env: &Env| {
         assert!(env.ls().is_empty(), "{:?}", env.ls());
+        // The create started the daemon; with nothing left to serve it is
+        // stopped again (issue 14: the state is as before).
+        let status: Value = serde_json::from_str(&env.ok(&["daemon", "status", "--json"])).unwrap();
+        assert_eq!(status["running"], false, "{status}");
+        assert_eq!(status["orphan_mitmdump_pid"], Value::Null, "{status}");
         assert!(ppp::sandbox::PortRegistry::load(&env.dirs()).unwrap().ports.is_empty());
         assert_eq!(env.podman(&["machine", "list", "--format", "json"]), serde_json::json!([]));
         assert!(env.leftovers().is_empty(), "{:?}", env.leftovers());
@@ -190,6 +195,10 @@ fn failures_leave_nothing_half_made() {
     assert!(err.contains(&format!("hint: see `{}`", log.display())), "points at the log: {err}");
     assert!(std::fs::read_to_string(&log).unwrap().contains("ppp-provision: FAILED"), "the log is kept");
     nothing_left(&env);
+    // `rm` removes what the failed create kept (the prepared policy stays).
+    env.ok(&["rm", "-f", "red"]);
+    assert!(!log.exists(), "rm removed the kept log");
+    assert!(env.dirs().sandbox_policy("red").exists());
 
     // A handover check failing stops the handover: here a "secret" whose
     // value is in every guest shell's environment.

@@ -21,13 +21,22 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
                 all.push(name);
             }
         }
+        // And the logs failed creates kept.
+        for name in failed_creates(dirs) {
+            if !all.contains(&name) {
+                all.push(name);
+            }
+        }
         all
     } else {
         args.sandboxes.clone()
     };
     let registry = PortRegistry::load(dirs)?;
     for name in &names {
-        if sandbox::load(dirs, name)?.is_none() && registry.port_of(name).is_none() {
+        if sandbox::load(dirs, name)?.is_none()
+            && registry.port_of(name).is_none()
+            && !dirs.sandbox_machine_log(name).exists()
+        {
             return Err(crate::error::fail(format!("no sandbox named `{name}`"))
                 .hint("list sandboxes with `ppp ls`")
                 .code(2)
@@ -59,4 +68,15 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
         crate::output::println(&format!("removed `{name}`"))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Names whose directory holds only what a failed create kept (its log):
+/// no `sandbox.json`.
+fn failed_creates(dirs: &crate::dirs::Dirs) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dirs.sandboxes()) else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !dirs.sandbox_record(n).exists() && dirs.sandbox_machine_log(n).exists())
+        .collect()
 }

@@ -363,11 +363,12 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     let name = claim.record.name.clone();
     ui.note(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
     let mut made_machine = false;
+    let mut started_daemon = false;
     // Ctrl-C reaches podman (same process group) and ends the step it is
     // in; ppp itself stays alive to roll back, and stops between steps.
     let interrupt = Interrupt::catch();
     let result = (|| -> Result<Record> {
-        ensure_daemon(dirs, ui)?;
+        started_daemon = ensure_daemon(dirs, ui)?;
         interrupt.check()?;
         wait_for_wg0(dirs, &name, claim.record.port)?;
         let machine = &claim.record.machine_name;
@@ -423,7 +424,7 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         Ok(rec) => Ok(rec),
         Err(e) => {
             ui.note(&format!("creating `{name}` failed; removing what was made"));
-            rollback(dirs, podman, &claim, made_machine);
+            rollback(dirs, podman, &claim, made_machine, started_daemon);
             // Said even with -q: the name was printed nowhere else.
             eprintln!("ppp: sandbox `{name}` was not created");
             Err(e)
@@ -513,9 +514,12 @@ fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim> {
     Ok(Claim { record })
 }
 
-/// Undo a failed create. The machine log stays where the error's hint
-/// points; without `sandbox.json` the directory is not a sandbox.
-fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool) {
+/// Undo a failed create, so that ppp's state is as it was: the machine,
+/// the port, the record, and the daemon if this create started it and no
+/// sandbox is left for it to serve. The machine log stays where the
+/// error's hint points (`ppp rm NAME` removes it); without `sandbox.json`
+/// the directory is not a sandbox.
+fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool, started_daemon: bool) {
     let name = &claim.record.name;
     if made_machine && let Err(e) = exec::run(&podman.rm(&claim.record.machine_name)) {
         eprintln!("warning: could not remove machine `{}`: {e}", claim.record.machine_name);
@@ -523,7 +527,14 @@ fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool) {
     if let Err(e) = forget(dirs, name, Keep::Log) {
         eprintln!("warning: could not remove the state of `{name}`: {e:#}");
     }
-    let _ = proxy::notify_reload(dirs);
+    let idle = PortRegistry::load(dirs).is_ok_and(|r| r.ports.is_empty());
+    if started_daemon && idle {
+        if let Err(e) = supervisor::stop(dirs, Duration::from_secs(30)) {
+            eprintln!("warning: could not stop the ppp daemon this create started: {e:#}");
+        }
+    } else {
+        let _ = proxy::notify_reload(dirs);
+    }
 }
 
 /// What [`forget`] leaves.
@@ -582,16 +593,16 @@ fn forget(dirs: &Dirs, name: &str, keep: Keep) -> Result<()> {
     }
 }
 
-/// Start the daemon if it is not running; otherwise ask it to reload, so it
-/// serves a port claimed since it started.
-fn ensure_daemon(dirs: &Dirs, ui: Ui) -> Result<()> {
+/// Start the daemon if it is not running (true: this call started it);
+/// otherwise ask it to reload, so it serves a port claimed since it started.
+fn ensure_daemon(dirs: &Dirs, ui: Ui) -> Result<bool> {
     if supervisor::is_running(dirs)? {
         if let proxy::Reload::Failed(why) = proxy::notify_reload(dirs) {
             return Err(fail(format!("the ppp daemon did not reload: {why}"))
                 .hint("restart it with `ppp daemon stop && ppp daemon start -d`")
                 .into());
         }
-        return Ok(());
+        return Ok(false);
     }
     ui.timed("starting the ppp daemon", || {
         let me = std::env::current_exe().context("could not find the ppp executable")?;
@@ -611,7 +622,8 @@ fn ensure_daemon(dirs: &Dirs, ui: Ui) -> Result<()> {
                     .context(fail("the sandbox needs the ppp daemon").hint(generic)),
             }
         })
-    })
+    })?;
+    Ok(true)
 }
 
 /// Wait until the daemon serves `port` and has written the sandbox's
@@ -1085,6 +1097,15 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
     let rec = super::load(dirs, name)?;
     let machine = rec.as_ref().map_or_else(|| super::machine_name(name), |r| r.machine_name.clone());
     if rec.is_none() && PortRegistry::load(dirs)?.port_of(name).is_none() {
+        // What a failed create kept: its log (and a policy prepared for the
+        // name, which stays for the next attempt).
+        let log = dirs.sandbox_machine_log(name);
+        if log.exists() {
+            std::fs::remove_file(&log).with_context(|| format!("could not remove `{}`", log.display()))?;
+            let _ = std::fs::remove_dir(dirs.sandbox(name)); // only if now empty
+            ui.note(&format!("removed the log of a failed create of `{name}`"));
+            return Ok(());
+        }
         return Err(unknown(name));
     }
     ui.timed(&format!("removing `{name}`"), || {
