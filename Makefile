@@ -22,7 +22,7 @@ PPP_TEST_VENV ?= $(CURDIR)/target/test-venv
 PPP_TEST_MITMDUMP ?= $(PPP_TEST_VENV)/bin/mitmdump
 export PPP_TEST_VENV PPP_TEST_MITMDUMP
 
-SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh fuzz/*.sh assets/*.sh) tests/fake-podman/guest-bin/sudo .ci/run
+SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh fuzz/*.sh assets/*.sh) tests/fake-podman/guest-bin/sudo $(wildcard tests/fake-podman/host-bin/*) .ci/run
 
 .PHONY: help build install install-man man test-deps test check check-versions lint clippy fmt fmt-check bench fuzz clean
 

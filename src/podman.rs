@@ -68,6 +68,54 @@ impl fmt::Display for Version {
     }
 }
 
+/// The oldest podman ppp works with: Podman Machine as ppp drives it (its
+/// JSON, `machine info`, the qemu provider's layout) is podman 5's.
+pub const MIN: (u32, u32) = (5, 0);
+
+/// Whether podman's error says it will not run as root (`podman machine`
+/// refuses root on Linux).
+pub fn refuses_root(stderr: &str) -> bool {
+    stderr.contains("as root")
+}
+
+/// The error for a podman that refuses root.
+pub fn root_refusal() -> crate::error::Failure {
+    fail("podman refuses to run `podman machine` as root")
+        .hint("run ppp as your own user: Podman Machine runs rootless, and ppp needs no root")
+}
+
+/// Where podman looks for helper programs (containers.conf's
+/// `helper_binaries_dir` defaults) before `PATH`.
+pub const HELPER_DIRS: [&str; 4] =
+    ["/usr/local/libexec/podman", "/usr/local/lib/podman", "/usr/libexec/podman", "/usr/lib/podman"];
+
+/// The program `provider` runs machines with and how to install it, where
+/// ppp can check it (hyperv and wsl are part of Windows).
+pub fn hypervisor(provider: &str) -> Option<(String, String)> {
+    match provider {
+        "qemu" => {
+            let arch = std::env::consts::ARCH;
+            let pkg = if arch == "aarch64" { "arm" } else { "x86" };
+            Some((
+                format!("qemu-system-{arch}"),
+                format!(
+                    "install QEMU: `sudo apt install qemu-system-{pkg}` (Debian, Ubuntu) or \
+                     `sudo dnf install qemu-system-{pkg}-core` (Fedora)"
+                ),
+            ))
+        }
+        "applehv" => Some(("vfkit".to_owned(), "install vfkit: `brew install vfkit`".to_owned())),
+        "libkrun" => Some(("krunkit".to_owned(), "install krunkit: `brew install slp/krunkit/krunkit`".to_owned())),
+        _ => None,
+    }
+}
+
+/// Where podman would find the helper `name`: its helper directories,
+/// then `PATH`.
+pub fn find_helper(name: &str) -> Option<PathBuf> {
+    HELPER_DIRS.iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file()).or_else(|| exec::find_on_path(name))
+}
+
 /// The podman ppp talks to: its program, version and machine provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Podman {
@@ -94,10 +142,37 @@ impl Podman {
         let version = parse_version_json(&out.stdout)
             .or_else(|| parse_version(&out.stdout).and_then(|v| Version::parse(&v)))
             .ok_or_else(|| fail(format!("could not read podman's version from `{}`", out.stdout.trim())))?;
-        let info = exec::run(&machine_info(program.clone()))
-            .with_context(|| format!("could not ask `{}` for its machine provider", program.display()))?;
+        if !version.at_least(MIN.0, MIN.1) {
+            return Err(fail(format!(
+                "podman {version} is too old: ppp needs Podman Machine as podman {}.{} and later have it",
+                MIN.0, MIN.1
+            ))
+            .hint(format!("upgrade Podman (ppp is tested with {})", crate::versions::podman_tested()))
+            .into());
+        }
+        let info = exec::run(&machine_info(program.clone())).map_err(|e| {
+            let as_root = matches!(&e, exec::ExecError::Failed { stderr, .. } if refuses_root(stderr));
+            let err = anyhow::Error::new(e)
+                .context(format!("could not ask `{}` for its machine provider", program.display()));
+            if as_root { err.context(root_refusal()) } else { err }
+        })?;
         let provider = parse_provider(&info.stdout).unwrap_or_else(|| default_provider().to_owned());
         Ok(Podman { program, version, provider })
+    }
+
+    /// Fails when the program the provider runs VMs with is not installed.
+    /// podman itself would say so only at `machine start`, after a machine
+    /// was made; ppp checks before it makes anything.
+    pub fn check_hypervisor(&self) -> Result<()> {
+        match hypervisor(&self.provider) {
+            Some((program, install)) if find_helper(&program).is_none() => Err(fail(format!(
+                "`{program}` was not found: Podman's {} provider runs each machine with it",
+                self.provider
+            ))
+            .hint(install)
+            .into()),
+            _ => Ok(()),
+        }
     }
 
     /// Whether podman can run more than one machine at once. Only WSL can;

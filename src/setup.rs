@@ -236,19 +236,102 @@ pub struct Options {
 pub fn detect(dirs: &Dirs, opts: &Options) -> Report {
     let lookup = mitmdump::Lookup::from_env();
     let (mitm, venv_ok) = mitmproxy_check(dirs, &lookup);
-    let mut checks = vec![podman_check(detect_podman()), python_check(dirs, &lookup, venv_ok), mitm];
+    let found = detect_podman();
+    let usable = found.as_ref().and_then(|(p, v)| {
+        v.filter(|v| *v >= podman::Version { major: podman::MIN.0, minor: podman::MIN.1, patch: 0 }).map(|_| p.clone())
+    });
+    let mut checks = vec![podman_check(found)];
+    let provider = match usable {
+        Some(program) => {
+            let (check, provider) = machine_check(program);
+            checks.push(check);
+            provider
+        }
+        None => None,
+    };
+    if let Some(c) = hypervisor_check(provider.as_deref().unwrap_or(podman::default_provider())) {
+        checks.push(c);
+    }
+    checks.extend([python_check(dirs, &lookup, venv_ok), mitm]);
     let settings = Settings::from_env();
     checks.push(store_check(settings.as_ref().ok()));
     checks.push(keys_check(dirs, opts));
     checks.push(ca_check(dirs));
     checks.push(policy_check(dirs));
+    let global = policy::load_global(&dirs.global_policy()).ok().flatten();
     for a in agent::AGENTS {
         let image = a.image(|k| std::env::var(k).ok());
         let overridden = std::env::var(a.image_var()).is_ok_and(|v| !v.trim().is_empty());
-        let detail = if overridden { format!("{image} (from {})", a.image_var()) } else { image };
-        checks.push(Check::new(format!("image {}", a.name), Level::Ok, detail).optional());
+        checks.push(image_check(a.name, &image, overridden.then(|| a.image_var()), global.as_ref()));
     }
     Report { checks }
+}
+
+/// The registry host an image reference pulls from (`docker.io` for a
+/// name with no registry part, as podman's short names resolve there by
+/// default; its API is `registry-1.docker.io`).
+#[must_use]
+pub fn registry_of(image: &str) -> String {
+    let first = image.split('/').next().unwrap_or_default();
+    let has_registry = image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let host = if has_registry { first.split(':').next().unwrap_or(first) } else { "docker.io" };
+    if host == "docker.io" { "registry-1.docker.io".to_owned() } else { host.to_owned() }
+}
+
+/// An agent's image row: the image is pulled in the VM, through the proxy,
+/// at the first run; what can fail here is the policy refusing its
+/// registry. Optional: only the agents a user runs matter.
+fn image_check(agent: &str, image: &str, var: Option<String>, global: Option<&policy::GlobalFile>) -> Check {
+    let name = format!("image {agent}");
+    let from = var.map(|v| format!(" (from {v})")).unwrap_or_default();
+    let registry = registry_of(image);
+    let Some(g) = global else {
+        return Check::new(name, Level::Note, format!("{image}{from}; pulled in the VM at the first run")).optional();
+    };
+    let allowed = policy::Engine::build(g.default, g.rules.clone(), Vec::new())
+        .is_ok_and(|e| e.decide(None, Some(&registry), None, 443).verdict == policy::Verdict::Allow);
+    if allowed {
+        Check::new(name, Level::Ok, format!("{image}{from}; the policy allows {registry}, where the VM pulls it"))
+            .optional()
+    } else {
+        Check::new(
+            name,
+            Level::Problem,
+            format!("{image}{from}: the policy denies {registry}, so the VM cannot pull it"),
+        )
+        .hint(format!("`ppp policy allow network {registry}` (and its blob storage host, if it redirects)"))
+        .optional()
+    }
+}
+
+/// The machine row: whether podman answers `machine info` (it refuses
+/// root on Linux), and its provider.
+fn machine_check(program: PathBuf) -> (Check, Option<String>) {
+    match exec::run(&podman::machine_info(program)) {
+        Ok(out) => {
+            let provider = podman::parse_provider(&out.stdout).unwrap_or_else(|| podman::default_provider().to_owned());
+            (Check::new("machine", Level::Ok, format!("provider {provider}")), Some(provider))
+        }
+        Err(exec::ExecError::Failed { stderr, .. }) if podman::refuses_root(&stderr) => {
+            let f = podman::root_refusal();
+            let hint = "run ppp as your own user: Podman Machine runs rootless, and ppp needs no root";
+            (Check::new("machine", Level::Problem, f.to_string()).hint(hint), None)
+        }
+        Err(e) => (
+            Check::new("machine", Level::Problem, format!("`podman machine info` failed: {e}"))
+                .hint("check `podman machine info` by hand"),
+            None,
+        ),
+    }
+}
+
+/// The hypervisor row: the program the provider runs machines with.
+fn hypervisor_check(provider: &str) -> Option<Check> {
+    let (program, install) = podman::hypervisor(provider)?;
+    Some(match podman::find_helper(&program) {
+        Some(p) => Check::new("hypervisor", Level::Ok, format!("`{}` ({provider})", p.display())),
+        None => Check::new("hypervisor", Level::Problem, format!("`{program}` not found ({provider})")).hint(install),
+    })
 }
 
 /// podman's path and version, if found (the version `None` if unreadable).
@@ -280,9 +363,18 @@ pub fn podman_check(found: Option<(PathBuf, Option<podman::Version>)>) -> Check 
             .hint(install);
     };
     let at = |major, minor| v >= podman::Version { major, minor, patch: 0 };
-    if !at(5, 5) {
-        Check::new("podman", Level::Problem, format!("{v} is older than 5.5: no `podman machine cp`"))
-            .hint(format!("upgrade Podman to 5.5 or newer (ppp is tested with {tested})"))
+    if !at(podman::MIN.0, podman::MIN.1) {
+        Check::new("podman", Level::Problem, format!("{v} is older than 5.0: no Podman Machine as ppp drives it"))
+            .hint(format!("upgrade Podman to 5.0 or newer (ppp is tested with {tested})"))
+    } else if !at(5, 5) {
+        Check::new(
+            "podman",
+            Level::Note,
+            format!(
+                "{v} (tested with {tested}); older than 5.5: no `machine cp`, so `ppp cp` copies only files, \
+                 and only into a sandbox"
+            ),
+        )
     } else if !at(6, 0) {
         Check::new(
             "podman",
@@ -586,14 +678,39 @@ mod tests {
     fn podman_versions() {
         let v = |s: &str| Some((PathBuf::from("/bin/podman"), podman::Version::parse(s)));
         assert_eq!(podman_check(None).level, Level::Problem);
-        let old = podman_check(v("5.4.2"));
+        let old = podman_check(v("4.3.1"));
         assert_eq!(old.level, Level::Problem);
-        assert!(old.detail.contains("no `podman machine cp`"), "{}", old.detail);
+        assert!(old.detail.contains("older than 5.0"), "{}", old.detail);
+        // Debian trixie's podman: works, without `machine cp`.
+        let trixie = podman_check(v("5.4.2"));
+        assert_eq!(trixie.level, Level::Note);
+        assert!(trixie.detail.contains("no `machine cp`"), "{}", trixie.detail);
         let mid = podman_check(v("5.5.0"));
         assert_eq!(mid.level, Level::Note);
         assert!(mid.detail.contains("--import-native-ca"), "{}", mid.detail);
         assert_eq!(podman_check(v("6.0.1")).level, Level::Ok);
         assert_eq!(podman_check(Some(("/bin/podman".into(), None))).level, Level::Problem);
+    }
+
+    #[test]
+    fn registries_of_images() {
+        assert_eq!(registry_of("ghcr.io/ppp-sandbox/opencode:0.1.0"), "ghcr.io");
+        assert_eq!(registry_of("localhost:5000/agent:dev"), "localhost");
+        assert_eq!(registry_of("registry.example:5000/a/b"), "registry.example");
+        assert_eq!(registry_of("ubuntu:24.04"), "registry-1.docker.io");
+        assert_eq!(registry_of("library/ubuntu"), "registry-1.docker.io");
+        assert_eq!(registry_of("docker.io/library/ubuntu"), "registry-1.docker.io");
+    }
+
+    #[test]
+    fn image_rows_follow_the_policy() {
+        let deny_all = policy::GlobalFile::from_preset(Preset::DenyAll);
+        let c = image_check("opencode", "ghcr.io/x/y:1", None, Some(&deny_all));
+        assert_eq!(c.level, Level::Problem);
+        assert!(c.hint.as_deref().unwrap().contains("ppp policy allow network ghcr.io"), "{c:?}");
+        let allow_all = policy::GlobalFile::from_preset(Preset::AllowAll);
+        assert_eq!(image_check("opencode", "ghcr.io/x/y:1", None, Some(&allow_all)).level, Level::Ok);
+        assert_eq!(image_check("opencode", "ghcr.io/x/y:1", None, None).level, Level::Note);
     }
 
     #[test]

@@ -113,7 +113,23 @@ impl Setup {
 }
 
 fn podman(w: &World, version: &str) {
-    w.fake("podman", &format!("[ \"$1\" = --version ] && echo \"podman version {version}\""));
+    w.fake(
+        "podman",
+        &format!(
+            "[ \"$1\" = --version ] && echo \"podman version {version}\"\n\
+             [ \"$1 $2\" = \"machine info\" ] && echo '{{\"Host\":{{\"VMType\":\"qemu\"}}}}'\n\
+             exit 0"
+        ),
+    );
+}
+
+/// Real podman as root on Linux.
+fn podman_refusing_root(w: &World) {
+    w.fake(
+        "podman",
+        "[ \"$1\" = --version ] && echo \"podman version 6.0.1\" && exit 0\n\
+         echo 'Error: cannot run command \"podman machine info\" as root' >&2; exit 125",
+    );
 }
 
 /// The STATUS and DETAIL of the table row `name`.
@@ -142,10 +158,19 @@ fn podman_missing_old_and_current() {
     assert!(out.contains("not ready: podman"), "{out}");
     assert_eq!(missing.status.code(), Some(1));
 
-    podman(&s.w, "5.4.2");
+    podman(&s.w, "4.3.1");
     let (code, out, _) = s.setup(&[]);
-    assert_eq!(row(&out, "podman"), ("problem".into(), "5.4.2 is older than 5.5: no `podman machine cp`".into()));
+    assert_eq!(
+        row(&out, "podman"),
+        ("problem".into(), "4.3.1 is older than 5.0: no Podman Machine as ppp drives it".into())
+    );
     assert_eq!(code, 1);
+
+    podman(&s.w, "5.4.2");
+    let (_, out, _) = s.setup(&[]);
+    let (status, detail) = row(&out, "podman");
+    assert_eq!(status, "note");
+    assert!(detail.contains("older than 5.5: no `machine cp`"), "{detail}");
 
     podman(&s.w, "5.8.1");
     let (_, out, _) = s.setup(&[]);
@@ -157,6 +182,10 @@ fn podman_missing_old_and_current() {
     let (_, out, _) = s.setup(&[]);
     assert_eq!(row(&out, "podman"), ("ok".into(), "6.0.1 (tested with 6.0.1)".into()));
     // The rest of the table, for a host where only the policy is missing.
+    assert_eq!(row(&out, "machine"), ("ok".into(), "provider qemu".into()));
+    let (status, detail) = row(&out, "hypervisor");
+    assert_eq!(status, "ok");
+    assert!(detail.contains("qemu-system-") && detail.ends_with("(qemu)"), "{detail}");
     assert_eq!(row(&out, "python").0, "ok");
     assert_eq!(
         row(&out, "mitmproxy"),
@@ -166,16 +195,52 @@ fn podman_missing_old_and_current() {
     assert_eq!(row(&out, "api keys"), ("note".into(), "none stored".into()));
     assert_eq!(row(&out, "mitmproxy ca").0, "fixable");
     assert_eq!(row(&out, "policy"), ("fixable".into(), "no global policy: every connection is denied".into()));
-    assert_eq!(row(&out, "image opencode"), ("ok".into(), "ghcr.io/ppp-sandbox/opencode:0.1.0".into()));
-    assert_eq!(row(&out, "image gemini").0, "ok");
+    // With no policy yet, the image rows say where the image comes from.
+    assert_eq!(
+        row(&out, "image opencode"),
+        ("note".into(), "ghcr.io/ppp-sandbox/opencode:0.1.0; pulled in the VM at the first run".into())
+    );
+    assert_eq!(row(&out, "image gemini").0, "note");
+}
+
+/// Issue 14, point 2: setup predicts what `run` would fail on: podman
+/// refusing root, and the provider's hypervisor missing, each with its fix.
+#[test]
+fn root_and_a_missing_hypervisor_are_problems_with_their_fix() {
+    let s = Setup::new().with_ca();
+    podman_refusing_root(&s.w);
+    let (code, out, _) = s.setup(&[]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(row(&out, "machine"), ("problem".into(), "podman refuses to run `podman machine` as root".into()));
+    assert!(out.contains("hint: machine: run ppp as your own user"), "{out}");
+
+    podman(&s.w, "6.0.1");
+    let no_qemu = s.ppp(&["setup"]).env("PATH", format!("{}:/usr/bin:/bin", s.w.bin().display())).output().unwrap();
+    let out = String::from_utf8_lossy(&no_qemu.stdout);
+    assert_eq!(no_qemu.status.code(), Some(1), "{out}");
+    let (status, detail) = row(&out, "hypervisor");
+    assert_eq!(status, "problem", "{out}");
+    assert!(detail.starts_with("`qemu-system-") && detail.ends_with("` not found (qemu)"), "{detail}");
+    assert!(out.contains("hint: hypervisor: install QEMU: `sudo apt install qemu-system-"), "{out}");
 }
 
 #[test]
 fn image_overrides_are_reported() {
     let s = Setup::new().env("PPP_CLAUDE_IMAGE", "localhost/claude:dev");
     let (_, out, _) = s.setup(&[]);
-    assert_eq!(row(&out, "image claude"), ("ok".into(), "localhost/claude:dev (from PPP_CLAUDE_IMAGE)".into()));
-    assert_eq!(row(&out, "image codex"), ("ok".into(), "ghcr.io/ppp-sandbox/codex:0.1.0".into()));
+    assert_eq!(
+        row(&out, "image claude"),
+        ("note".into(), "localhost/claude:dev (from PPP_CLAUDE_IMAGE); pulled in the VM at the first run".into())
+    );
+    // Under a policy, the row says whether the VM may reach the registry.
+    s.setup(&["--yes"]);
+    let (_, out, _) = s.setup(&[]);
+    assert_eq!(row(&out, "image claude").0, "problem", "{out}");
+    assert!(out.contains("the policy denies localhost, so the VM cannot pull it"), "{out}");
+    assert!(out.contains("`ppp policy allow network localhost`"), "{out}");
+    let (status, detail) = row(&out, "image codex");
+    assert!(detail.starts_with("ghcr.io/ppp-sandbox/codex:0.1.0"), "{detail}");
+    assert!(status == "ok" || status == "problem", "{status}");
 }
 
 #[test]

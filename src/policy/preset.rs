@@ -56,6 +56,13 @@ pub(crate) const BALANCED: &[(&str, &[&str])] = &[
         ],
     ),
     ("code hosts", &["github.com", "**.github.com", "*.githubusercontent.com", "gitlab.com", "bitbucket.org"]),
+    // The VM pulls the agent's image through the proxy: ppp's own images
+    // are on ghcr.io (blobs from pkg-containers.githubusercontent.com, a
+    // code host above), and Docker Hub is podman's default for short names.
+    (
+        "container registries",
+        &["ghcr.io", "registry-1.docker.io", "auth.docker.io", "production.cloudflare.docker.com"],
+    ),
     (
         "OS mirrors",
         &[
@@ -164,6 +171,9 @@ mod tests {
             "codeload.github.com",
             "objects.githubusercontent.com",
             "deb.debian.org",
+            "ghcr.io",
+            "pkg-containers.githubusercontent.com",
+            "registry-1.docker.io",
         ];
         for h in allowed {
             assert_eq!(e.decide(None, Some(h), None, 443).verdict, Verdict::Allow, "{h}");

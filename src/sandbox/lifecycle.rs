@@ -355,9 +355,15 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         }
         None => None,
     };
+    // Checked before anything is created: the machine would not start
+    // without its hypervisor, nor while another runs, and the daemon not
+    // without mitmproxy (installed now if missing, which needs Python).
+    podman.check_hypervisor()?;
     let all = machines(podman)?;
-    // Checked before anything is created: the machine would not start.
     ensure_can_start(podman, "", &all)?;
+    if !supervisor::is_running(dirs)? {
+        proxy::mitmdump::ensure(dirs, |msg| ui.note(msg)).context("the sandbox's proxy needs mitmproxy")?;
+    }
     crate::kit::apply::check_secrets(dirs, req.name.as_deref(), &req.kits.iter().collect::<Vec<_>>())?;
     let claim = claim(dirs, req, &all)?;
     let name = claim.record.name.clone();

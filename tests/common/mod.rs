@@ -107,7 +107,9 @@ impl World {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ppp"));
         c.env_clear()
             .env("HOME", self.home())
-            .env("PATH", format!("{}:/usr/bin:/bin", self.bin().display()))
+            // Fakes first, then the stand-in hypervisor of the fake
+            // podman's qemu provider (ppp checks one is installed).
+            .env("PATH", format!("{}:{}:/usr/bin:/bin", self.bin().display(), fake_host_bin().display()))
             .env("PPP_CONFIG", self.config())
             .env("PPP_DATA", self.data())
             .env("PPP_CACHE", self.cache())
@@ -254,4 +256,10 @@ pub fn files_containing(root: &Path, needle: &[u8]) -> Vec<PathBuf> {
         }
     }
     hits
+}
+
+/// A stand-in for the provider's hypervisor, which ppp looks for before it
+/// creates a machine (see tests/fake-podman/host-bin).
+pub fn fake_host_bin() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/host-bin")
 }

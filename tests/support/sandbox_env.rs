@@ -35,6 +35,12 @@ pub fn fake_podman() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/podman")
 }
 
+/// The programs a host with the fake podman has besides it: a stand-in
+/// for the provider's hypervisor.
+pub fn fake_host_bin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-podman/host-bin")
+}
+
 /// ppp's state, the fake's state and the upstream, in one topology.
 /// Dropping removes every sandbox and stops the daemon.
 pub struct Env {
@@ -87,7 +93,8 @@ impl Env {
         let p = |rel: &str| self.root().join(rel).display().to_string();
         let mut vars: Vec<(String, String)> = [
             ("HOME", p("home")),
-            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            // The fake's stand-in hypervisor first (ppp checks it is there).
+            ("PATH", format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", fake_host_bin().display())),
             ("PPP_CONFIG", p("config")),
             ("PPP_DATA", p("data")),
             ("PPP_CACHE", p("cache")),
