@@ -86,7 +86,8 @@ out=$base/vm-$root_key-$guest_key
 mkdir -p "$base"
 exec 9>"$base/.lock"
 flock 9
-if [ -e "$out/root/usr/bin/podman" ] && [ -e "$out/guest/done" ] && [ -e "$out/guest/vmlinux" ]; then
+if [ -e "$out/root/usr/bin/podman" ] && [ -e "$out/guest/done" ] && [ -e "$out/guest/vmlinux" ] &&
+  [ -s "$base/agent-rootfs-trixie-curl.tar" ]; then
   say "cached: $out"
   printf '%s\n' "$out"
   exit 0
@@ -157,13 +158,24 @@ if [ ! -e "$guest/vmlinux" ]; then
   mv "$guest/vmlinux.tmp" "$guest/vmlinux"
 fi
 
+# The stand-in agent's rootfs (tests/vm/agent-image.sh adds the agent and a
+# big file, then imports and pushes it). Built here because the test pushes
+# from a namespace with no route to the mirror.
+agent=$base/agent-rootfs-trixie-curl.tar
+if [ ! -s "$agent" ]; then
+  say "agent rootfs (trixie, sh, curl)"
+  rm -rf "$agent.tmp"
+  mmdebstrap --quiet --format=tar --variant=essential --include=curl,ca-certificates trixie "$agent.tmp" "$mirror" >&2
+  mv "$agent.tmp" "$agent"
+fi
+
 rm -rf "$out"
 mkdir -p "$out"
 ln -s "../root-$root_key" "$out/root"
 ln -s "../guest-$guest_key" "$out/guest"
 # Older recipes are dead weight (a guest is ~1 GB): keep only this one.
-for old in "$base"/vm-* "$base"/root-* "$base"/guest-*; do
-  case $old in "$out" | "$root" | "$guest") ;; *) rm -rf "$old" ;; esac
+for old in "$base"/vm-* "$base"/root-* "$base"/guest-* "$base"/agent-*; do
+  case $old in "$out" | "$root" | "$guest" | "$agent") ;; *) rm -rf "$old" ;; esac
 done
 say "ready: $out ($((SECONDS - start)) s)"
 printf '%s\n' "$out"
