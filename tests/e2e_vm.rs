@@ -137,7 +137,21 @@ fn a_real_podman_machine_from_run_to_rm() {
 
     // 1. run: init, start, provision, verify, agent container up; the agent
     //    writes into the workspace through virtiofs.
-    let out = env.run(&["run", "--name", "vm", "opencode", &env.ws(), "--", "hello", "vm"]);
+    // The Debian guest image, as the trixie root sees it (enter.sh binds it
+    // there): ppp passes a `--template` it does not know to podman as the
+    // machine image, which is what a user with a local image does.
+    let out = env.run(&[
+        "run",
+        "--name",
+        "vm",
+        "--template",
+        "/opt/ppp-vm/disk.qcow2",
+        "opencode",
+        &env.ws(),
+        "--",
+        "hello",
+        "vm",
+    ]);
     let console = state.join("home/qemu-console.log");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
