@@ -39,6 +39,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 #                                   loopback for `ppp kit push/pull` (kit_oci);
 #                                   the tests run the binary, never its service
 #   apache2-utils                   htpasswd -B: the registry's auth file in kit_oci
+#   mmdebstrap, zstd, e2fsprogs     the real-VM test (tests/vm/build-image.sh):
+#                                   a trixie root with podman 5.4 and a guest
+#                                   image from Debian packages; zstd unpacks the
+#                                   guest's kernel (see the qemu wrapper there)
 #   (linter) shellcheck             `make check` runs it on scripts/ and .ci/run
 APT_PACKAGES=(
   gnome-keyring dbus dbus-daemon dbus-bin libsecret-tools
@@ -46,6 +50,7 @@ APT_PACKAGES=(
   curl ca-certificates openssl procps util-linux qemu-utils
   hyperfine shellcheck age tmux groff-base man-db
   docker-registry apache2-utils git
+  mmdebstrap zstd e2fsprogs
 )
 
 export DEBIAN_FRONTEND=noninteractive

@@ -34,6 +34,12 @@ pub struct Wireguard {
     /// daemon starts.
     #[serde(default = "default_listen_host")]
     pub listen_host: IpAddr,
+    /// The address the guests send their WireGuard datagrams to
+    /// (`endpoint_host`): the host as the VM sees it. Unset, the provider
+    /// decides (gvproxy's `192.168.127.254` on every podman provider);
+    /// `PPP_ENDPOINT_HOST` wins over it. Read when a sandbox is provisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_host: Option<IpAddr>,
 }
 
 /// The default WireGuard listen address: loopback.
@@ -45,7 +51,7 @@ fn default_listen_host() -> IpAddr {
 
 impl Default for Wireguard {
     fn default() -> Self {
-        Self { listen_host: DEFAULT_LISTEN_HOST }
+        Self { listen_host: DEFAULT_LISTEN_HOST, endpoint_host: None }
     }
 }
 
@@ -147,6 +153,12 @@ mod tests {
         std::fs::create_dir_all(&dirs.config).unwrap();
         std::fs::write(dirs.config_file(), "wireguard:\n  listen_host: 192.168.127.254\n").unwrap();
         assert_eq!(load(&dirs).unwrap().wireguard.listen_host.to_string(), "192.168.127.254");
+        std::fs::write(dirs.config_file(), "wireguard:\n  endpoint_host: 10.1.2.3\n").unwrap();
+        let wg = load(&dirs).unwrap().wireguard;
+        assert_eq!(
+            (wg.listen_host.to_string(), wg.endpoint_host),
+            ("127.0.0.1".into(), Some("10.1.2.3".parse().unwrap()))
+        );
         std::fs::write(dirs.config_file(), "wireguard:\n  listen_host: everywhere\n").unwrap();
         let err = format!("{:#}", load(&dirs).unwrap_err());
         assert!(err.contains("config.yaml` line 2"), "{err}");

@@ -63,6 +63,9 @@ pub struct Report {
     /// The `PPP_*` and related variables that are set (see [`env::ALL`]).
     pub environment: BTreeMap<String, String>,
     pub machines: Machines,
+    /// The WireGuard endpoint host the guests are given, and what decided
+    /// it; `null` when `PPP_ENDPOINT_HOST` is not an address (see `errors`).
+    pub endpoint: Option<crate::proxy::endpoint::Endpoint>,
     pub sandboxes: Vec<Sandbox>,
     pub daemon: Option<Daemon>,
     pub port_registry: Vec<PortEntry>,
@@ -291,6 +294,10 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
         Err(_) => Secrets::timed_out(timeout),
     };
 
+    // The provider of the machines podman lists, else this platform's default.
+    let provider =
+        machines.list.iter().find_map(|m| m.vm_type.clone()).unwrap_or_else(|| podman::default_provider().to_owned());
+    let endpoint = section(&mut errors, "endpoint", || crate::proxy::endpoint::current(dirs, &provider));
     let status = section(&mut errors, "daemon", || crate::cmd::daemon::status_report(dirs));
     let registry = section(&mut errors, "port_registry", || PortRegistry::load(dirs)).unwrap_or_default();
     let records = section(&mut errors, "sandboxes", || sandbox::load_all(dirs)).unwrap_or_default();
@@ -324,6 +331,7 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
             .filter_map(|k| std::env::var_os(k).map(|v| ((*k).to_owned(), v.to_string_lossy().into_owned())))
             .collect(),
         machines,
+        endpoint,
         sandboxes,
         daemon: status.map(|s| Daemon {
             running: s.running,
@@ -884,6 +892,11 @@ pub fn render_table(r: &Report) -> String {
     } else {
         let _ = writeln!(out, "  {}", r.machines.error.as_deref().unwrap_or(&r.machines.probe));
     }
+    let _ = writeln!(
+        out,
+        "  WireGuard endpoint host: {}",
+        r.endpoint.as_ref().map_or_else(|| "unknown (see errors)".to_owned(), |e| format!("{} ({})", e.host, e.source))
+    );
     let _ = writeln!(out, "\nsandboxes");
     if r.sandboxes.is_empty() {
         let _ = writeln!(out, "  none");

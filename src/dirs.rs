@@ -95,6 +95,12 @@ impl Dirs {
     pub fn sandbox_wg_conf(&self, name: &str) -> PathBuf {
         self.sandbox(name).join("wg0.conf")
     }
+    /// `$PPP_DATA/sandboxes/<name>/wg0.guest.conf`: `wg0.conf` with the
+    /// endpoint host this machine reaches the host at, kept only while
+    /// provisioning reads it.
+    pub fn sandbox_guest_wg_conf(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("wg0.guest.conf")
+    }
     /// `$PPP_DATA/sandboxes/<name>/machine.log`.
     pub fn sandbox_machine_log(&self, name: &str) -> PathBuf {
         self.sandbox(name).join("machine.log")

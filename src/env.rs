@@ -36,6 +36,11 @@ pub const RUST_LOG: &str = "RUST_LOG";
 /// Disables colour when set to anything (<https://no-color.org>).
 pub const NO_COLOR: &str = "NO_COLOR";
 
+/// The address a guest's WireGuard client sends to (the host as the VM sees
+/// it); wins over `wireguard.endpoint_host` in config.yaml and the
+/// provider's default, gvproxy's `192.168.127.254`.
+pub const PPP_ENDPOINT_HOST: &str = "PPP_ENDPOINT_HOST";
+
 /// All variables above, for `ppp diagnose`.
 pub const ALL: &[&str] = &[
     PPP_CONFIG,
@@ -51,6 +56,7 @@ pub const ALL: &[&str] = &[
     PPP_AGE_IDENTITY,
     PPP_LOG,
     PPP_PROBE_TIMEOUT,
+    PPP_ENDPOINT_HOST,
     RUST_LOG,
     NO_COLOR,
 ];

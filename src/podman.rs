@@ -201,6 +201,11 @@ impl Podman {
         if self.can_import_native_ca() {
             inv = inv.arg("--import-native-ca");
         }
+        // WSL's own networking has no gvproxy, so no host alias for the
+        // WireGuard endpoint (see proxy::endpoint).
+        if crate::proxy::endpoint::needs_user_mode_networking(&self.provider) {
+            inv = inv.arg("--user-mode-networking");
+        }
         inv = inv
             .args(["--cpus", &spec.cpus.to_string()])
             .args(["--memory", &spec.memory_mib.to_string()])

@@ -21,8 +21,10 @@ use crate::state;
 pub const FENCE: &str = "------------------------------------------------------------";
 
 /// The address under which a Podman Machine guest reaches the host (gvproxy's
-/// host alias). The LAN address silently drops handshakes (spec A.2).
-pub const PODMAN_HOST_ALIAS: &str = "192.168.127.254";
+/// host alias). The LAN address silently drops handshakes (spec A.2). The
+/// daemon renders every wg0.conf with it; provisioning puts the machine's
+/// own endpoint host in (`proxy::endpoint`).
+pub const PODMAN_HOST_ALIAS: &str = super::endpoint::GVPROXY_HOST_ALIAS;
 
 /// A block longer than this is a stray fence swallowing log lines, not a
 /// config (a real one has 9 lines).

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::dirs::Dirs;
 
 pub mod clientconf;
+pub mod endpoint;
 pub mod mitmdump;
 pub mod trust;
 

@@ -572,7 +572,7 @@ fn forget(dirs: &Dirs, name: &str, keep: Keep) -> Result<()> {
     }
     let dir = dirs.sandbox(name);
     if keep == Keep::Log {
-        for f in ["sandbox.json", "wg0.conf", "provision.sh"] {
+        for f in ["sandbox.json", "wg0.conf", "wg0.guest.conf", "provision.sh"] {
             match std::fs::remove_file(dir.join(f)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     return Err(e).with_context(|| format!("could not remove `{}`", dir.join(f).display()));
@@ -696,13 +696,24 @@ pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui
             &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
             "copying provision.sh",
         )?;
+        // The daemon renders wg0.conf with gvproxy's alias; this machine's
+        // provider and the user's overrides decide the host it really uses.
+        let endpoint = proxy::endpoint::current(dirs, &podman.provider)?;
+        let wg0 = dirs.sandbox_wg_conf(&rec.name);
+        let text = std::fs::read_to_string(&wg0).with_context(|| format!("could not read `{}`", wg0.display()))?;
+        let guest_conf = dirs.sandbox_guest_wg_conf(&rec.name);
+        state::write_atomic_mode(&guest_conf, proxy::endpoint::rewrite(&text, &endpoint.host).as_bytes(), 0o600)?;
         let up = podman
             .ssh(machine, &provision_argv("up", &["--wg-conf", "-", "--image", image]))
-            .stdin(Stdin::File(dirs.sandbox_wg_conf(&rec.name)))
+            .stdin(Stdin::File(guest_conf.clone()))
             .timeout(PROVISION_TIMEOUT);
         let log = open_log(dirs, &rec.name)?;
+        let _ = writeln!(&log, "# WireGuard endpoint host {} ({})", endpoint.host, endpoint.source);
         let _ = writeln!(&log, "$ {up}");
-        let code = exec::run_to_log(&up, &log)?;
+        let code = exec::run_to_log(&up, &log);
+        // It holds the guest's key: gone as soon as the guest has read it.
+        let _ = std::fs::remove_file(&guest_conf);
+        let code = code?;
         if code != 0 {
             let text = std::fs::read_to_string(dirs.sandbox_machine_log(&rec.name)).unwrap_or_default();
             let why = text

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Run a command of the trixie root that tests/vm/build-image.sh made, as the
+# unprivileged user `ppp` (uid 1000), in a private mount namespace. The real-VM
+# test points PPP_PODMAN at tests/vm/podman, which comes through here, so ppp
+# drives podman 5.4 + gvproxy + qemu from that root while the host stays
+# bookworm. Test-only: product code never knows about it.
+#
+#   PPP_VM_DIR    the cache dir build-image.sh printed (root/ and guest/)
+#   PPP_VM_STATE  a directory of the test's own, kept between calls: the user's
+#                 home (podman's machine configs and disk copies) and
+#                 XDG_RUNTIME_DIR (gvproxy, qmp and ready sockets, pid files)
+#
+# Every call gets a fresh mount namespace, yet the machines it starts outlive
+# it (qemu, gvproxy and virtiofsd keep theirs): the state lives on the host
+# filesystem, bind-mounted at the same place each time, so a later call sees
+# the same sockets and pid files. The host's /tmp is bound at /tmp, so paths
+# ppp passes (workspaces, files for `cp`) mean the same inside.
+#
+# The network namespace is the caller's: the test runs ppp, and so podman,
+# gvproxy and qemu, in its host namespace with no route out.
+set -euo pipefail
+
+die() { printf 'enter.sh: error: %s\n' "$1" >&2; [ $# -lt 2 ] || printf 'hint: %s\n' "$2" >&2; exit 125; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (mount namespace, pivot_root)"
+dir=${PPP_VM_DIR:?set PPP_VM_DIR to the directory tests/vm/build-image.sh printed}
+state=${PPP_VM_STATE:?set PPP_VM_STATE to a directory the test owns}
+root=$dir/root
+[ -x "$root/usr/bin/podman" ] || die "no trixie root at $root" "run tests/vm/build-image.sh"
+[ -c /dev/kvm ] || die "/dev/kvm is missing" "the real-VM test needs KVM (nested virtualisation on a VM host)"
+
+readonly VM_UID=1000
+bin=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bin
+mkdir -p "$state/home" "$state/run"
+chown "$VM_UID:$VM_UID" "$state/home" "$state/run"
+chmod 0700 "$state/run"
+
+# The body runs in the new mount namespace; "$@" is the command.
+# shellcheck disable=SC2016 # expanded by the inner shell
+exec unshare --mount --propagation private -- /bin/sh -euc '
+root=$1 dir=$2 state=$3 bin=$4 uid=$5
+shift 5
+# pivot_root, not chroot: rootless podman unshares a user namespace even for
+# `podman version`, and the kernel refuses that inside a chroot (EPERM).
+mount --bind "$root" "$root"
+# /dev: a private tmpfs with the few nodes the root needs, and a kvm node the
+# user may open (the host keeps /dev/kvm 0600 root; it is not ours to change).
+mount -t tmpfs -o mode=0755,nosuid ppp-dev "$root/dev"
+for n in null zero full random urandom tty; do
+  touch "$root/dev/$n"
+  mount --bind "/dev/$n" "$root/dev/$n"
+done
+mknod -m 0600 "$root/dev/kvm" c 10 232
+chown "$uid" "$root/dev/kvm"
+mkdir -p "$root/dev/pts" "$root/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts"
+ln -s pts/ptmx "$root/dev/ptmx"
+mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
+mount -t proc proc "$root/proc"
+mount --rbind /sys "$root/sys"
+mount --rbind /tmp "$root/tmp"
+mount --bind "$state/home" "$root/home/ppp"
+# /run is private to each call (the root is shared and stays clean); only
+# XDG_RUNTIME_DIR must persist, so it is the state directory.
+mount -t tmpfs -o mode=0755 ppp-run "$root/run"
+mkdir -p "$root/run/user/$uid"
+mount --bind "$state/run" "$root/run/user/$uid"
+mount --bind "$bin" "$root/opt/ppp-test/bin"
+mount --bind "$dir/guest" "$root/opt/ppp-vm"
+cd "$root"
+mkdir -p run/.oldroot
+pivot_root . run/.oldroot
+cd /
+/run/.oldroot/bin/umount -l /run/.oldroot # from the host: the trixie root has no `mount` package
+rmdir /run/.oldroot
+exec setpriv --reuid="$uid" --regid="$uid" --init-groups /usr/bin/env -i -C /home/ppp \
+  HOME=/home/ppp USER=ppp LOGNAME=ppp XDG_RUNTIME_DIR="/run/user/$uid" \
+  PATH=/opt/ppp-test/bin:/usr/local/bin:/usr/bin:/bin \
+  CONTAINERS_MACHINE_PROVIDER=qemu LANG=C.UTF-8 PODMAN_IGNORE_CGROUPSV1_WARNING=1 \
+  "$@"
+' sh "$root" "$dir" "$state" "$bin" "$VM_UID" "$@"
