@@ -21,6 +21,15 @@ swaps for the key), and prints one JSON object.
       proxy that holds the request until it ends, or the response until it
       ends, never echoes message 1: that is reported as
       {"error": ...} (exit 1) after 15 s.
+  ws IP PORT NAME CA UP DOWN
+      A WebSocket on plain HTTP (CA unused) to tests/support/upstream.py's
+      /ws: a ping and its pong, UP bytes up and DOWN bytes down, each one
+      message: {"pong", "up", "down", "echo"}.
+  h2-hog IP PORT NAME CA TOTAL SECONDS
+      The attack on the proxy's HTTP/2 buffers: a /bidi stream whose
+      receive window this side keeps at 0, while TOTAL bytes go up as fast
+      as the proxy takes them, for at most SECONDS: {"sent"} (and "error"
+      if cut off).
 """
 
 import json
@@ -192,11 +201,136 @@ def h2_bidi(n):
     print(json.dumps(out))
 
 
+def h2_hog(total, seconds):
+    """The attack on the proxy's HTTP/2 buffers: a /bidi stream with this
+    side's receive window at 0, so that nothing the upstream echoes may be
+    sent here, while TOTAL bytes go up as fast as the proxy takes them."""
+    import h2.settings
+
+    s, conn = h2conn()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(
+        sid,
+        [(":method", "POST"), (":scheme", "https"), (":authority", name), (":path", "/bidi"),
+         ("content-type", "application/grpc")],
+    )
+    s.sendall(conn.data_to_send())
+    s.setblocking(False)
+    chunk = b"\0" * 16384
+    sent = 0
+    end = time.monotonic() + seconds
+    got = 0
+    try:
+        while sent < total and time.monotonic() < end:
+            # Read all that came (so TCP never pushes back on the proxy)
+            # and acknowledge none of it: the window stays at 0.
+            while True:
+                try:
+                    data = s.recv(1 << 16)
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    break
+                if not data:
+                    raise EOFError("the proxy closed the connection")
+                got += len(data)
+                conn.receive_data(data)
+            if conn.local_flow_control_window(sid) < len(chunk):
+                time.sleep(0.001)
+                continue
+            conn.send_data(sid, chunk)
+            out = conn.data_to_send()
+            while out and time.monotonic() < end:
+                try:
+                    n = s.send(out)
+                    out = out[n:]
+                    sent += n
+                except (BlockingIOError, ssl.SSLWantWriteError):
+                    time.sleep(0.001)
+    except (OSError, EOFError) as e:
+        print(json.dumps({"sent": sent, "got": got, "error": f"{type(e).__name__}: {e}"}))
+        return
+    print(json.dumps({"sent": sent, "got": got}))
+
+
+def ws(up, down):
+    """A WebSocket session as an agent's remote control has it: a ping
+    answered by a pong, a binary message of UP bytes to the server, a text
+    asking for DOWN bytes back, which arrive as one binary message, then
+    the server's JSON echo: {"pong", "up", "down", "echo"}."""
+    import base64
+    import os
+    import struct
+
+    s = socket.create_connection((ip, int(port)), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: {name}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = s.recv(4096)
+        if not got:
+            sys.exit(f"no handshake: {buf!r}")
+        buf += got
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    if not head.startswith(b"HTTP/1.1 101"):
+        sys.exit(f"no upgrade: {head!r}")
+
+    def send(opcode, payload):
+        n = len(payload)
+        size = bytes([0x80 | n]) if n < 126 else (bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536
+                                                  else bytes([0x80 | 127]) + struct.pack(">Q", n))
+        s.sendall(bytes([0x80 | opcode]) + size + b"\0\0\0\0" + payload)  # zero mask key
+
+    def frame():
+        nonlocal buf
+
+        def need(k):
+            nonlocal buf
+            while len(buf) < k:
+                got = s.recv(1 << 20)
+                if not got:
+                    sys.exit("closed mid-frame")
+                buf += got
+
+        need(2)
+        opcode, n, at = buf[0] & 0x0F, buf[1] & 0x7F, 2
+        if n == 126:
+            need(4)
+            n, at = struct.unpack(">H", buf[2:4])[0], 4
+        elif n == 127:
+            need(10)
+            n, at = struct.unpack(">Q", buf[2:10])[0], 10
+        need(at + n)
+        payload, buf = buf[at : at + n], buf[at + n :]
+        return opcode, payload
+
+    out = {}
+    send(9, b"are you there")
+    op, payload = frame()
+    out["pong"] = payload.decode() if op == 10 else f"opcode {op}"
+    send(2, bytes(up))
+    send(1, f"big {down}".encode())
+    op, payload = frame()
+    out["down"] = len(payload) if op == 2 else f"opcode {op}"
+    op, payload = frame()
+    out["echo"] = json.loads(payload) if op == 1 else f"opcode {op}"
+    out["up"] = up
+    print(json.dumps(out))
+
+
 if mode == "sse":
     sse(rest[0])
 elif mode == "h2-get":
     h2_get(rest[0])
 elif mode == "h2-bidi":
     h2_bidi(int(rest[0]))
+elif mode == "h2-hog":
+    h2_hog(int(rest[0]), float(rest[1]))
+elif mode == "ws":
+    ws(int(rest[0]), int(rest[1]))
 else:
     sys.exit(f"unknown mode {mode}")

@@ -130,8 +130,15 @@ class Echo(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b"\x88\x00")
                 self.wfile.flush()
                 return
-            if opcode == 1:
-                reply = json.dumps({"echo": payload.decode(), "bytes": counted}).encode()
+            if opcode == 9:  # ping
+                self.wfile.write(ws_frame(10, payload))
+                self.wfile.flush()
+            elif opcode == 1:
+                text = payload.decode()
+                if text.startswith("big "):
+                    # A large message the other way: `big N` gets N bytes.
+                    self.wfile.write(ws_frame(2, bytes(int(text[4:]))))
+                reply = json.dumps({"echo": text, "bytes": counted}).encode()
                 self.wfile.write(ws_frame(1, reply))
                 self.wfile.flush()
             elif opcode in (0, 2):
