@@ -631,6 +631,12 @@ class LoopShare:
         cost = min(cost, LOOP_MAX_CHARGE)
         self._usage[key] = (self._avg(key, now) + cost, now)
         self._seen[key] = now
+        if len(self._seen) == 1:
+            # One sandbox (the usual case): nobody to share with, and no
+            # entry to prune.
+            if self._ready:
+                self._ready.clear()
+            return
         if self._hog(key, now):
             self._ready[key] = max(self._ready.get(key, now), now) + cost * LOOP_YIELD
         else:
@@ -644,6 +650,8 @@ class LoopShare:
 
     def wait(self, key: Any) -> float:
         """How long `key`'s connections should wait before reading again."""
+        if not self._ready:
+            return 0.0
         ready = self._ready.get(key)
         if ready is None:
             return 0.0
