@@ -84,10 +84,20 @@ pub fn root_refusal() -> crate::error::Failure {
         .hint("run ppp as your own user: Podman Machine runs rootless, and ppp needs no root")
 }
 
-/// Where podman looks for helper programs (containers.conf's
-/// `helper_binaries_dir` defaults) before `PATH`.
-pub const HELPER_DIRS: [&str; 4] =
-    ["/usr/local/libexec/podman", "/usr/local/lib/podman", "/usr/libexec/podman", "/usr/lib/podman"];
+/// Where podman looks for helper programs before `PATH`: containers.conf's
+/// `helper_binaries_dir` defaults on Linux and macOS (Homebrew's and the
+/// macOS installer's directories), besides `libexec/podman` next to podman
+/// itself (see [`find_helper`]).
+pub const HELPER_DIRS: [&str; 8] = [
+    "/usr/local/libexec/podman",
+    "/usr/local/lib/podman",
+    "/usr/libexec/podman",
+    "/usr/lib/podman",
+    "/opt/podman/bin",
+    "/opt/homebrew/opt/podman/libexec/podman",
+    "/opt/homebrew/bin",
+    "/usr/local/opt/podman/libexec/podman",
+];
 
 /// The program `provider` runs machines with and how to install it, where
 /// ppp can check it (hyperv and wsl are part of Windows).
@@ -110,10 +120,17 @@ pub fn hypervisor(provider: &str) -> Option<(String, String)> {
     }
 }
 
-/// Where podman would find the helper `name`: its helper directories,
-/// then `PATH`.
-pub fn find_helper(name: &str) -> Option<PathBuf> {
-    HELPER_DIRS.iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file()).or_else(|| exec::find_on_path(name))
+/// Where podman (at `podman`) would find the helper `name`: its helper
+/// directories, `../libexec/podman` beside its own binary, then `PATH`.
+pub fn find_helper(name: &str, podman: &Path) -> Option<PathBuf> {
+    let beside = podman.parent().map(|bin| bin.join("../libexec/podman"));
+    HELPER_DIRS
+        .iter()
+        .map(PathBuf::from)
+        .chain(beside)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .or_else(|| exec::find_on_path(name))
 }
 
 /// The podman ppp talks to: its program, version and machine provider.
@@ -165,7 +182,7 @@ impl Podman {
     /// was made; ppp checks before it makes anything.
     pub fn check_hypervisor(&self) -> Result<()> {
         match hypervisor(&self.provider) {
-            Some((program, install)) if find_helper(&program).is_none() => Err(fail(format!(
+            Some((program, install)) if find_helper(&program, &self.program).is_none() => Err(fail(format!(
                 "`{program}` was not found: Podman's {} provider runs each machine with it",
                 self.provider
             ))
@@ -443,6 +460,25 @@ pub(crate) fn parse_bytes(text: &str, bare: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hypervisor is found where podman finds it: beside podman in
+    /// `../libexec/podman` (a podman installed under a prefix), not only on
+    /// PATH; a provider with nothing to check (wsl) needs nothing.
+    #[test]
+    fn helpers_are_found_beside_podman() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("bin")).unwrap();
+        std::fs::create_dir_all(d.path().join("libexec/podman")).unwrap();
+        let helper = d.path().join("libexec/podman/ppp-test-helper");
+        std::fs::write(&helper, "").unwrap();
+        let podman = d.path().join("bin/podman");
+        let found = find_helper("ppp-test-helper", &podman).unwrap();
+        assert_eq!(found.canonicalize().unwrap(), helper.canonicalize().unwrap());
+        assert!(find_helper("ppp-no-such-helper", &podman).is_none());
+        assert!(hypervisor("wsl").is_none());
+        let (qemu, install) = hypervisor("qemu").unwrap();
+        assert!(qemu.starts_with("qemu-system-") && install.contains("apt install qemu-system-"), "{install}");
+    }
 
     fn podman(version: &str, provider: &str) -> Podman {
         Podman {

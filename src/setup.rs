@@ -249,7 +249,8 @@ pub fn detect(dirs: &Dirs, opts: &Options) -> Report {
         }
         None => None,
     };
-    if let Some(c) = hypervisor_check(provider.as_deref().unwrap_or(podman::default_provider())) {
+    let podman_path = podman::program().unwrap_or_default();
+    if let Some(c) = hypervisor_check(provider.as_deref().unwrap_or(podman::default_provider()), &podman_path) {
         checks.push(c);
     }
     checks.extend([python_check(dirs, &lookup, venv_ok), mitm]);
@@ -326,9 +327,9 @@ fn machine_check(program: PathBuf) -> (Check, Option<String>) {
 }
 
 /// The hypervisor row: the program the provider runs machines with.
-fn hypervisor_check(provider: &str) -> Option<Check> {
+fn hypervisor_check(provider: &str, podman: &Path) -> Option<Check> {
     let (program, install) = podman::hypervisor(provider)?;
-    Some(match podman::find_helper(&program) {
+    Some(match podman::find_helper(&program, podman) {
         Some(p) => Check::new("hypervisor", Level::Ok, format!("`{}` ({provider})", p.display())),
         None => Check::new("hypervisor", Level::Problem, format!("`{program}` not found ({provider})")).hint(install),
     })
