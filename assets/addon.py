@@ -138,6 +138,14 @@ LOOP_MAX_WAIT = 0.1
 LOOP_MAX_CHARGE = 0.05
 # Entries kept in each bounded cache (decisions, secrets, log throttles).
 CACHE_MAX = 4096
+# A request held for approval waits on its own daemon connection; the daemon
+# ends the wait first (its approval timeout is at most an hour).
+HOLD_LIMIT = 3700.0
+# Requests one sandbox may have held at once; the daemon bounds its queue
+# too, this keeps the connections to it bounded.
+HOLD_MAX = 512
+# The longest hold reply read (a decision is a few hundred bytes).
+HOLD_REPLY_MAX = 64 * 1024
 # Client connections remembered as denied (dropped on disconnect anyway).
 DENIED_MAX = 16384
 # Headers a client may use to carry its own credentials; removed before ppp
@@ -205,6 +213,9 @@ class Verdict:
     # {"upload": {"bytes": N | None, "from": "rule|sandbox|global|default"},
     #  "download": {...}}.
     limits: Any = None
+    # For a flow that was held: how its wait ended ("allowed", "denied",
+    # "timeout", "full", "policy").
+    approval: str | None = None
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
@@ -229,6 +240,14 @@ def redaction(value: bytes) -> bytes:
 
 
 LOCAL = Verdict(allow=True, rule_id="builtin:mitm.it", reason="served by ppp")
+# How a held request's wait ended, in words for the 403 and the log.
+HELD_REASONS = {
+    "allowed": "allowed by you",
+    "denied": "denied by you",
+    "timeout": "nobody answered the approval request in time",
+    "full": "too many requests of this sandbox wait for approval",
+    "policy": "decided by a policy change",
+}
 
 
 class Daemon:
@@ -664,6 +683,14 @@ class LoopShare:
 
 LOOP_SHARE = LoopShare()
 
+# Client connections with a request held for approval, by client id: [an
+# event set on release, how many requests of it are held]. Their read loop
+# (drain_writers) waits for the event, so a guest cannot stream a body into
+# mitmproxy's queue of a paused layer while the user decides.
+HELD_CLIENTS: dict[str, list[Any]] = {}
+# Seconds each client spent held inside a hook: waiting, not loop time.
+HELD_WAITED: dict[str, float] = {}
+
 
 def _share_key(handler: Any) -> Any:
     """The sandbox of a connection handler: its WireGuard listen port, or
@@ -710,10 +737,15 @@ def _share_the_loop() -> None:
             await _orig(self, hook)
         finally:
             if (key := _share_key(self)) is not None:
-                LOOP_SHARE.charge(key, time.perf_counter() - t)
+                cost = time.perf_counter() - t
+                if HELD_WAITED:
+                    cost = max(0.0, cost - HELD_WAITED.pop(self.client.id, 0.0))
+                LOOP_SHARE.charge(key, cost)
 
     async def drain_writers(self: Any, _orig: Any = orig_drain) -> None:
         await _orig(self)
+        if HELD_CLIENTS and (held := HELD_CLIENTS.get(self.client.id)) is not None:
+            await held[0].wait()
         if (key := _share_key(self)) is not None:
             while (d := LOOP_SHARE.wait(key)) > 0:
                 await asyncio.sleep(d)
@@ -772,6 +804,13 @@ class PppAddon:
         # sandbox -> [window start, lines logged, lines suppressed].
         self._logged: Lru = Lru(CACHE_MAX)
         self._log_budget: Lru = Lru(CACHE_MAX)
+        # Client connections whose TLS ClientHello the user approved, by
+        # client id: the SNI approved. Requests inside, for that name, are
+        # not held again.
+        self._approved: Lru = Lru(DENIED_MAX)
+        # Requests held now, per sandbox, and the tasks that hold them.
+        self._holding: dict[str, int] = {}
+        self._hold_tasks: set[asyncio.Task[None]] = set()
 
     # ---- options -------------------------------------------------------
 
@@ -884,6 +923,9 @@ class PppAddon:
         for fid, (flow, sandbox, host, ip, port, protocol) in list(self._live.items()):
             v = self.decide(sandbox, host, ip, port, protocol)
             if v.allow:
+                continue
+            if v.kind == "ask" and (flow.metadata.get("ppp") or {}).get("approval") == "allowed":
+                # Still the user's to decide, and the user said yes.
                 continue
             self._live.pop(fid, None)
             log.info("ppp: [%s] cut an open %s connection to %s (%s:%s): %s", sandbox, protocol, host, ip, port, v.reason)
@@ -1037,15 +1079,31 @@ class PppAddon:
 
     def _verdict(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
         """decide() without the poll; raises DaemonError."""
-        key = (sandbox, host, ip, port, "")
+        # The daemon answers DNS and UDP differently under an `ask` default
+        # (a name is answered, a datagram refused): their verdicts must not
+        # stand in for a TCP flow's to the same name, address and port.
+        key = (sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else "")
         if (v := self._decisions.get(key)) is not None:
             return v
         r = self._ask({"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol})
         if not r.get("ok"):
             raise DaemonError(f"decide: {r.get('reason')} {r.get('detail', '')}")
+        v, cache = self._from_reply(r, host)
+        self._saw_generation(r.get("generation"))
+        if cache:
+            self._decisions[key] = v
+        return v
+
+    @staticmethod
+    def _from_reply(r: dict[str, Any], host: str | None) -> tuple[Verdict, bool]:
+        """A `decide` or `hold` reply as a Verdict, and whether it may be
+        cached for its generation. Raises DaemonError on a malformed one."""
         rule = r.get("matched_rule")
         if rule is not None and not isinstance(rule, dict):
             raise DaemonError("decide: malformed matched_rule")
+        held = r.get("approval")
+        if held is not None and not isinstance(held, dict):
+            raise DaemonError("hold: malformed approval")
         allow = r.get("verdict") == "allow"
         cache = True
         if (rebound := r.get("rebinding")) is not None:
@@ -1075,8 +1133,17 @@ class PppAddon:
             )
             # The guest may resolve the name through ppp next: ask again.
             cache = False
+        elif r.get("verdict") == "ask":
+            # Nothing decided yet: the caller holds the flow for the user.
+            v = Verdict(
+                allow=False, reason="no rule matches and the default asks", generation=r.get("generation"), kind="ask"
+            )
         else:
-            if rule:
+            if held is not None:
+                reason = HELD_REASONS.get(str(held.get("outcome")), "answered")
+                if held.get("id"):
+                    reason = f"{reason} (approval {held.get('id')})"
+            elif rule:
                 reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
             else:
                 reason = f"default {r.get('verdict')}"
@@ -1087,11 +1154,87 @@ class PppAddon:
                 reason=reason,
                 generation=r.get("generation"),
                 limits=r.get("limits"),
+                approval=str(held.get("outcome")) if held is not None else None,
             )
-        self._saw_generation(r.get("generation"))
-        if cache:
-            self._decisions[key] = v
-        return v
+        return v, cache
+
+    async def _hold(
+        self,
+        client: connection.Client,
+        sandbox: str,
+        host: str | None,
+        ip: str | None,
+        port: int,
+        protocol: str,
+        method: str | None = None,
+        path: str | None = None,
+        size: int | None = None,
+    ) -> Verdict:
+        """Hold a flow the default leaves to the user until the daemon says
+        how its wait ended. Its own connection, so other flows' decisions
+        go on meanwhile; the connection closing withdraws the request, so a
+        daemon that stops fails every held flow closed."""
+        if self.daemon is None:
+            return DAEMON_DOWN
+        n = self._holding.get(sandbox, 0)
+        if n >= HOLD_MAX:
+            return deny(f"{n} requests of this sandbox already wait for approval", "policy")
+        self._holding[sandbox] = n + 1
+        cid = client.id
+        held = HELD_CLIENTS.get(cid)
+        if held is None:
+            held = HELD_CLIENTS[cid] = [asyncio.Event(), 0]
+        held[1] += 1
+        started = time.perf_counter()
+        writer = None
+        req = {
+            "op": "hold",
+            "sandbox": sandbox,
+            "host": host,
+            "ip": ip,
+            "port": port,
+            "protocol": protocol,
+            "method": method,
+            "path": path,
+            "size": size,
+        }
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
+            writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
+            r = json.loads(line) if line else None
+            if not isinstance(r, dict):
+                raise DaemonError("the daemon ended a held request without an answer")
+            if not r.get("ok"):
+                raise DaemonError(f"hold: {r.get('reason')} {r.get('detail', '')}")
+            v, _ = self._from_reply(r, host)
+            if v.kind == "ask":
+                raise DaemonError("hold: still undecided")
+            return v
+        except (OSError, ValueError, DaemonError, asyncio.TimeoutError) as e:
+            log.warning("ppp: [%s] a held request to %s failed closed: %s", sandbox, host or ip, e)
+            return DAEMON_DOWN
+        finally:
+            if writer is not None:
+                writer.close()
+            left = self._holding.get(sandbox, 1) - 1
+            if left > 0:
+                self._holding[sandbox] = left
+            else:
+                self._holding.pop(sandbox, None)
+            HELD_WAITED[cid] = HELD_WAITED.get(cid, 0.0) + time.perf_counter() - started
+            held[1] -= 1
+            if held[1] <= 0:
+                held[0].set()
+                HELD_CLIENTS.pop(cid, None)
+
+    def _spawn_hold(self, coro: Any) -> None:
+        """Run a hold in the background; the flow stays intercepted until it
+        resumes it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._hold_tasks.add(task)
+        task.add_done_callback(self._hold_tasks.discard)
 
     def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
         """An `inject` (the key for this host) or `secret` (custom
@@ -1263,6 +1406,8 @@ class PppAddon:
         }
         if addr:
             meta["ip"], meta["port"] = addr
+        if v.approval is not None:
+            meta["approval"] = v.approval
         flow.metadata["ppp"] = meta
 
     def _limit(self, flow: http.HTTPFlow, direction: str) -> int:
@@ -1304,7 +1449,11 @@ class PppAddon:
 
     # ---- TLS and connections -------------------------------------------
 
-    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+    # A hook may return an awaitable, which mitmproxy awaits with the layer
+    # paused (addonmanager.async_invoke_addon): a request held for approval
+    # costs a coroutine, every other one stays a plain call.
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> Any:
         client = data.context.client
         sandbox = host = ip = port = None
         try:
@@ -1322,6 +1471,22 @@ class PppAddon:
         except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
             log.exception("ppp: tls_clienthello failed, denying")
             v = deny(f"internal error: {type(e).__name__}")
+        if v.kind == "ask" and sandbox is not None and port is not None:
+            return self._tls_held(client, sandbox, host, ip, port)
+        self._tls_decided(client, sandbox, host, ip, port, v)
+        return None
+
+    async def _tls_held(self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
+        v = await self._hold(client, sandbox, host, ip, port, "tls")
+        if v.allow:
+            # Approved for this connection and this name: the requests
+            # inside (the Host must equal the SNI) are not held again.
+            self._approved[client.id] = (host, v)
+        self._tls_decided(client, sandbox, host, ip, port, v)
+
+    def _tls_decided(
+        self, client: connection.Client, sandbox: str | None, host: str | None, ip: str | None, port: int | None, v: Verdict
+    ) -> None:
         if not v.allow:
             self._denied[client.id] = dataclasses.replace(v, tls=True, sni=host)
             self.log_flow(
@@ -1349,13 +1514,21 @@ class PppAddon:
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._denied.pop(client.id, None)
+        self._approved.pop(client.id, None)
+        HELD_WAITED.pop(client.id, None)
+
+    def _approved_for(self, client: connection.Client, host: str | None) -> Verdict | None:
+        """The approval of this connection's ClientHello, if it was for
+        `host`."""
+        a = self._approved.get(client.id)
+        return a[1] if a is not None and a[0] == host else None
 
     @staticmethod
     def _port(client: connection.Client) -> int | None:
         mode = client.proxy_mode
         return mode.listen_port() if isinstance(mode, mode_specs.WireGuardMode) else None
 
-    def _start_stream(self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str) -> None:
+    def _start_stream(self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str) -> Any:
         sandbox = host = ip = port = None
         try:
             ip, port = self._addr(flow.server_conn)
@@ -1370,9 +1543,32 @@ class PppAddon:
                 v = deny("no destination address")
             else:
                 v = self.decide(sandbox, host, ip, port, kind)
+                if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
+                    v = approved
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: %s_start failed, denying", kind)
             v = deny(f"internal error: {type(e).__name__}")
+        if v.kind == "ask" and sandbox is not None and port is not None:
+            return self._stream_held(flow, kind, sandbox, host, ip, port)
+        self._stream_decided(flow, kind, sandbox, host, ip, port, v)
+        return None
+
+    async def _stream_held(
+        self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str, sandbox: str, host: str | None, ip: str | None, port: int
+    ) -> None:
+        v = await self._hold(flow.client_conn, sandbox, host, ip, port, kind)
+        self._stream_decided(flow, kind, sandbox, host, ip, port, v)
+
+    def _stream_decided(
+        self,
+        flow: tcp.TCPFlow | udp.UDPFlow,
+        kind: str,
+        sandbox: str | None,
+        host: str | None,
+        ip: str | None,
+        port: int | None,
+        v: Verdict,
+    ) -> None:
         self._mark(flow, sandbox, host or ip, v, v.allow)
         flow.metadata["ppp"].update(kind=kind, ip=ip, port=port)
         if v.allow and sandbox is not None and port is not None:
@@ -1387,11 +1583,11 @@ class PppAddon:
             except Exception:  # noqa: BLE001
                 log.exception("ppp: could not log a denied %s flow", kind)
 
-    def tcp_start(self, flow: tcp.TCPFlow) -> None:
-        self._start_stream(flow, "tcp")
+    def tcp_start(self, flow: tcp.TCPFlow) -> Any:
+        return self._start_stream(flow, "tcp")
 
-    def udp_start(self, flow: udp.UDPFlow) -> None:
-        self._start_stream(flow, "udp")
+    def udp_start(self, flow: udp.UDPFlow) -> Any:
+        return self._start_stream(flow, "udp")
 
     def _log_stream(self, flow: tcp.TCPFlow | udp.UDPFlow) -> None:
         meta = flow.metadata.get("ppp")
@@ -1583,7 +1779,9 @@ class PppAddon:
 
     # ---- HTTP ----------------------------------------------------------
 
-    def _http_decide(self, flow: http.HTTPFlow) -> None:
+    def _http_decide(self, flow: http.HTTPFlow) -> tuple[str, str | None, str | None, int] | None:
+        """Decide a request and mark it; or, when the default leaves it to
+        the user, return what to hold it by (sandbox, host, ip, port)."""
         sandbox = None
         host = None
         try:
@@ -1607,6 +1805,20 @@ class PppAddon:
                 return
             else:
                 v = self.decide(sandbox, host, ip, port, "http")
+                if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
+                    v = approved
+            if v.kind == "ask" and sandbox is not None and port is not None:
+                return (sandbox, host, ip, port)
+            self._http_decided(flow, sandbox, host, ip, port, v)
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: HTTP policy check failed, denying")
+            self._deny_http(flow, sandbox, host, deny(f"internal error: {type(e).__name__}"))
+        return None
+
+    def _http_decided(
+        self, flow: http.HTTPFlow, sandbox: str | None, host: str | None, ip: str | None, port: int | None, v: Verdict
+    ) -> None:
+        try:
             if not v.allow:
                 self._deny_http(flow, sandbox, host, v)
                 return
@@ -1650,8 +1862,25 @@ class PppAddon:
                 404, b"ppp serves only /cert/pem on mitm.it\n", {"content-type": "text/plain; charset=utf-8"}
             )
 
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
-        self._http_decide(flow)
+    def requestheaders(self, flow: http.HTTPFlow) -> Any:
+        held = self._http_decide(flow)
+        if held is not None:
+            return self._http_held(flow, *held)
+        self._after_headers(flow)
+        return None
+
+    async def _http_held(self, flow: http.HTTPFlow, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
+        req = flow.request
+        # The path without its query, which can carry secrets; bounded.
+        path = req.path.split("?", 1)[0][:1024]
+        cl = header_text(req.headers, b"content-length").strip()
+        v = await self._hold(
+            flow.client_conn, sandbox, host, ip, port, "http", req.method[:16], path, int(cl) if cl.isdigit() else None
+        )
+        self._http_decided(flow, sandbox, host, ip, port, v)
+        self._after_headers(flow)
+
+    def _after_headers(self, flow: http.HTTPFlow) -> None:
         try:
             meta = flow.metadata.get("ppp", {})
             if flow.response is None and meta.get("decision") == "allow":
@@ -1683,9 +1912,10 @@ class PppAddon:
             self._refused_body(flow)
 
     def request(self, flow: http.HTTPFlow) -> None:
-        if "ppp" not in flow.metadata:
-            # requestheaders did not run (e.g. a replayed flow): decide now.
-            self._http_decide(flow)
+        if "ppp" not in flow.metadata and (held := self._http_decide(flow)) is not None:
+            # requestheaders did not run (e.g. a replayed flow), and nobody
+            # is asked about a flow that is not the guest's own.
+            self._http_decided(flow, *held, deny("only a request from the guest is held for approval", "policy"))
         meta = flow.metadata.get("ppp", {})
         if flow.response is not None or meta.get("decision") != "allow":
             return

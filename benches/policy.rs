@@ -121,6 +121,7 @@ fn check_path(c: &mut Criterion) {
         preset: None,
         upload: None,
         download: None,
+        approval_timeout: None,
         rules,
     })
     .unwrap();

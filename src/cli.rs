@@ -677,6 +677,7 @@ pub enum SourceFilter {
     Local,
     Kit,
     Preset,
+    Approval,
     Org,
 }
 
@@ -687,6 +688,7 @@ impl SourceFilter {
             Self::Local => Some(Source::Local),
             Self::Kit => Some(Source::Kit),
             Self::Preset => Some(Source::Preset),
+            Self::Approval => Some(Source::Approval),
             Self::Org => None,
         }
     }
@@ -705,7 +707,7 @@ pub enum SourceSelector {
 
 impl SourceSelector {
     /// The accepted forms, for error messages.
-    const FORMS: &str = "`local`, `preset`, `kit` or `kit:NAME`";
+    const FORMS: &str = "`local`, `preset`, `approval`, `kit` or `kit:NAME`";
 
     /// Parse a `--source` value. Errors are usage errors (exit code 2).
     pub fn parse(value: &str) -> Result<Self, Failure> {
@@ -713,6 +715,7 @@ impl SourceSelector {
             "local" => Ok(Self::Source(Source::Local)),
             "kit" => Ok(Self::Source(Source::Kit)),
             "preset" => Ok(Self::Source(Source::Preset)),
+            "approval" => Ok(Self::Source(Source::Approval)),
             "org" => Err(fail("cannot remove rules by source `org`: ppp has no org policy source")
                 .hint(format!("`ppp policy ls --source org` accepts it only for compatibility; use {}", Self::FORMS))
                 .code(2)),
@@ -769,6 +772,12 @@ pub enum PolicyCommand {
     /// Show or set the body-size limits for uploads and downloads
     #[command(after_help = LIMITS_HELP)]
     Limits(PolicyLimitsArgs),
+    /// Show or set what happens when no rule matches: allow, deny, or ask you
+    #[command(after_help = DEFAULT_HELP)]
+    Default(PolicyDefaultArgs),
+    /// List and answer the requests an `ask` default holds
+    #[command(subcommand)]
+    Approval(ApprovalCommand),
     /// Show the decision for a target without changing anything
     #[command(
         after_help = "TARGET is `host[:port]`, `ip[:port]` or `[ipv6]:port`; the port defaults to 443\n\nExit status: 0 for allow and, without --exit-code, for deny; 1 for deny with --exit-code;\n2 for a mistake such as a malformed TARGET"
@@ -856,7 +865,7 @@ pub enum PolicyCommand {
     /// Remove rules by id, resource or source
     #[command(
         group(ArgGroup::new("rules").args(["id", "resource", "source"]).required(true).multiple(false)),
-        after_help = "SOURCE is `local`, `preset`, `kit` (rules any kit added) or `kit:NAME` (the rules kit NAME added)"
+        after_help = "SOURCE is `local`, `preset`, `approval` (rules `policy approval` wrote), `kit` (rules any kit added) or `kit:NAME` (the rules kit NAME added)"
     )]
     Rm {
         /// Rule kind
@@ -917,6 +926,69 @@ pub struct PolicyAllowArgs {
     /// This rule's own download limit, over `ppp policy limits` (e.g. 2GiB, or none)
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub download: Option<Size>,
+}
+
+/// `ppp policy default`.
+#[derive(Debug, Args)]
+pub struct PolicyDefaultArgs {
+    /// The new default; without it, print the defaults in force
+    #[arg(value_enum)]
+    pub verdict: Option<Verdict>,
+
+    /// Set this sandbox's default instead of the global one
+    #[arg(long, value_name = "SANDBOX")]
+    pub sandbox: Option<String>,
+
+    /// Seconds a held request waits for an answer before it is denied (global)
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub timeout: Option<u32>,
+
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+const DEFAULT_HELP: &str = "Rules decide first (deny over allow); the default decides the rest. Under `ask` such a\n\
+request waits (60 s unless --timeout says otherwise) for `ppp policy approval allow|deny ID`\n\
+or the TUI, and is denied with 403 when nobody answers. DNS for the name is answered, TLS waits\n\
+at its ClientHello, other UDP is denied. Internal addresses always need an explicit rule.\n\n\
+Examples:\n  ppp policy default ask\n  ppp policy default deny --sandbox ci-runner\n  ppp policy default ask --timeout 120";
+
+/// `ppp policy approval …`.
+#[derive(Debug, Subcommand)]
+pub enum ApprovalCommand {
+    /// List held requests: id, sandbox, host, port, method, path, size, count, waiting time
+    #[command(visible_alias = "list")]
+    Ls {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+        /// Print only ids
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Let a held request through (and, with --sandbox or --global, its like from now on)
+    Allow(ApprovalAnswerArgs),
+    /// Refuse a held request with 403 (and, with --sandbox or --global, its like from now on)
+    Deny(ApprovalAnswerArgs),
+}
+
+/// `ppp policy approval allow|deny`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("scope").args(["once", "sandbox", "global"]).multiple(false)))]
+pub struct ApprovalAnswerArgs {
+    /// The held request's id, from `ppp policy approval ls`
+    #[arg(value_name = "ID")]
+    pub id: String,
+    /// Only this request (and identical ones waiting with it); the default
+    #[arg(long)]
+    pub once: bool,
+    /// Also write a rule for its host and port to the sandbox's policy
+    #[arg(long)]
+    pub sandbox: bool,
+    /// Also write a rule for its host and port to the global policy
+    #[arg(long)]
+    pub global: bool,
 }
 
 /// `ppp policy limits`.
@@ -1208,7 +1280,7 @@ mod tests {
             assert!(text.starts_with(&format!("error: invalid source `{bad}`")), "{bad}: {text}");
         }
         let (text, _) = render("bogus");
-        assert!(text.contains("`local`, `preset`, `kit` or `kit:NAME`"), "{text}");
+        assert!(text.contains("`local`, `preset`, `approval`, `kit` or `kit:NAME`"), "{text}");
         let (text, _) = render("kit:Tools");
         assert!(text.contains("lowercase"), "the kit slug rule says why: {text}");
         assert!(SourceSelector::parse(&format!("kit:{}", "a".repeat(64))).is_err());

@@ -356,7 +356,7 @@ proptest! {
             "", " ", "'", "\"", "#", ":", "-", "\n", "  ", "*", "~", "x", "[", "]", "\t", "\u{1a}", "\u{7f}", "é", " #", "# ", "''", " \n",
         ]), 0usize..3), 0..3),
     ) {
-        let file = ppp::policy::GlobalFile { default: Verdict::Deny, preset: None, upload: None, download: None, rules: make(&g).into_iter().map(|(r, _)| r).collect() };
+        let file = ppp::policy::GlobalFile { default: Verdict::Deny, preset: None, upload: None, download: None, approval_timeout: None, rules: make(&g).into_iter().map(|(r, _)| r).collect() };
         let mut text = serde_norway::to_string(&file).unwrap();
         let path = std::path::Path::new("p.yaml");
         prop_assert_eq!(ppp::policy::parse_global(path, &text).unwrap(), file);

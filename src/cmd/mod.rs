@@ -8,6 +8,7 @@ use anyhow::Result;
 use crate::cli::Command;
 use crate::dirs::Dirs;
 
+pub mod approval;
 pub mod complete;
 pub mod completion;
 pub mod cp;

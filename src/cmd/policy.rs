@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use super::Ctx;
 use crate::cli::{
-    FlowTypeFilter, PolicyAddArgs, PolicyCommand, PolicyLimitsArgs, RuleTypeFilter, SourceFilter, SourceSelector,
+    FlowTypeFilter, PolicyAddArgs, PolicyCommand, PolicyDefaultArgs, PolicyLimitsArgs, RuleTypeFilter, SourceFilter,
+    SourceSelector,
 };
 use crate::dirs::Dirs;
 use crate::error::fail;
@@ -32,6 +33,8 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
         }
         PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default()),
         PolicyCommand::Limits(a) => limits(dirs, a),
+        PolicyCommand::Default(a) => default(dirs, a),
+        PolicyCommand::Approval(a) => super::approval::run(dirs, a),
         PolicyCommand::Check { target, sandbox, json, verbose, exit_code, .. } => {
             let verdict = check(dirs, target, sandbox.as_deref(), *json, *verbose)?;
             // `--exit-code` makes the answer testable in scripts, as
@@ -184,6 +187,68 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> 
         eprintln!("note: created the global policy with default `deny`; `ppp policy init` chooses a preset");
     }
     output::print(&lines(ids.iter().map(short_id)))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ppp policy default`: set the global or a sandbox's default (and the
+/// approval timeout), or show them.
+fn default(dirs: &Dirs, args: &PolicyDefaultArgs) -> Result<ExitCode> {
+    if let Some(s) = &args.sandbox {
+        sandbox::validate_name(s)?;
+        if args.timeout.is_some() {
+            return Err(fail("--timeout is global: one timeout for every held request")
+                .hint("drop --sandbox to set it: `ppp policy default ask --timeout SECONDS`")
+                .code(2)
+                .into());
+        }
+    }
+    if args.verdict.is_some() || args.timeout.is_some() {
+        let lock = state::Lock::acquire(&dirs.state_lock())?;
+        if let Some(name) = &args.sandbox {
+            let path = dirs.sandbox_policy(name);
+            let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
+            file.default = args.verdict;
+            policy::save_sandbox(&path, &file)?;
+        } else {
+            let path = dirs.global_policy();
+            let mut file = policy::load_global(&path)?.unwrap_or_else(GlobalFile::without_file);
+            if let Some(v) = args.verdict {
+                file.default = v;
+            }
+            file.approval_timeout = args.timeout.or(file.approval_timeout);
+            policy::save_global(&path, &file)?;
+        }
+        drop(lock);
+        proxy::reload_or_warn(dirs);
+    }
+    let (global, _) = global_or_default(dirs)?;
+    let own = match &args.sandbox {
+        Some(name) => policy::load_sandbox(&dirs.sandbox_policy(name))?.and_then(|f| f.default),
+        None => None,
+    };
+    let timeout = global.approval_timeout.unwrap_or(policy::APPROVAL_TIMEOUT);
+    let in_force = own.unwrap_or(global.default);
+    if args.json {
+        let v = serde_json::json!({
+            "default": in_force,
+            "global": global.default,
+            "sandbox": args.sandbox,
+            "sandbox_default": own,
+            "approval_timeout": timeout,
+        });
+        output::println(&serde_json::to_string_pretty(&v)?)?;
+    } else {
+        let from = match (&args.sandbox, own) {
+            (Some(name), Some(_)) => format!("sandbox `{name}`"),
+            (Some(_), None) => "global; the sandbox sets none".to_owned(),
+            (None, _) => "global".to_owned(),
+        };
+        let mut text = format!("default: {in_force} ({from})\n");
+        if in_force == Verdict::Ask || global.default == Verdict::Ask {
+            let _ = writeln!(text, "approval timeout: {timeout}s");
+        }
+        output::print(&text)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -56,6 +56,9 @@ pub struct Engine {
     /// Body-size limits the policy files set ([`super::limits`]).
     global_limits: Limits,
     sandbox_limits: HashMap<String, Limits>,
+    /// Sandboxes whose file sets a default of its own.
+    sandbox_defaults: HashMap<String, Verdict>,
+    approval_timeout: u32,
 }
 
 #[derive(Debug)]
@@ -140,7 +143,15 @@ impl Engine {
             let c = Compiled::new(rules).with_context(|| format!("could not compile the rules of sandbox `{name}`"))?;
             map.insert(name, c);
         }
-        Ok(Engine { default, global, sandboxes: map, global_limits: Limits::default(), sandbox_limits: HashMap::new() })
+        Ok(Engine {
+            default,
+            global,
+            sandboxes: map,
+            global_limits: Limits::default(),
+            sandbox_limits: HashMap::new(),
+            sandbox_defaults: HashMap::new(),
+            approval_timeout: super::APPROVAL_TIMEOUT,
+        })
     }
 
     /// The engine with the policy files' limits.
@@ -173,24 +184,43 @@ impl Engine {
     #[must_use]
     pub fn decide(&self, sandbox: Option<&str>, host: Option<&str>, ip: Option<IpAddr>, port: u16) -> Decision<'_> {
         let q = Query::new(host, ip, port);
-        let sandbox = sandbox.and_then(|s| self.sandboxes.get(s));
+        let compiled = sandbox.and_then(|s| self.sandboxes.get(s));
         for verdict in [Verdict::Deny, Verdict::Allow] {
             // Global rules come first in the combined order, so a global match
             // is always the first match and the sandbox need not be asked.
-            let scopes = [(Scope::Global, Some(&self.global)), (Scope::Sandbox, sandbox)];
+            let scopes = [(Scope::Global, Some(&self.global)), (Scope::Sandbox, compiled)];
             for (scope, compiled) in scopes {
                 let Some(c) = compiled else { continue };
-                let index = match verdict {
-                    Verdict::Deny => &c.deny,
-                    Verdict::Allow => &c.allow,
-                };
+                let index = if verdict == Verdict::Deny { &c.deny } else { &c.allow };
                 if let Some(order) = index.first_match(&q) {
                     let rule = &c.rules[order as usize];
                     return Decision { verdict, matched_rule: Some(Matched { rule, scope }), default_used: false };
                 }
             }
         }
-        Decision { verdict: self.default, matched_rule: None, default_used: true }
+        Decision { verdict: self.default_for(sandbox), matched_rule: None, default_used: true }
+    }
+
+    /// The engine with the sandboxes' own defaults and the global file's
+    /// approval timeout.
+    #[must_use]
+    pub fn with_defaults(mut self, sandboxes: Vec<(String, Verdict)>, approval_timeout: Option<u32>) -> Engine {
+        self.sandbox_defaults = sandboxes.into_iter().collect();
+        self.approval_timeout = approval_timeout.unwrap_or(super::APPROVAL_TIMEOUT);
+        self
+    }
+
+    /// What decides when no rule matches: the sandbox's own default, else
+    /// the global one.
+    #[must_use]
+    pub fn default_for(&self, sandbox: Option<&str>) -> Verdict {
+        sandbox.and_then(|s| self.sandbox_defaults.get(s)).copied().unwrap_or(self.default)
+    }
+
+    /// Seconds a request held by an `ask` default waits for an answer.
+    #[must_use]
+    pub fn approval_timeout(&self) -> u32 {
+        self.approval_timeout
     }
 }
 
@@ -290,7 +320,9 @@ impl Engine {
         local: bool,
     ) -> (Decision<'_>, Option<Refusal>) {
         let d = self.decide(sandbox, None, Some(addr), port);
-        if d.verdict == Verdict::Allow && d.matched_rule.is_none() && (local || is_internal(addr)) {
+        // Neither a default allow nor a default ask reaches an internal
+        // address: an approval must not open one the user cannot see is.
+        if d.verdict != Verdict::Deny && d.matched_rule.is_none() && (local || is_internal(addr)) {
             return (
                 Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false },
                 Some(Refusal::Internal(addr)),
@@ -350,6 +382,8 @@ impl Compiled {
             let b = match rule.decision {
                 Verdict::Deny => &mut deny,
                 Verdict::Allow => &mut allow,
+                // The files refuse it; a rule built in code must not either.
+                Verdict::Ask => bail!("rule {} decides `ask`, which only a default may", rule.id),
             };
             b.add(order, rule);
         }

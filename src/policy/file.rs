@@ -30,6 +30,10 @@ pub struct GlobalFile {
     pub upload: Option<Size>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<Size>,
+    /// How long, in seconds, a request held by an `ask` default waits for
+    /// an answer before it is denied; [`super::APPROVAL_TIMEOUT`] when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout: Option<u32>,
     #[serde(default)]
     pub rules: Vec<Rule>,
 }
@@ -38,6 +42,9 @@ pub struct GlobalFile {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxFile {
+    /// This sandbox's default, over the global file's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Verdict>,
     /// This sandbox's body-size limits, over the global file's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload: Option<Size>,
@@ -64,6 +71,7 @@ impl GlobalFile {
             preset: Some(preset),
             upload: None,
             download: None,
+            approval_timeout: None,
             rules: preset.rules(),
         }
     }
@@ -77,6 +85,7 @@ impl GlobalFile {
             preset: None,
             upload: None,
             download: None,
+            approval_timeout: None,
             rules: Vec::new(),
         }
     }
@@ -142,11 +151,12 @@ mod fast {
     pub(super) fn global(text: &str) -> Option<GlobalFile> {
         let mut lines = Lines::new(text)?;
         let (mut default, mut preset, mut rules) = (None, None, None);
-        let (mut upload, mut download) = (None, None);
+        let (mut upload, mut download, mut timeout) = (None, None, None);
         while let Some(line) = lines.next_line() {
             let (key, value) = top_level(line)?;
             match key {
-                "default" if default.is_none() => default = Some(verdict(value?)?),
+                "default" if default.is_none() => default = Some(default_verdict(value?)?),
+                "approval_timeout" if timeout.is_none() => timeout = Some(plain(value?)?.parse::<u32>().ok()?),
                 "preset" if preset.is_none() => preset = Some(preset_of(value?)?),
                 "upload" if upload.is_none() => upload = Some(size(value?)?),
                 "download" if download.is_none() => download = Some(size(value?)?),
@@ -154,22 +164,30 @@ mod fast {
                 _ => return None,
             }
         }
-        Some(GlobalFile { default: default?, preset, upload, download, rules: rules.unwrap_or_default() })
+        Some(GlobalFile {
+            default: default?,
+            preset,
+            upload,
+            download,
+            approval_timeout: timeout,
+            rules: rules.unwrap_or_default(),
+        })
     }
 
     pub(super) fn sandbox(text: &str) -> Option<SandboxFile> {
         let mut lines = Lines::new(text)?;
-        let (mut upload, mut download, mut rules) = (None, None, None);
+        let (mut upload, mut download, mut rules, mut default) = (None, None, None, None);
         while let Some(line) = lines.next_line() {
             let (key, value) = top_level(line)?;
             match key {
+                "default" if default.is_none() => default = Some(default_verdict(value?)?),
                 "upload" if upload.is_none() => upload = Some(size(value?)?),
                 "download" if download.is_none() => download = Some(size(value?)?),
                 "rules" if rules.is_none() => rules = Some(rule_list(value, &mut lines)?),
                 _ => return None,
             }
         }
-        Some(SandboxFile { upload, download, rules: rules? })
+        Some(SandboxFile { default, upload, download, rules: rules? })
     }
 
     /// A limit as `Size` writes it (`64MiB`, `none`); other spellings
@@ -344,6 +362,7 @@ mod fast {
                     "local" => Source::Local,
                     "kit" => Source::Kit,
                     "preset" => Source::Preset,
+                    "approval" => Source::Approval,
                     _ => return None,
                 },
                 kit: match self.kit {
@@ -362,11 +381,20 @@ mod fast {
         }
     }
 
+    /// A rule's decision: never `ask`, which only a default may be (the
+    /// slow path then says so, with the line).
     fn verdict(v: &str) -> Option<Verdict> {
         match plain(v)? {
             "allow" => Some(Verdict::Allow),
             "deny" => Some(Verdict::Deny),
             _ => None,
+        }
+    }
+
+    fn default_verdict(v: &str) -> Option<Verdict> {
+        match plain(v)? {
+            "ask" => Some(Verdict::Ask),
+            _ => verdict(v),
         }
     }
 
@@ -509,7 +537,14 @@ rules:
 
     #[test]
     fn preset_is_omitted_when_absent() {
-        let f = GlobalFile { default: Verdict::Allow, preset: None, upload: None, download: None, rules: vec![] };
+        let f = GlobalFile {
+            default: Verdict::Allow,
+            preset: None,
+            upload: None,
+            download: None,
+            approval_timeout: None,
+            rules: vec![],
+        };
         let text = serde_norway::to_string(&f).unwrap();
         assert!(!text.contains("preset"), "{text}");
         assert_eq!(parse_global(Path::new("p"), "default: allow\n").unwrap(), f);
@@ -547,7 +582,14 @@ rules:
         }
         let text = serde_norway::to_string(&f).unwrap();
         assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
-        let empty = GlobalFile { default: Verdict::Allow, preset: None, upload: None, download: None, rules: vec![] };
+        let empty = GlobalFile {
+            default: Verdict::Allow,
+            preset: None,
+            upload: None,
+            download: None,
+            approval_timeout: None,
+            rules: vec![],
+        };
         let text = serde_norway::to_string(&empty).unwrap();
         assert_eq!(both(&text), (Some(empty.clone()), Some(empty)));
         // The spec's layout, items indented under `rules:`.
@@ -570,7 +612,7 @@ rules:
         let text = serde_norway::to_string(&f).unwrap();
         assert!(text.contains("upload: 8MiB\n") && text.contains("download: none\n"), "{text}");
         assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
-        let s = SandboxFile { upload: Some(Size::Unlimited), download: None, rules: f.rules };
+        let s = SandboxFile { default: None, upload: Some(Size::Unlimited), download: None, rules: f.rules };
         let text = serde_norway::to_string(&s).unwrap();
         assert_eq!(fast::sandbox(&text), Some(s.clone()));
         assert_eq!(parse_sandbox(Path::new("p"), &text).unwrap(), s);

@@ -38,6 +38,10 @@ pub use target::{DEFAULT_PORT, Target};
 pub enum Verdict {
     Allow,
     Deny,
+    // Only a default, never a rule's: hold the flow until the user answers
+    // (`ppp policy approval`), deny when nobody does in time. (A plain
+    // comment: a doc comment would become clap's help for the value.)
+    Ask,
 }
 
 impl Verdict {
@@ -47,6 +51,7 @@ impl Verdict {
         match self {
             Verdict::Allow => "allow",
             Verdict::Deny => "deny",
+            Verdict::Ask => "ask",
         }
     }
 }
@@ -67,6 +72,8 @@ pub enum Source {
     Kit,
     /// Seeded by `ppp policy init <preset>`.
     Preset,
+    /// Written by `ppp policy approval allow|deny --sandbox|--global`.
+    Approval,
 }
 
 impl Source {
@@ -77,6 +84,7 @@ impl Source {
             Source::Local => "local",
             Source::Kit => "kit",
             Source::Preset => "preset",
+            Source::Approval => "approval",
         }
     }
 }
@@ -123,6 +131,7 @@ impl fmt::Display for Scope {
 #[serde(deny_unknown_fields)]
 pub struct Rule {
     pub id: uuid::Uuid,
+    #[serde(deserialize_with = "rule_decision")]
     pub decision: Verdict,
     #[serde(rename = "type")]
     pub kind: RuleType,
@@ -140,6 +149,16 @@ pub struct Rule {
     pub upload: Option<limits::Size>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<limits::Size>,
+}
+
+/// A rule decides; only the default may leave the decision to the user.
+fn rule_decision<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Verdict, D::Error> {
+    match Verdict::deserialize(d)? {
+        Verdict::Ask => Err(serde::de::Error::custom(
+            "a rule's decision is `allow` or `deny`; `ask` is only a default (`ppp policy default ask`)",
+        )),
+        v => Ok(v),
+    }
 }
 
 impl Rule {
@@ -174,24 +193,32 @@ impl Rule {
 /// (ADR 0005).
 pub const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
 
+/// How long a request held by an `ask` default waits for the user, when the
+/// global file does not say: long enough to read a notification and answer,
+/// short enough that an agent's client has not given up yet.
+pub const APPROVAL_TIMEOUT: u32 = 60;
+
 /// Build the engine from the global file (absent: deny by default) and every
 /// sandbox directory's `policy.yaml`.
 pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
     use anyhow::Context as _;
-    let (default, global, global_limits) = match load_global(&dirs.global_policy())? {
+    let (default, global, global_limits, timeout) = match load_global(&dirs.global_policy())? {
         Some(f) => {
             let limits = f.limits();
-            (f.default, f.rules, limits)
+            (f.default, f.rules, limits, f.approval_timeout)
         }
-        None => (DEFAULT_WITHOUT_FILE, Vec::new(), Limits::default()),
+        None => (DEFAULT_WITHOUT_FILE, Vec::new(), Limits::default(), None),
     };
     let mut sandboxes = Vec::new();
     let mut limits = Vec::new();
+    let mut defaults = Vec::new();
     let root = dirs.sandboxes();
     let entries = match std::fs::read_dir(&root) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(Engine::build(default, global, sandboxes)?.with_limits(global_limits, limits));
+            return Ok(Engine::build(default, global, sandboxes)?
+                .with_limits(global_limits, limits)
+                .with_defaults(defaults, timeout));
         }
         Err(e) => return Err(e).with_context(|| format!("could not list `{}`", root.display())),
     };
@@ -206,8 +233,11 @@ pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
             if !f.limits().is_empty() {
                 limits.push((name.clone(), f.limits()));
             }
+            if let Some(d) = f.default {
+                defaults.push((name.clone(), d));
+            }
             sandboxes.push((name, f.rules));
         }
     }
-    Ok(Engine::build(default, global, sandboxes)?.with_limits(global_limits, limits))
+    Ok(Engine::build(default, global, sandboxes)?.with_limits(global_limits, limits).with_defaults(defaults, timeout))
 }

@@ -3,6 +3,7 @@
 //! [`protocol`] its wire format; this file holds the client side that
 //! state-changing commands use to ask for a reload.
 
+pub mod approvals;
 pub mod protocol;
 pub mod resolve;
 pub mod socket;
@@ -54,6 +55,45 @@ pub fn notify_reload(dirs: &Dirs) -> Reload {
         Ok((_, line)) => Reload::Failed(format!("the daemon answered `{}`", line.trim())),
         Err(e) => Reload::Failed(e.to_string()),
     }
+}
+
+/// One request to the running daemon and its reply. `Ok(None)` when no
+/// daemon listens.
+pub fn ask_daemon(dirs: &Dirs, request: &protocol::Request) -> anyhow::Result<Option<protocol::Response>> {
+    use anyhow::Context as _;
+    let path = dirs.secret_socket();
+    let Ok(mut stream) = UnixStream::connect(&path) else {
+        return Ok(None);
+    };
+    stream.set_read_timeout(Some(RELOAD_TIMEOUT))?;
+    stream.set_write_timeout(Some(RELOAD_TIMEOUT))?;
+    let mut line = serde_json::to_string(request)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes()).with_context(|| format!("could not write to `{}`", path.display()))?;
+    let mut reply = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .with_context(|| format!("the daemon at `{}` did not answer", path.display()))?;
+    let (r, _) =
+        protocol::Response::parse(&reply).with_context(|| format!("the daemon answered `{}`", reply.trim()))?;
+    Ok(Some(r))
+}
+
+/// The requests the running daemon holds for approval; `None` when no
+/// daemon runs (then nothing can be held).
+pub fn approvals(dirs: &Dirs) -> anyhow::Result<Option<Vec<approvals::Pending>>> {
+    match ask_daemon(dirs, &protocol::Request::Approvals)? {
+        None => Ok(None),
+        Some(protocol::Response::Approvals(p)) => Ok(Some(p)),
+        Some(other) => Err(unexpected(&other)),
+    }
+}
+
+/// A reply of the wrong kind: most likely an older daemon.
+pub fn unexpected(r: &protocol::Response) -> anyhow::Error {
+    crate::error::fail(format!("the daemon gave an unexpected answer: {}", r.to_line(None).trim()))
+        .hint("the daemon may be an older ppp; restart it with `ppp daemon stop && ppp daemon start -d`")
+        .into()
 }
 
 /// [`notify_reload`], reporting a failure as a warning on stderr: the

@@ -65,6 +65,33 @@ pub enum Request {
     /// The `--mode` list mitmdump should run now, one WireGuard server per
     /// claimed port; the addon applies it when the generation moves.
     Modes,
+    /// Hold a flow the policy leaves to the user (an `ask` default) until
+    /// it is answered, times out, or a new rule decides it; the reply is a
+    /// decision. The connection carries nothing else: any further byte, or
+    /// its end, withdraws the request.
+    Hold {
+        sandbox: String,
+        #[serde(default)]
+        host: Option<String>,
+        #[serde(default)]
+        ip: Option<IpAddr>,
+        port: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        protocol: Option<Protocol>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        method: Option<String>,
+        /// The URL path, without its query.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<String>,
+        /// The body size the request declared.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+    },
+    /// The requests held now.
+    Approvals,
+    /// Release (or refuse) every request waiting on entry `approval` (not
+    /// `id`, which every request may carry for pipelining).
+    Answer { approval: String, verdict: Verdict },
     /// The addresses ppp's own resolver (10.0.0.53 in the tunnel) answered
     /// `sandbox` for `name`: a later flow to `name` may go to these.
     Resolved {
@@ -78,7 +105,7 @@ pub enum Request {
 }
 
 /// The layer a decision was asked at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     Tcp,
@@ -107,6 +134,8 @@ pub enum Reason {
     Forbidden,
     /// Anything else went wrong inside the daemon.
     Internal,
+    /// `answer` named an id no request waits on (answered, timed out).
+    NotPending,
     /// A reason this version does not know (a newer daemon).
     #[serde(other)]
     Unknown,
@@ -161,6 +190,31 @@ pub struct Decision {
     pub internal: Option<std::net::IpAddr>,
     /// For an allowed flow: its body-size limits and where each came from.
     pub limits: Option<crate::policy::FlowLimits>,
+    /// For a `hold` reply: what the wait ended with.
+    pub approval: Option<Held>,
+}
+
+/// How a held request ended, in a `hold` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// The entry it waited on; none when it was refused at once.
+    pub id: Option<String>,
+    pub outcome: HeldOutcome,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HeldOutcome {
+    /// `ppp policy approval allow`.
+    Allowed,
+    /// `ppp policy approval deny`.
+    Denied,
+    /// Nobody answered in time.
+    Timeout,
+    /// The sandbox had too many requests waiting.
+    Full,
+    /// A changed policy decided it (the reply's rule, or a new default).
+    Policy,
 }
 
 impl Decision {
@@ -189,6 +243,10 @@ pub enum Response {
     Generation(u64),
     /// `modes`.
     Modes(Vec<String>),
+    /// `approvals`.
+    Approvals(Vec<super::approvals::Pending>),
+    /// `answer`: how many waiting requests it released.
+    Released(usize),
     /// `{"ok":true}` and nothing else: what a bare acknowledgement (an older
     /// or stand-in daemon) sends.
     Ack,
@@ -225,7 +283,10 @@ impl Response {
                 w.unresolved = d.unresolved;
                 w.internal = d.internal;
                 w.limits = d.limits;
+                w.approval.clone_from(&d.approval);
             }
+            Response::Approvals(p) => w.approvals = Some(p.clone()),
+            Response::Released(n) => w.released = Some(*n),
             Response::Generation(g) => w.generation = Some(*g),
             Response::Modes(m) => w.modes = Some(m.clone()),
             Response::Ack => {}
@@ -260,7 +321,12 @@ impl Response {
                 unresolved: w.unresolved,
                 internal: w.internal,
                 limits: w.limits,
+                approval: w.approval,
             })
+        } else if let Some(p) = w.approvals {
+            Response::Approvals(p)
+        } else if let Some(n) = w.released {
+            Response::Released(n)
         } else if let Some(g) = w.generation {
             Response::Generation(g)
         } else if let Some(m) = w.modes {
@@ -318,7 +384,13 @@ struct Wire {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    approval: Option<Held>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     modes: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approvals: Option<Vec<super::approvals::Pending>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    released: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<serde_json::Value>,
 }
@@ -434,6 +506,7 @@ mod tests {
             unresolved: None,
             internal: None,
             limits: None,
+            approval: None,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -442,6 +515,30 @@ mod tests {
         );
         assert!(
             matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.generation == 3 && x.matched_rule.is_none())
+        );
+
+        // A hold reply says how the wait ended.
+        let held = Response::Decision(Decision {
+            verdict: Verdict::Allow,
+            matched_rule: None,
+            default_used: true,
+            generation: 3,
+            rebinding: None,
+            unresolved: None,
+            internal: None,
+            limits: None,
+            approval: Some(Held { id: Some("0badc0de".into()), outcome: HeldOutcome::Allowed }),
+        });
+        let line = held.to_line(None);
+        assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");
+        assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.approval.is_some()));
+        assert_eq!(Response::Released(2).to_line(None), "{\"ok\":true,\"released\":2}\n");
+        assert!(
+            matches!(Response::parse("{\"ok\":true,\"approvals\":[]}").unwrap().0, Response::Approvals(p) if p.is_empty())
+        );
+        assert_eq!(
+            req(r#"{"op":"answer","approval":"0badc0de","verdict":"deny","id":7}"#).unwrap(),
+            Request::Answer { approval: "0badc0de".into(), verdict: Verdict::Deny }
         );
 
         let e = Response::Error { reason: Reason::NoSecret, detail: None };

@@ -22,7 +22,8 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::task::JoinSet;
 
-use super::protocol::{self, MAX_LINE, MatchedRule, Reason, Request, Response};
+use super::approvals::{Approvals, Key, Outcome, Wake};
+use super::protocol::{self, Held, HeldOutcome, MAX_LINE, MatchedRule, Reason, Request, Response};
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{self, Engine, Flow, Verdict};
@@ -151,6 +152,8 @@ pub struct State {
     reloaded: tokio::sync::watch::Sender<u64>,
     /// The names each sandbox resolved through ppp, and the host's lookups.
     pub resolutions: super::resolve::Resolutions,
+    /// Requests an `ask` default holds for the user.
+    pub approvals: Approvals,
 }
 
 impl State {
@@ -173,6 +176,7 @@ impl State {
             epoch,
             reloaded: tokio::sync::watch::Sender::new(1),
             resolutions: super::resolve::Resolutions::default(),
+            approvals: Approvals::default(),
         };
         state.publish(1)?;
         Ok(state)
@@ -210,12 +214,16 @@ impl State {
         let _one = self.rebuilding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let engine = Arc::new(policy::load_engine(&self.dirs)?);
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let next = Arc::new(Snapshot { generation, engine });
+        let next = Arc::new(Snapshot { generation, engine: engine.clone() });
         *self.snapshot.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
         // Published after the swap: a reader that sees the new stamp gets
         // the new engine when it asks.
         self.publish(generation)?;
         self.reloaded.send_replace(generation);
+        // Held requests a new rule (or default) now decides go on, or stop,
+        // at once; each decides again with the new engine.
+        self.approvals
+            .recheck(|k| engine.decide(Some(&k.sandbox), k.host.as_deref(), k.ip, k.port).verdict == Verdict::Ask);
         Ok(generation)
     }
 
@@ -324,7 +332,21 @@ async fn connection(stream: UnixStream, state: Arc<State>, me: u32, idle: Durati
             // A last line without its newline is still answered: a client may
             // write one request and shut down its sending side.
             Line::Complete | Line::Unterminated => {
-                let (id, reply) = answer(&buf, &state).await;
+                let (id, request) = protocol::parse_request(&buf);
+                let held = matches!(request, Ok(Request::Hold { .. }));
+                let work = answer(request, &state);
+                let reply = if held {
+                    // A held request ends when the client goes away (the
+                    // addon closes it with the flow, or mitmdump stops) or
+                    // sends anything else: the wait is withdrawn, not left
+                    // to time out in the list.
+                    tokio::select! {
+                        r = work => r,
+                        _ = reader.fill_buf() => return,
+                    }
+                } else {
+                    work.await
+                };
                 (reply, id, matches!(line, Line::Unterminated))
             }
         };
@@ -383,18 +405,17 @@ async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> io:
     }
 }
 
-/// Parse and answer one request line.
-async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, Response) {
-    let (id, request) = protocol::parse_request(line);
+/// Answer one parsed request line.
+async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>) -> Response {
     let request = match request {
         Ok(r) => r,
         Err(e) => {
             // serde_json's messages quote at most a type or field name, never
             // the input, so the detail cannot echo a pasted secret.
-            return (id, Response::error(Reason::BadRequest, e.to_string()));
+            return Response::error(Reason::BadRequest, e.to_string());
         }
     };
-    let reply = match request {
+    match request {
         Request::Generation => Response::Generation(state.generation()),
         Request::Modes => {
             let st = state.clone();
@@ -433,8 +454,70 @@ async fn answer(line: &[u8], state: &Arc<State>) -> (Option<serde_json::Value>, 
             secret_blocking(state, wanted, sandbox, host).await
         }
         Request::Inject { sandbox, host } => secret_blocking(state, Wanted::AnyService, sandbox, host).await,
+        Request::Hold { sandbox, host, ip, port, protocol, method, path, size } => {
+            let key = Key::new(sandbox, host, ip, port, protocol, method, path);
+            hold(state, key, size).await
+        }
+        Request::Approvals => Response::Approvals(state.approvals.list()),
+        Request::Answer { approval: id, verdict } => match verdict {
+            Verdict::Ask => Response::error(Reason::BadRequest, "an answer is `allow` or `deny`"),
+            v => match state.approvals.answer(&id, v) {
+                Some(n) => Response::Released(n),
+                None => Response::error(Reason::NotPending, format!("no pending request has id `{id}`")),
+            },
+        },
+    }
+}
+
+/// A flow an `ask` default leaves to the user: decided again first (a rule
+/// may have come since the addon asked), then held until it is answered,
+/// times out, or the policy changes; then decided once more, so a deny rule
+/// added meanwhile still wins over an approval, and an allowed flow gets
+/// its limits like any other.
+async fn again(state: &State, key: &Key) -> Response {
+    decide(state, Some(&key.sandbox), key.host.as_deref(), key.ip, key.port, key.protocol).await
+}
+
+async fn hold(state: &State, key: Key, size: Option<u64>) -> Response {
+    let Response::Decision(first) = again(state, &key).await else {
+        return Response::error(Reason::Internal, "decide gave no decision");
     };
-    (id, reply)
+    if first.verdict != Verdict::Ask {
+        return Response::Decision(first);
+    }
+    let timeout = Duration::from_secs(u64::from(state.engine().approval_timeout()));
+    let (id, outcome) = state.approvals.hold(key.clone(), size, timeout).await;
+    let denied = |outcome| {
+        let mut d = first.clone();
+        d.verdict = Verdict::Deny;
+        d.approval = Some(Held { id: id.clone(), outcome });
+        Response::Decision(d)
+    };
+    let answered = match outcome {
+        Outcome::Full => return denied(HeldOutcome::Full),
+        Outcome::TimedOut => return denied(HeldOutcome::Timeout),
+        Outcome::Woken(Wake::Answered(Verdict::Allow)) => HeldOutcome::Allowed,
+        Outcome::Woken(Wake::Answered(_)) => return denied(HeldOutcome::Denied),
+        Outcome::Woken(Wake::PolicyChanged) => HeldOutcome::Policy,
+    };
+    let Response::Decision(mut now) = again(state, &key).await else {
+        return Response::error(Reason::Internal, "decide gave no decision");
+    };
+    match now.verdict {
+        // Still left to the user, and the user said yes: this request goes,
+        // with the limits a flow the default allowed would get.
+        Verdict::Ask if answered == HeldOutcome::Allowed => {
+            let engine = state.engine();
+            let d = policy::Decision { verdict: Verdict::Allow, matched_rule: None, default_used: true };
+            now.verdict = Verdict::Allow;
+            now.limits = Some(engine.limits(Some(&key.sandbox), &d));
+        }
+        // A policy change that still asks (it cannot, by recheck): deny.
+        Verdict::Ask => now.verdict = Verdict::Deny,
+        Verdict::Allow | Verdict::Deny => {}
+    }
+    now.approval = Some(Held { id, outcome: answered });
+    Response::Decision(now)
 }
 
 /// A flow's verdict. The name counts only where it resolves: for a flow
@@ -455,12 +538,22 @@ async fn decide(
     if let Some(addr) = ip {
         flow.local = state.resolutions.is_own(addr);
         if let Some(name) = host.filter(|h| policy::is_name(h) && protocol != Some(protocol::Protocol::Dns))
-            && snap.engine.decide(sandbox, host, ip, port).verdict == Verdict::Allow
+            && snap.engine.decide(sandbox, host, ip, port).verdict != Verdict::Deny
         {
             flow.resolved = Some(state.resolutions.resolves(sandbox, name, addr).await);
         }
     }
-    let (d, refusal) = snap.engine.decide_flow(&flow);
+    let (mut d, refusal) = snap.engine.decide_flow(&flow);
+    if d.verdict == Verdict::Ask {
+        match protocol {
+            // The name is answered so the request can be made, and held.
+            Some(protocol::Protocol::Dns) => d.verdict = Verdict::Allow,
+            // A datagram cannot wait for a person; QUIC falls back to TCP,
+            // which can.
+            Some(protocol::Protocol::Udp) => d.verdict = Verdict::Deny,
+            _ => {}
+        }
+    }
     let mut out = protocol::Decision {
         verdict: d.verdict,
         matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
@@ -470,6 +563,7 @@ async fn decide(
         unresolved: None,
         internal: None,
         limits: (d.verdict == Verdict::Allow).then(|| snap.engine.limits(sandbox, &d)),
+        approval: None,
     };
     out.set_refusal(refusal);
     Response::Decision(out)

@@ -442,7 +442,7 @@ class Live(Base):
             self.addon.decide("blue", f"n{i}.refused.test", None, 53, "dns")
         self.assertEqual(len(self.addon._decisions), 50)
         # The most recent are kept; a hit refreshes an entry.
-        self.assertIn(("blue", "n119.refused.test", None, 53, ""), self.addon._decisions)
+        self.assertIn(("blue", "n119.refused.test", None, 53, "dns"), self.addon._decisions)
         lru = A.Lru(2)
         lru["a"], lru["b"] = 1, 2
         self.assertEqual(lru.get("a"), 1)
@@ -1022,6 +1022,41 @@ class Live(Base):
         self.assertEqual(A.header_text(h, b"content-length"), h.get("content-length", ""))
         self.assertEqual(A.header_text(h, b"x-a"), "1")
         self.assertEqual(A.header_text(h, b"nope"), "")
+
+
+class AskTest(Base):
+    """The addon's side of an `ask` default, against a stand-in daemon."""
+
+    def stand_in(self, verdicts: dict[str, str]) -> list[dict[str, Any]]:
+        seen: list[dict[str, Any]] = []
+
+        def ask(req: dict[str, Any]) -> dict[str, Any]:
+            seen.append(req)
+            gen = self.addon.generation or 1
+            v = verdicts[req["protocol"]]
+            return {"ok": True, "verdict": v, "matched_rule": None, "default_used": True, "generation": gen}
+
+        self.addon.daemon.ask = ask  # type: ignore[method-assign]
+        self.addon._poll = lambda: None  # type: ignore[method-assign]
+        return seen
+
+    def test_a_dns_verdict_never_stands_in_for_a_connection(self) -> None:
+        # Under `ask` the daemon answers the name (so the request can be
+        # made and held) and refuses other UDP; neither answer may decide a
+        # TCP flow with the same name, address and port from the cache.
+        self.stand_in({"dns": "allow", "udp": "deny", "tcp": "ask", "tls": "ask", "http": "ask"})
+        self.assertTrue(self.addon.decide("red-fox", "x.test", "93.184.216.34", 53, "dns").allow)
+        self.assertFalse(self.addon.decide("red-fox", "x.test", "93.184.216.34", 53, "udp").allow)
+        for proto in ("tcp", "tls", "http"):
+            self.assertEqual(self.addon.decide("red-fox", "x.test", "93.184.216.34", 53, proto).kind, "ask", proto)
+
+    def test_an_undecided_request_is_held_not_answered(self) -> None:
+        self.stand_in({"http": "ask"})
+        f = http_flow(51820, "held.test", dport=80)
+        waiting = self.addon.requestheaders(f)
+        self.assertIsNotNone(waiting, "the hook hands mitmproxy something to await")
+        self.assertIsNone(f.response, "no answer before the user's")
+        waiting.close()
 
 
 class LoopShareTest(unittest.TestCase):

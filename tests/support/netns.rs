@@ -692,6 +692,22 @@ impl Upstream {
         Self::start_in(topo, &topo.upstream_ns(), "upstream", &[UPSTREAM_IP], &[UPSTREAM_NAME, SERVICE_NAME], None)
     }
 
+    /// A second server in the upstream namespace on `ip`, a public address
+    /// (routed only inside the test's namespaces), with a certificate for
+    /// `names` from `upstream`'s CA; `upstream`'s DNS answers them with
+    /// `ip`. For flows that must not be internal: an `ask` default holds
+    /// only those, since an internal address always needs its own rule.
+    pub fn start_public(topo: &Topology, upstream: &Upstream, ip: Ipv4Addr, names: &[&str]) -> Self {
+        let (h, u) = (topo.host_ns(), topo.upstream_ns());
+        let hu = format!("{}hu", topo.prefix);
+        run_ok(&["ip", "-n", &u, "addr", "add", &format!("{ip}/32"), "dev", "veth0"]);
+        run_ok(&["ip", "-n", &h, "route", "add", &format!("{ip}/32"), "via", "10.251.0.2", "dev", &hu]);
+        for n in names {
+            upstream.set_name(n, ip);
+        }
+        Self::start_in(topo, &u, "public", &[ip], names, Some(upstream))
+    }
+
     /// The attacker's server in [`Topology::attacker_ns`], on [`ATTACKER_IP`]
     /// and [`ATTACKER_IP2`], with a certificate for [`ATTACKER_NAME`] that
     /// the upstream's CA signed: a name it really holds, which ppp's

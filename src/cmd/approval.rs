@@ -1,0 +1,140 @@
+//! `ppp policy approval ls|allow|deny`: the requests an `ask` default holds
+//! in the daemon, and the user's answers. The daemon keeps the queue
+//! ([`crate::proxy::approvals`]); an answer that lasts (`--sandbox`,
+//! `--global`) is a rule with source `approval`, written here under
+//! `state.lock` like any other, so `policy ls` shows it and
+//! `policy rm --source approval` takes it back.
+
+use std::process::ExitCode;
+
+use crate::cli::{ApprovalAnswerArgs, ApprovalCommand};
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::policy::{self, GlobalFile, Resource, Rule, Source, Verdict};
+use crate::proxy::approvals::Pending;
+use crate::proxy::protocol::{Reason, Request, Response};
+use crate::{output, proxy, state};
+use anyhow::Result;
+
+/// Run `ppp policy approval …`.
+pub fn run(dirs: &Dirs, cmd: &ApprovalCommand) -> Result<ExitCode> {
+    match cmd {
+        ApprovalCommand::Ls { json, quiet } => ls(dirs, *json, *quiet),
+        ApprovalCommand::Allow(a) => answer(dirs, Verdict::Allow, a),
+        ApprovalCommand::Deny(a) => answer(dirs, Verdict::Deny, a),
+    }
+}
+
+fn ls(dirs: &Dirs, json: bool, quiet: bool) -> Result<ExitCode> {
+    let list = proxy::approvals(dirs)?;
+    let list_ref = list.as_deref().unwrap_or_default();
+    if json {
+        output::println(&serde_json::to_string_pretty(list_ref)?)?;
+    } else if quiet {
+        for p in list_ref {
+            output::println(&p.id)?;
+        }
+    } else if list_ref.is_empty() {
+        eprintln!(
+            "{}",
+            if list.is_none() {
+                "no requests are waiting: the daemon is not running"
+            } else {
+                "no requests are waiting for approval"
+            }
+        );
+    } else {
+        output::print(&table(list_ref))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The listing, one row per entry.
+#[must_use]
+pub fn table(list: &[Pending]) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|p| {
+            vec![
+                p.id.clone(),
+                p.sandbox.clone(),
+                p.target(),
+                p.method.clone().unwrap_or_else(|| "-".into()),
+                p.path.clone().unwrap_or_else(|| "-".into()),
+                p.size.map_or_else(|| "-".into(), |s| s.to_string()),
+                p.count.to_string(),
+                format!("{}s", p.waiting_secs),
+                format!("{}s", p.remaining_secs),
+            ]
+        })
+        .collect();
+    output::table(&["ID", "SANDBOX", "TARGET", "METHOD", "PATH", "SIZE", "COUNT", "WAITING", "LEFT"], &rows)
+}
+
+fn answer(dirs: &Dirs, verdict: Verdict, args: &ApprovalAnswerArgs) -> Result<ExitCode> {
+    let not_pending = || {
+        fail(format!(
+            "no request with id `{}` is waiting: it was answered, timed out, or its client went away",
+            args.id
+        ))
+        .hint("`ppp policy approval ls` lists the requests waiting now")
+    };
+    let Some(list) = proxy::approvals(dirs)? else {
+        return Err(fail("no requests are waiting: the daemon is not running")
+            .hint("`ppp daemon status` shows it; held requests end with the daemon")
+            .into());
+    };
+    let Some(p) = list.into_iter().find(|p| p.id == args.id) else {
+        return Err(not_pending().into());
+    };
+    let rule = if args.sandbox || args.global { Some(write_rule(dirs, verdict, &p, args.global)?) } else { None };
+    // After a rule, the reload has usually released the entry already.
+    let released = match proxy::ask_daemon(dirs, &Request::Answer { approval: p.id.clone(), verdict })? {
+        Some(Response::Released(n)) => n,
+        Some(Response::Error { reason: Reason::NotPending, .. }) if rule.is_some() => p.count,
+        Some(Response::Error { reason: Reason::NotPending, .. }) => return Err(not_pending().into()),
+        Some(other) => return Err(proxy::unexpected(&other)),
+        None => return Err(fail("the daemon stopped before the answer reached it").into()),
+    };
+    let what = if verdict == Verdict::Allow { "allowed" } else { "denied" };
+    eprintln!("{what} {} ({} request{} released)", p.target(), released, if released == 1 { "" } else { "s" });
+    if let Some(id) = &rule {
+        let scope = if args.global { "global".to_owned() } else { format!("sandbox `{}`", p.sandbox) };
+        eprintln!("rule {id} ({verdict} {}, {scope}, source approval) decides it from now on", p.target());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Write the lasting answer as a rule for exactly the held target (host
+/// and port) and reload; returns its short id.
+fn write_rule(dirs: &Dirs, verdict: Verdict, p: &Pending, global: bool) -> Result<String> {
+    let resource = Resource::parse(&p.target()).map_err(|e| {
+        fail(format!("cannot write a rule for `{}`: {e}", p.target())).hint("answer it with --once instead")
+    })?;
+    let lock = state::Lock::acquire(&dirs.state_lock())?;
+    let add = |rules: &mut Vec<Rule>| -> uuid::Uuid {
+        if let Some(r) = rules.iter().find(|r| r.decision == verdict && r.resource == resource) {
+            return r.id;
+        }
+        let r = Rule::new(verdict, resource.clone(), Source::Approval);
+        let id = r.id;
+        rules.push(r);
+        id
+    };
+    let id = if global {
+        let path = dirs.global_policy();
+        let mut file = policy::load_global(&path)?.unwrap_or_else(GlobalFile::without_file);
+        let id = add(&mut file.rules);
+        policy::save_global(&path, &file)?;
+        id
+    } else {
+        let path = dirs.sandbox_policy(&p.sandbox);
+        let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
+        let id = add(&mut file.rules);
+        policy::save_sandbox(&path, &file)?;
+        id
+    };
+    drop(lock);
+    proxy::reload_or_warn(dirs);
+    Ok(id.to_string()[..8].to_owned())
+}
