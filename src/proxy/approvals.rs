@@ -65,7 +65,16 @@ impl Key {
     }
 }
 
-fn cut(mut s: String, max: usize) -> String {
+/// `s` without control characters (each shown as `\u{..}`), cut to `max`
+/// bytes: the guest chooses these bytes, and they reach the user's terminal
+/// in `approval ls` and the TUI, where an escape sequence could rewrite
+/// what the user reads before answering.
+fn cut(s: String, max: usize) -> String {
+    let mut s = if s.chars().any(char::is_control) {
+        s.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    } else {
+        s
+    };
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {
@@ -420,6 +429,22 @@ mod tests {
         assert_eq!(t1.await.unwrap().1, Outcome::Woken(Wake::PolicyChanged));
         assert_eq!(a.list().len(), 1);
         t2.abort();
+    }
+
+    #[test]
+    fn guest_chosen_text_cannot_drive_the_users_terminal() {
+        let k = Key::new(
+            "s".into(),
+            Some("h.test".into()),
+            None,
+            80,
+            None,
+            Some("GET\u{1b}[2J".into()),
+            Some("/\u{1b}]0;approved\u{7}\u{1b}[1A\r\nall clear".into()),
+        );
+        let (m, p) = (k.method.unwrap(), k.path.unwrap());
+        assert!(!m.chars().chain(p.chars()).any(char::is_control), "{m:?} {p:?}");
+        assert!(p.contains("\\u{1b}]0;approved"), "{p}");
     }
 
     #[test]
