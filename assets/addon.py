@@ -114,6 +114,10 @@ REFUSED_BODY_DRAIN = 64 * 1024
 MAX_WS_MESSAGE = 16 * 1024 * 1024
 # Size at which flows.jsonl is rotated to flows.jsonl.1 (one old file kept).
 FLOW_LOG_MAX = 32 * 1024 * 1024
+# The longest request path written to flows.jsonl, in characters: a guest
+# chooses its paths, and one line must stay small enough for a reader to
+# hold whole (`ppp policy log -f`, the TUI).
+MAX_LOGGED_PATH = 1024
 # A denial (a refused DNS query, a refused connection or request) is logged
 # once per (sandbox, kind, name, port) per window, and at most LOG_BUDGET
 # denials per sandbox per window; the rest are counted, and the count is
@@ -389,6 +393,28 @@ def now_rfc3339() -> str:
         _stamp_second[0] = sec
         _stamp_second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
     return f"{_stamp_second[1]}.{int((t - sec) * 1000):03d}Z"
+
+
+def logged_path(path: str) -> str | None:
+    """A request path as flows.jsonl records it: without the query string,
+    which often carries tokens or signatures (`?access_token=…`,
+    `X-Amz-Signature=…`) that must never reach a log, and at most
+    MAX_LOGGED_PATH characters (a cut path ends in `…`). None for a request
+    with no path (CONNECT's authority form)."""
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    if not path:
+        return None
+    if len(path) > MAX_LOGGED_PATH:
+        path = path[: MAX_LOGGED_PATH - 1] + "\u2026"
+    return path
+
+
+def duration_ms(start: float | None) -> int | None:
+    """Milliseconds from `start` (a mitmproxy wall-clock timestamp) to now,
+    when a flow is logged at its end; None when mitmproxy set no start."""
+    if not start:
+        return None
+    return max(0, round((time.time() - start) * 1000))
 
 
 def _authority_host(text: str) -> str | None:
@@ -1268,11 +1294,13 @@ class PppAddon:
             "ip": fields.get("ip"),
             "port": fields.get("port"),
             "method": fields.get("method"),
+            "path": fields.get("path"),
             "status": fields.get("status"),
             "decision": fields.get("decision"),
             "matched_rule": fields.get("matched_rule"),
             "bytes_out": fields.get("bytes_out", 0),
             "bytes_in": fields.get("bytes_in", 0),
+            "duration_ms": fields.get("duration_ms"),
         }
         if fields.get("resolved") is not None:
             # false: the name does not resolve to `ip` (and was refused).
@@ -1607,6 +1635,7 @@ class PppAddon:
             matched_rule=meta.get("matched_rule"),
             bytes_out=out,
             bytes_in=inn,
+            duration_ms=duration_ms(flow.timestamp_created),
         )
 
     def tcp_end(self, flow: tcp.TCPFlow) -> None:
@@ -2212,6 +2241,7 @@ class PppAddon:
                 matched_rule=meta.get("matched_rule"),
                 bytes_out=meta.get("ws_out", 0),
                 bytes_in=meta.get("ws_in", 0),
+                duration_ms=duration_ms(flow.timestamp_created),
             )
 
     def _log_http(self, flow: http.HTTPFlow) -> None:
@@ -2237,6 +2267,7 @@ class PppAddon:
             ip=ip,
             port=port,
             method=flow.request.method,
+            path=logged_path(flow.request.path),
             status=status,
             decision=meta.get("decision", "deny"),
             matched_rule=meta.get("matched_rule"),
@@ -2244,6 +2275,7 @@ class PppAddon:
             bytes_in=inn,
             reason=meta.get("aborted"),
             resolved=meta.get("resolved"),
+            duration_ms=duration_ms(flow.request.timestamp_start),
         )
 
 

@@ -855,6 +855,10 @@ pub enum PolicyCommand {
         /// Which flows to show
         #[arg(long = "type", value_enum, default_value_t = FlowTypeFilter::All)]
         kind: FlowTypeFilter,
+        /// Keep printing connections as they are logged, after the last
+        /// `--limit` ones (Ctrl-C stops)
+        #[arg(short, long)]
+        follow: bool,
     },
     /// Remove every rule you added, globally and in every sandbox
     Reset {

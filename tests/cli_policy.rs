@@ -356,8 +356,9 @@ fn log_reads_the_tail() {
     let table = ok(&mut w.ppp(["policy", "log", "--limit", "1"]));
     assert_eq!(
         table,
-        "TIME                  SANDBOX  DECISION  METHOD  DESTINATION       STATUS\n\
-         2026-11-29T10:08:19Z  blue     allow     GET     h499.example:443  200\n"
+        "TIME                  SANDBOX  DECISION  METHOD  DESTINATION       STATUS  UP  DOWN  DURATION  PATH\n\
+         2026-11-29T10:08:19Z  blue     allow     GET     h499.example:443  200     -   -     -         -\n",
+        "a line from an addon without bytes, duration and path shows dashes"
     );
     assert_eq!(ok(&mut w.ppp(["policy", "log", "--type", "filesystem", "-q"])), "");
     let empty = World::new();
@@ -372,8 +373,9 @@ fn log_shows_the_address_and_marks_a_misdirected_flow() {
     let w = World::new();
     let flows = [
         serde_json::json!({"sandbox": "red", "timestamp": "2026-11-29T10:00:00Z", "kind": "http",
-            "host": "api.example.com", "ip": "203.0.113.7", "port": 443, "method": "POST", "status": 200,
-            "decision": "allow", "matched_rule": null, "bytes_out": 10, "bytes_in": 20, "resolved": true}),
+            "host": "api.example.com", "ip": "203.0.113.7", "port": 443, "method": "POST", "path": "/v1/messages",
+            "status": 200, "decision": "allow", "matched_rule": null, "bytes_out": 10, "bytes_in": 20480,
+            "duration_ms": 1349, "resolved": true}),
         serde_json::json!({"sandbox": "red", "timestamp": "2026-11-29T10:00:01Z", "kind": "http",
             "host": "api.example.com", "ip": "10.77.0.9", "port": 80, "method": "GET", "status": 403,
             "decision": "deny", "matched_rule": null, "bytes_out": 0, "bytes_in": 0, "resolved": false}),

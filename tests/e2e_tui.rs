@@ -146,6 +146,27 @@ fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
     assert!(screen.contains("1 sandbox · daemon running"), "{screen}");
     assert!(tmux.alternate_on(), "the dashboard draws on the alternate screen");
 
+    // The pane under the list shows a request through the tunnel as soon
+    // as the proxy logs it: its path, never its query.
+    env.ok(&[
+        "exec",
+        "red",
+        "--",
+        "curl",
+        "-s",
+        "-m",
+        "15",
+        "-o",
+        "/dev/null",
+        "--connect-to",
+        "denied.test:80:203.0.113.9:80",
+        "http://denied.test/live-pane?token=tok-e2e-4444",
+    ]);
+    let screen = tmux.wait_for("the request in the flow pane", |s| s.contains("/live-pane"));
+    assert!(screen.contains("latest flows of `red`") && !screen.contains("tok-e2e-4444"), "{screen}");
+    let line = screen.lines().find(|l| l.contains("/live-pane")).unwrap();
+    assert!(line.contains("denied.test") && line.contains("DENY"), "{screen}");
+
     // The flow log of the selected sandbox shows the denial.
     tmux.keys(&["l"]);
     let screen = tmux.wait_for("the flow log", |s| s.contains("flows of `red`"));

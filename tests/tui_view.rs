@@ -36,28 +36,35 @@ fn flow(sandbox: &str, sec: u8, host: &str, denied: bool) -> Flow {
         status: if denied { "403".into() } else { "200".into() },
         denied,
         rule: if denied { "default".into() } else { "r1".into() },
+        path: format!("/v1/call{sec}"),
+        up: "1.5KiB".into(),
+        down: if denied { "0B".into() } else { "20KiB".into() },
+        duration: format!("{sec}0ms"),
     }
 }
 
 fn loaded() -> App {
     let mut app = App::default();
+    let flows = vec![
+        flow("red", 1, "api.anthropic.com", false),
+        flow("blue", 2, "registry.npmjs.org", false),
+        flow("red", 3, "evil.example.com", true),
+        flow("red", 4, "api.anthropic.com", false),
+        flow("red", 5, "pastebin.com", true),
+    ];
     let snapshot = Snapshot {
         sandboxes: vec![
             sandbox("blue", "running", 1, Link::Up, 0),
             sandbox("green", "stopped", 2, Link::Down, 0),
             sandbox("red", "running", 3, Link::Idle, 2),
         ],
-        flows: vec![
-            flow("red", 1, "api.anthropic.com", false),
-            flow("blue", 2, "registry.npmjs.org", false),
-            flow("red", 3, "evil.example.com", true),
-            flow("red", 4, "api.anthropic.com", false),
-            flow("red", 5, "pastebin.com", true),
-        ],
+        flows: flows.clone(),
         daemon_running: true,
         warnings: Vec::new(),
     };
     update(&mut app, Event::Snapshot(snapshot));
+    // The flow views are fed by the follower, not the refresh.
+    update(&mut app, Event::Flows(flows));
     app
 }
 
@@ -109,6 +116,31 @@ fn flow_log_highlights_denials() {
     assert_eq!(t.backend().buffer()[(x, y)].fg, Color::Red);
     let (x, y) = find(&t, "api.anthropic.com");
     assert_eq!(t.backend().buffer()[(x, y)].fg, Color::Reset, "allowed flow plain");
+}
+
+#[test]
+fn the_flow_pane_shows_the_selected_sandboxs_latest_flows() {
+    let mut app = loaded();
+    press(&mut app, 'G');
+    let mut t = Terminal::new(TestBackend::new(100, 20)).unwrap();
+    t.draw(|f| view::render(f, &app)).unwrap();
+    insta::assert_snapshot!("tui_list_flow_pane", t.backend());
+    let (x, y) = find(&t, "DENY");
+    assert_eq!(t.backend().buffer()[(x, y)].fg, Color::Red, "a denial reads DENY, in red");
+    assert!(!t.backend().to_string().contains("registry.npmjs.org"), "only red's flows");
+    // New flows arrive; the pane keeps the newest at the bottom.
+    let mut newer = flow("red", 9, "newest.example.com", false);
+    newer.path = "/just/now".into();
+    update(&mut app, Event::Flows(vec![newer]));
+    t.draw(|f| view::render(f, &app)).unwrap();
+    let (_, y) = find(&t, "/just/now");
+    // Under it: the pane's border, the status line, the keys.
+    assert_eq!(y, 20 - 4, "the newest flow is the pane's last row");
+    // Another selection, another sandbox's flows.
+    press(&mut app, 'g');
+    t.draw(|f| view::render(f, &app)).unwrap();
+    find(&t, "latest flows of `blue`");
+    find(&t, "registry.npmjs.org");
 }
 
 #[test]

@@ -23,6 +23,8 @@ use crate::policy::{
 use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
 
+mod flows;
+
 /// Run `ppp policy …`.
 pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
@@ -54,7 +56,10 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
             ls(dirs, sandbox.as_deref(), &filter, *include_inactive, form, *wide)
         }
         PolicyCommand::Inspect { id, json } => inspect(dirs, id, *json),
-        PolicyCommand::Log { sandbox, json, limit, quiet, kind } => {
+        PolicyCommand::Log { sandbox, json, limit, quiet, kind, follow: true } => {
+            flows::follow(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind)
+        }
+        PolicyCommand::Log { sandbox, json, limit, quiet, kind, follow: false } => {
             log(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind)
         }
         PolicyCommand::Reset { force } => reset(dirs, *force),
@@ -667,11 +672,12 @@ fn log(
         sandbox::validate_name(s)?;
     }
     // The proxy records only network flows; there is no filesystem log.
-    let flows = if kind == FlowTypeFilter::Filesystem {
+    let mut flows = if kind == FlowTypeFilter::Filesystem {
         Vec::new()
     } else {
         flowlog::tail(&dirs.flows_log(), limit, sandbox_name)?
     };
+    flows.iter_mut().for_each(policy::follow::scrub);
     // A removed sandbox's connections stay in the log and are still shown;
     // a name with neither a sandbox nor a logged connection is a mistake.
     if let Some(s) = sandbox_name
@@ -695,13 +701,7 @@ fn log(
         output::println(&why)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let field = |v: &serde_json::Value, k: &str| -> String {
-        match &v[k] {
-            serde_json::Value::Null => "-".to_owned(),
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        }
-    };
+    let field = flows::field;
     let mut text = String::new();
     if json {
         for f in &flows {
@@ -714,20 +714,8 @@ fn log(
             text.push('\n');
         }
     } else {
-        let rows: Vec<Vec<String>> = flows
-            .iter()
-            .map(|f| {
-                vec![
-                    field(f, "timestamp"),
-                    field(f, "sandbox"),
-                    field(f, "decision"),
-                    field(f, "method"),
-                    destination(f),
-                    field(f, "status"),
-                ]
-            })
-            .collect();
-        text = output::table(&["TIME", "SANDBOX", "DECISION", "METHOD", "DESTINATION", "STATUS"], &rows);
+        let rows: Vec<Vec<String>> = flows.iter().map(flows::row).collect();
+        text = output::table(&flows::HEADER, &rows);
         if flows.iter().any(misdirected) {
             text.push_str(MISDIRECTED_LEGEND);
         }

@@ -40,16 +40,17 @@ pub fn rotated(path: &Path) -> PathBuf {
 /// in its rotated predecessor ([`rotated`]), oldest first, only those of
 /// `sandbox` when given. A missing log has no flows.
 pub fn tail(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Value>> {
-    let mut flows = tail_one(path, limit, sandbox)?;
+    let mut flows = tail_file(path, limit, sandbox)?;
     if flows.len() < limit {
-        let mut older = tail_one(&rotated(path), limit - flows.len(), sandbox)?;
+        let mut older = tail_file(&rotated(path), limit - flows.len(), sandbox)?;
         older.append(&mut flows);
         flows = older;
     }
     Ok(flows)
 }
 
-fn tail_one(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Value>> {
+/// [`tail`] of the one file at `path`, without its rotated predecessor.
+pub fn tail_file(path: &Path, limit: usize, sandbox: Option<&str>) -> Result<Vec<Value>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -13,6 +13,7 @@
 mod engine;
 mod file;
 pub mod flowlog;
+pub mod follow;
 pub mod limits;
 mod preset;
 mod resource;

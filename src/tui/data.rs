@@ -10,11 +10,12 @@ use serde_json::Value;
 use crate::cmd::daemon::{self, Tunnel};
 use crate::dirs::Dirs;
 use crate::podman;
-use crate::policy::flowlog;
+use crate::policy::{flowlog, follow};
 use crate::sandbox;
 
 /// How many of the newest flows are read at each refresh. "Recent denials"
-/// means denials among these; the flow view shows these too. The tail reads
+/// means denials among these (the flow views are fed by
+/// [`flows::watch`](super::flows::watch) instead). The tail reads
 /// backwards, so this costs a read or two whatever the log's size.
 pub const FLOW_TAIL: usize = 1000;
 
@@ -57,7 +58,7 @@ impl Link {
 }
 
 /// One line of `flows.jsonl`, reduced to what the flow view shows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Flow {
     pub sandbox: String,
     /// `HH:MM:SS` of the flow's UTC timestamp.
@@ -69,6 +70,13 @@ pub struct Flow {
     pub status: String,
     pub denied: bool,
     pub rule: String,
+    /// The request path, without its query; `-` for other kinds.
+    pub path: String,
+    /// Bytes sent and received, in short units (`1.5KiB`).
+    pub up: String,
+    pub down: String,
+    /// How long the flow took (`830ms`); `-` from an older addon.
+    pub duration: String,
 }
 
 impl Flow {
@@ -80,6 +88,7 @@ impl Flow {
             Some(Value::Number(n)) => n.to_string(),
             _ => "-".to_owned(),
         };
+        let num = |k: &str| v.get(k).and_then(Value::as_u64);
         let stamp = text("timestamp");
         let time = stamp.get(11..19).map_or_else(|| stamp.clone(), str::to_owned);
         Flow {
@@ -92,6 +101,10 @@ impl Flow {
             status: text("status"),
             denied: v.get("decision").and_then(Value::as_str) == Some("deny"),
             rule: text("matched_rule"),
+            path: follow::path(v).filter(|p| !p.is_empty()).unwrap_or("-").to_owned(),
+            up: num("bytes_out").map_or_else(|| "-".to_owned(), follow::size),
+            down: num("bytes_in").map_or_else(|| "-".to_owned(), follow::size),
+            duration: num("duration_ms").map_or_else(|| "-".to_owned(), follow::duration),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! thread and the side effects the actions ask for.
 
 pub mod data;
+pub mod flows;
 mod runner;
 pub mod state;
 mod term;

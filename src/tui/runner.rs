@@ -42,6 +42,10 @@ pub fn run(dirs: &Dirs) -> Result<()> {
     // Detached on purpose: it ends on its own once the receiver is gone,
     // and joining would make quitting wait for a slow podman.
     std::thread::spawn(move || poll(&poller_dirs, &poller_tx, &refresh_rx));
+    let (flows_path, flows_tx) = (dirs.flows_log(), events_tx.clone());
+    // Flows on a path of their own, polled often, so they show at once
+    // however slowly podman answers the poller.
+    std::thread::spawn(move || super::flows::watch(&flows_path, &flows_tx));
 
     let mut term = Terminal::enter(&dirs.tui_log())?;
     let mut app = App::default();

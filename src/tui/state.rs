@@ -46,6 +46,8 @@ pub enum Event {
     Done(Result<String, String>),
     /// Time passed while something runs: moves the spinner.
     Tick,
+    /// Flows just logged, oldest first ([`super::flows::watch`]).
+    Flows(Vec<Flow>),
 }
 
 /// A line under the list: the last outcome.
@@ -72,6 +74,8 @@ pub struct App {
     pub status: Option<Status>,
     /// Spinner frame, advanced by [`Event::Tick`].
     pub spinner: usize,
+    /// The newest flows of each sandbox, as they are logged.
+    pub live: super::flows::Live,
 }
 
 impl App {
@@ -80,9 +84,9 @@ impl App {
         self.snapshot.sandboxes.get(self.selected)
     }
 
-    /// The flows of `sandbox`, oldest first.
+    /// The flows of `sandbox` kept as they were logged, oldest first.
     pub fn flows_of<'a>(&'a self, sandbox: &'a str) -> impl Iterator<Item = &'a Flow> + 'a {
-        self.snapshot.flows.iter().filter(move |f| f.sandbox == sandbox)
+        self.live.of(sandbox)
     }
 
     fn say(&mut self, text: impl Into<String>, error: bool) {
@@ -99,6 +103,7 @@ pub fn update(app: &mut App, event: Event) -> Vec<Action> {
             let name = app.current().map(|s| s.name.clone());
             app.snapshot = s;
             app.loaded = true;
+            app.live.retain(app.snapshot.sandboxes.iter().map(|s| s.name.as_str()));
             app.selected = name
                 .and_then(|n| app.snapshot.sandboxes.iter().position(|s| s.name == n))
                 .unwrap_or(app.selected)
@@ -117,6 +122,10 @@ pub fn update(app: &mut App, event: Event) -> Vec<Action> {
             if app.busy.is_some() {
                 app.spinner = app.spinner.wrapping_add(1);
             }
+            Vec::new()
+        }
+        Event::Flows(flows) => {
+            app.live.push(flows);
             Vec::new()
         }
     }
@@ -410,19 +419,8 @@ mod tests {
     #[test]
     fn flow_view_scrolls_within_the_log() {
         let mut a = app(&[("a", "running")]);
-        a.snapshot.flows = (0..3)
-            .map(|i| Flow {
-                sandbox: "a".into(),
-                time: format!("12:00:0{i}"),
-                kind: "http".into(),
-                method: "GET".into(),
-                host: format!("h{i}"),
-                port: "443".into(),
-                status: "200".into(),
-                denied: false,
-                rule: "-".into(),
-            })
-            .collect();
+        let flows = (0..3).map(|i| Flow { sandbox: "a".into(), host: format!("h{i}"), ..Flow::default() }).collect();
+        update(&mut a, Event::Flows(flows));
         ch(&mut a, 'l');
         for _ in 0..5 {
             ch(&mut a, 'k');

@@ -36,7 +36,13 @@ pub fn render(frame: &mut Frame, app: &App) {
             .areas(frame.area());
     frame.render_widget(Paragraph::new(title(app)), top);
     match &app.view {
-        View::List => list(frame, app, main),
+        View::List => {
+            let (main, pane) = super::flows::split(app, main);
+            list(frame, app, main);
+            if let Some(pane) = pane {
+                super::flows::pane(frame, app, pane);
+            }
+        }
         View::Flows { sandbox, scroll } => flows(frame, app, sandbox, *scroll, main),
         View::Help => help(frame, main),
     }
@@ -214,7 +220,8 @@ fn help(frame: &mut Frame, area: Rect) {
         Line::from("  The list refreshes every 2 s from the sandbox records, `podman machine list`,"),
         Line::from("  the daemon's tunnel activity and the end of flows.jsonl. TUNNEL is up when the"),
         Line::from("  tunnel carried a connection in the last 3 minutes; DENIALS counts denied flows"),
-        Line::from("  among the last 1000 in the log."),
+        Line::from("  among the last 1000 in the log. The flows under the list and in the flow log"),
+        Line::from("  follow flows.jsonl as the proxy writes it."),
     ]);
     let block = Block::new().borders(Borders::ALL).title(" keys ");
     frame.render_widget(Paragraph::new(lines).block(block), area);

@@ -521,6 +521,34 @@ class Live(Base):
             A.FLOW_LOG_MAX = saved
             old.unlink(missing_ok=True)
 
+    def test_flow_log_has_the_path_without_its_query_and_the_duration(self) -> None:
+        # A query string often carries a credential: it must never reach the log.
+        f = http_flow(51820, "www.allowed.test")
+        f.request.path = "/v1/items?access_token=tok-5555&sig=abc#frag"
+        self.run_http(f)
+        f = http_flow(51821, "evil.allowed.test")  # denied: logged with its path too
+        f.request.path = "/deny/me?key=tok-6666"
+        self.run_http(f)
+        f = http_flow(51820, "www.allowed.test")
+        f.request.path = "/" + "a" * 5000 + "?x=1"
+        self.run_http(f)
+        text = (Path(STATE) / "flows.jsonl").read_text()
+        self.assertNotIn("tok-5555", text)
+        self.assertNotIn("tok-6666", text)
+        self.assertNotIn("access_token", text)
+        ok, denied, long = self.flows()[-3:]
+        self.assertEqual((ok["method"], ok["path"], ok["status"]), ("GET", "/v1/items", 200))
+        self.assertEqual((denied["path"], denied["status"], denied["decision"]), ("/deny/me", 403, "deny"))
+        self.assertEqual(len(long["path"]), A.MAX_LOGGED_PATH)
+        self.assertTrue(long["path"].endswith("\u2026"))
+        for row in (ok, denied, long):
+            self.assertIsInstance(row["duration_ms"], int, row)
+            self.assertGreaterEqual(row["duration_ms"], 0)
+        self.assertEqual(A.logged_path(""), None)
+        self.assertEqual(A.logged_path("/a?b"), "/a")
+        self.assertEqual(A.duration_ms(None), None)
+        self.assertGreaterEqual(A.duration_ms(time.time() - 2), 1990)
+
     def test_tls_denial_refuses_upstream_and_requests(self) -> None:
         c = self.tls(51821, "www.allowed.test", "93.184.216.34")
         err = self.connect(c, "93.184.216.34", 443)
