@@ -7,6 +7,38 @@ use std::io::Write;
 
 use anyhow::Result;
 
+/// `text` with each control character shown as `\u{..}`. For text a guest
+/// chose (a host, a path, a method) on its way to the user's terminal: an
+/// escape sequence in it could retitle the terminal, move the cursor or
+/// repaint lines, and so change what the user reads before answering.
+#[must_use]
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// `value` as one line of JSON in which every control character is
+/// escaped: JSON itself escapes only those below U+0020, and DEL and the C1
+/// controls (U+0080..U+009F, a CSI among them) would reach a terminal that
+/// reads the line raw.
+pub fn json_line<T: serde::Serialize>(value: &T) -> Result<String> {
+    let text = serde_json::to_string(value)?;
+    if !text.chars().any(char::is_control) {
+        return Ok(text);
+    }
+    Ok(text.chars().fold(String::with_capacity(text.len()), |mut out, c| {
+        if c.is_control() {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+        out
+    }))
+}
+
 /// Write `text` to stdout as is.
 pub fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
@@ -88,6 +120,15 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn printable_text_has_no_control_characters() {
+        use super::printable;
+        assert_eq!(printable("/v1/messages"), "/v1/messages");
+        let p = printable("/\u{1b}]0;ok\u{7}\r\n\u{9b}2J");
+        assert!(!p.chars().any(char::is_control), "{p}");
+        assert_eq!(p, "/\\u{1b}]0;ok\\u{7}\\u{d}\\u{a}\\u{9b}2J");
+    }
+
     #[test]
     fn table_aligns() {
         let t = super::table(

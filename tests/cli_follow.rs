@@ -220,3 +220,34 @@ fn follow_ends_quietly_on_a_closed_pipe() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stderr), "", "no panic, no error");
 }
+
+/// The guest chooses hosts, methods and paths; written to the user's
+/// terminal raw, an escape sequence in one could retitle the terminal or
+/// repaint the lines above it (and so what the user believes was allowed).
+/// Every way `policy log` prints a flow shows control characters escaped.
+#[test]
+fn a_guests_escape_sequences_never_reach_the_terminal() {
+    let w = World::new();
+    let log = log_path(&w);
+    let mut evil = flow("red", "evil\u{1b}]0;pwned\u{7}.example", "/x\u{1b}[2J\u{1b}[1A\r\n\u{9b}31m");
+    evil["method"] = json!("GET\u{1b}[8m");
+    append(&log, &evil);
+    let raw = |s: &str| s.chars().filter(|c| c.is_control() && *c != '\n').collect::<String>();
+    for args in [&["policy", "log"][..], &["policy", "log", "-q"], &["policy", "log", "red"]] {
+        let out = w.ppp(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert!(text.contains("pwned") || args.contains(&"-q"), "{args:?} shows the flow: {text}");
+        assert_eq!(raw(&text), "", "{args:?} printed control characters: {text:?}");
+    }
+    let f = Follow::start(&w, &[]);
+    let header = f.next(START, "the header");
+    let row = f.next(START, "the evil flow");
+    assert_eq!(raw(&format!("{header}{row}")), "", "{row:?}");
+    assert!(row.contains("\\u{1b}"), "shown escaped: {row}");
+    // --json stays JSON: its strings are escaped by JSON itself.
+    let f = Follow::start(&w, &["--json"]);
+    let line = f.next(START, "the evil flow as JSON");
+    assert_eq!(raw(&line), "", "{line:?}");
+    assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["method"], "GET\u{1b}[8m");
+}

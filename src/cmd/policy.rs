@@ -705,7 +705,7 @@ fn log(
     let mut text = String::new();
     if json {
         for f in &flows {
-            text.push_str(&serde_json::to_string(f)?);
+            text.push_str(&output::json_line(f)?);
             text.push('\n');
         }
     } else if quiet {

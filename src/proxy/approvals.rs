@@ -65,15 +65,13 @@ impl Key {
     }
 }
 
-/// `s` without control characters (each shown as `\u{..}`), cut to `max`
-/// bytes: the guest chooses these bytes, and they reach the user's terminal
-/// in `approval ls` and the TUI, where an escape sequence could rewrite
-/// what the user reads before answering.
+/// `s` without control characters ([`crate::output::printable`]), cut to
+/// `max` bytes: the guest chooses these bytes, and they reach the user's
+/// terminal in `approval ls` and the TUI.
 fn cut(s: String, max: usize) -> String {
-    let mut s = if s.chars().any(char::is_control) {
-        s.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
-    } else {
-        s
+    let mut s = match crate::output::printable(&s) {
+        std::borrow::Cow::Borrowed(_) => s,
+        std::borrow::Cow::Owned(clean) => clean,
     };
     if s.len() > max {
         let mut end = max;

@@ -83,8 +83,10 @@ impl Flow {
     /// Read a flow-log object; missing fields show as `-`, so a flow from an
     /// older addon still lists.
     pub fn from_json(v: &Value) -> Flow {
+        // Hosts, methods and paths are the guest's bytes: no control
+        // characters reach the terminal.
         let text = |k: &str| match v.get(k) {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(Value::String(s)) if !s.is_empty() => crate::output::printable(s).into_owned(),
             Some(Value::Number(n)) => n.to_string(),
             _ => "-".to_owned(),
         };
@@ -101,7 +103,7 @@ impl Flow {
             status: text("status"),
             denied: v.get("decision").and_then(Value::as_str) == Some("deny"),
             rule: text("matched_rule"),
-            path: follow::path(v).filter(|p| !p.is_empty()).unwrap_or("-").to_owned(),
+            path: crate::output::printable(follow::path(v).filter(|p| !p.is_empty()).unwrap_or("-")).into_owned(),
             up: num("bytes_out").map_or_else(|| "-".to_owned(), follow::size),
             down: num("bytes_in").map_or_else(|| "-".to_owned(), follow::size),
             duration: num("duration_ms").map_or_else(|| "-".to_owned(), follow::duration),

@@ -32,7 +32,8 @@ const MIN_WIDTHS: [usize; 10] = [20, 7, 8, 7, 36, 6, 7, 7, 8, 0];
 pub(super) fn field(v: &Value, k: &str) -> String {
     match v.get(k) {
         None | Some(Value::Null) => "-".to_owned(),
-        Some(Value::String(s)) => s.clone(),
+        // The guest's bytes, on their way to a terminal.
+        Some(Value::String(s)) => crate::output::printable(s).into_owned(),
         Some(other) => other.to_string(),
     }
 }
@@ -41,7 +42,8 @@ pub(super) fn field(v: &Value, k: &str) -> String {
 /// path without its query ([`follow::scrub`]).
 pub(super) fn row(f: &Value) -> Vec<String> {
     let num = |k: &str| f.get(k).and_then(Value::as_u64);
-    vec![
+    // Hosts, methods and paths are the guest's bytes.
+    let cells = vec![
         field(f, "timestamp"),
         field(f, "sandbox"),
         field(f, "decision"),
@@ -52,7 +54,8 @@ pub(super) fn row(f: &Value) -> Vec<String> {
         num("bytes_in").map_or_else(|| "-".to_owned(), follow::size),
         num("duration_ms").map_or_else(|| "-".to_owned(), follow::duration),
         follow::path(f).filter(|p| !p.is_empty()).unwrap_or("-").to_owned(),
-    ]
+    ];
+    cells.into_iter().map(|c| crate::output::printable(&c).into_owned()).collect()
 }
 
 /// Column widths for a followed table: [`MIN_WIDTHS`], the header and
@@ -98,7 +101,7 @@ fn render(flows: &[Value], form: Form, widths: &[usize], legend: &mut bool) -> R
     for f in flows {
         match form {
             Form::Json => {
-                text.push_str(&serde_json::to_string(f)?);
+                text.push_str(&crate::output::json_line(f)?);
                 text.push('\n');
             }
             Form::Hosts => {
