@@ -6,6 +6,8 @@
 
 #[path = "support/netns.rs"]
 mod netns;
+#[path = "support/tmux.rs"]
+mod tmux;
 
 use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
@@ -303,4 +305,51 @@ fn the_guest_cannot_answer_its_own_requests_and_a_dead_daemon_fails_them_closed(
     let (body, code) = finish(c);
     assert_ne!(code, "200", "a held request went through when the daemon died: {body}");
     assert_eq!(upstream_saw(&rig, "/x"), 0, "a held request reached upstream after the daemon died");
+}
+
+/// The dashboard shows held requests as they arrive and answers them with
+/// a key, on a real terminal (tmux).
+#[test]
+fn the_dashboard_answers_held_requests_with_a_key() {
+    netns::require_env();
+    let rig = rig();
+    let (red, d) = (&rig.guests[0], &rig.daemon);
+    let cmd = d.ppp(&["tui"]);
+    let vars: Vec<String> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}='{}'", k.to_string_lossy(), v?.to_string_lossy())))
+        .collect();
+    let script = rig.topo.path().join("tui.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "env -i {} TERM=\"$TERM\" {} tui\necho \"ppp exited with $?\"\n",
+            vars.join(" "),
+            cmd.get_program().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let t = tmux::Tmux::start(rig.topo.path(), 140, 30);
+    t.keys(&[&format!("sh {}", script.display()), "Enter"]);
+    t.wait_within(Duration::from_secs(30), "the dashboard", |s| s.contains("daemon running"));
+
+    let c = spawn_curl(red, &args(&http("held.test", "/from-tui")));
+    t.wait_within(netns::DEADLINE, "the waiting count in the title", |s| {
+        s.contains("1 request waiting for approval (p)")
+    });
+    t.keys(&["p"]);
+    t.wait_within(netns::DEADLINE, "the held request", |s| s.contains("held.test:80") && s.contains("/from-tui"));
+    t.keys(&["a"]);
+    let (body, code) = finish(c);
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(upstream_saw(&rig, "/from-tui"), 1);
+    t.wait_within(netns::DEADLINE, "the answer in the status line", |s| s.contains("allowed"));
+
+    let c = spawn_curl(red, &args(&http("held.test", "/refused-in-tui")));
+    t.wait_within(netns::DEADLINE, "the second request", |s| s.contains("/refused-in-tui"));
+    t.keys(&["d"]);
+    assert_eq!(finish(c).1, "403");
+    assert_eq!(upstream_saw(&rig, "/refused-in-tui"), 0);
+    t.keys(&["q"]);
+    t.wait_within(Duration::from_secs(10), "ppp to exit", |s| s.contains("ppp exited with 0"));
 }

@@ -12,7 +12,6 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{self, GlobalFile, Resource, Rule, Source, Verdict};
 use crate::proxy::approvals::Pending;
-use crate::proxy::protocol::{Reason, Request, Response};
 use crate::{output, proxy, state};
 use anyhow::Result;
 
@@ -89,12 +88,10 @@ fn answer(dirs: &Dirs, verdict: Verdict, args: &ApprovalAnswerArgs) -> Result<Ex
     };
     let rule = if args.sandbox || args.global { Some(write_rule(dirs, verdict, &p, args.global)?) } else { None };
     // After a rule, the reload has usually released the entry already.
-    let released = match proxy::ask_daemon(dirs, &Request::Answer { approval: p.id.clone(), verdict })? {
-        Some(Response::Released(n)) => n,
-        Some(Response::Error { reason: Reason::NotPending, .. }) if rule.is_some() => p.count,
-        Some(Response::Error { reason: Reason::NotPending, .. }) => return Err(not_pending().into()),
-        Some(other) => return Err(proxy::unexpected(&other)),
-        None => return Err(fail("the daemon stopped before the answer reached it").into()),
+    let released = match proxy::answer(dirs, &p.id, verdict)? {
+        Some(n) => n,
+        None if rule.is_some() => p.count,
+        None => return Err(not_pending().into()),
     };
     let what = if verdict == Verdict::Allow { "allowed" } else { "denied" };
     eprintln!("{what} {} ({} request{} released)", p.target(), released, if released == 1 { "" } else { "s" });

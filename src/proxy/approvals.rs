@@ -85,7 +85,7 @@ fn cut(s: String, max: usize) -> String {
 }
 
 /// One pending entry as `ppp policy approval ls` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pending {
     pub id: String,
     pub sandbox: String,

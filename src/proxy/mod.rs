@@ -89,6 +89,21 @@ pub fn approvals(dirs: &Dirs) -> anyhow::Result<Option<Vec<approvals::Pending>>>
     }
 }
 
+/// Answer held entry `id` in the running daemon: how many requests it
+/// released, `Ok(None)` when no such entry waits (answered, timed out, its
+/// client gone).
+pub fn answer(dirs: &Dirs, id: &str, verdict: crate::policy::Verdict) -> anyhow::Result<Option<usize>> {
+    let req = protocol::Request::Answer { approval: id.to_owned(), verdict };
+    match ask_daemon(dirs, &req)? {
+        Some(protocol::Response::Released(n)) => Ok(Some(n)),
+        Some(protocol::Response::Error { reason: protocol::Reason::NotPending, .. }) => Ok(None),
+        Some(other) => Err(unexpected(&other)),
+        None => Err(crate::error::fail("the daemon is not running, so nothing is held")
+            .hint("`ppp daemon status` shows it; held requests end with the daemon")
+            .into()),
+    }
+}
+
 /// A reply of the wrong kind: most likely an older daemon.
 pub fn unexpected(r: &protocol::Response) -> anyhow::Error {
     crate::error::fail(format!("the daemon gave an unexpected answer: {}", r.to_line(None).trim()))

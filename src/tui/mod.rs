@@ -8,6 +8,7 @@
 //! dashboard shows, and the private runner owns the terminal, the poller
 //! thread and the side effects the actions ask for.
 
+pub mod approvals;
 pub mod data;
 pub mod flows;
 mod runner;

@@ -46,6 +46,8 @@ pub fn run(dirs: &Dirs) -> Result<()> {
     // Flows on a path of their own, polled often, so they show at once
     // however slowly podman answers the poller.
     std::thread::spawn(move || super::flows::watch(&flows_path, &flows_tx));
+    let (approvals_dirs, approvals_tx) = (dirs.clone(), events_tx.clone());
+    std::thread::spawn(move || super::approvals::watch(&approvals_dirs, &approvals_tx));
 
     let mut term = Terminal::enter(&dirs.tui_log())?;
     let mut app = App::default();
@@ -85,6 +87,12 @@ pub fn run(dirs: &Dirs) -> Result<()> {
                     Action::Shell(name) => {
                         let _ = events_tx.send(Event::Done(session(&mut term, dirs, &name, Session::Shell)?));
                         dirty = true;
+                    }
+                    Action::Answer { id, verdict } => {
+                        let (dirs, tx) = (dirs.clone(), events_tx.clone());
+                        std::thread::spawn(move || {
+                            let _ = tx.send(Event::Done(super::approvals::answer(&dirs, &id, verdict)));
+                        });
                     }
                     Action::Attach(name) => {
                         let _ = events_tx.send(Event::Done(session(&mut term, dirs, &name, Session::Agent)?));

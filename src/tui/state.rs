@@ -16,6 +16,8 @@ pub enum View {
     /// The flow log of one sandbox. `scroll` counts lines up from the
     /// newest; 0 follows new flows as they arrive.
     Flows { sandbox: String, scroll: usize },
+    /// The requests an `ask` default holds, answered with a key.
+    Approvals,
     /// The key reference.
     Help,
 }
@@ -34,6 +36,11 @@ pub enum Action {
     Shell(String),
     /// Suspend the dashboard and run the agent on this terminal.
     Attach(String),
+    /// Answer a held request once.
+    Answer {
+        id: String,
+        verdict: crate::policy::Verdict,
+    },
 }
 
 /// What happens to the model.
@@ -48,6 +55,8 @@ pub enum Event {
     Tick,
     /// Flows just logged, oldest first ([`super::flows::watch`]).
     Flows(Vec<Flow>),
+    /// The held requests now ([`super::approvals::watch`]).
+    Approvals(Vec<crate::proxy::approvals::Pending>),
 }
 
 /// A line under the list: the last outcome.
@@ -76,6 +85,9 @@ pub struct App {
     pub spinner: usize,
     /// The newest flows of each sandbox, as they are logged.
     pub live: super::flows::Live,
+    /// Requests waiting for the user's answer, oldest first.
+    pub approvals: Vec<crate::proxy::approvals::Pending>,
+    pub approval_cursor: usize,
 }
 
 impl App {
@@ -128,7 +140,39 @@ pub fn update(app: &mut App, event: Event) -> Vec<Action> {
             app.live.push(flows);
             Vec::new()
         }
+        Event::Approvals(list) => {
+            // Keep the cursor on the same entry when others come or go.
+            let id = app.approvals.get(app.approval_cursor).map(|p| p.id.clone());
+            app.approvals = list;
+            app.approval_cursor = id
+                .and_then(|id| app.approvals.iter().position(|p| p.id == id))
+                .unwrap_or(app.approval_cursor)
+                .min(app.approvals.len().saturating_sub(1));
+            Vec::new()
+        }
     }
+}
+
+fn approvals_key(app: &mut App, key: KeyEvent) -> Vec<Action> {
+    use crate::policy::Verdict;
+    let count = app.approvals.len();
+    match key.code {
+        KeyCode::Char('q') => return quit(app),
+        KeyCode::Char('p' | 'h') | KeyCode::Esc | KeyCode::Backspace | KeyCode::Left => app.view = View::List,
+        KeyCode::Char('?') => app.view = View::Help,
+        KeyCode::Up | KeyCode::Char('k') => app.approval_cursor = app.approval_cursor.saturating_sub(1),
+        KeyCode::Down | KeyCode::Char('j') => {
+            app.approval_cursor = (app.approval_cursor + 1).min(count.saturating_sub(1));
+        }
+        KeyCode::Char(c @ ('a' | 'y' | 'd' | 'n')) => {
+            if let Some(p) = app.approvals.get(app.approval_cursor) {
+                let verdict = if matches!(c, 'a' | 'y') { Verdict::Allow } else { Verdict::Deny };
+                return vec![Action::Answer { id: p.id.clone(), verdict }];
+            }
+        }
+        _ => {}
+    }
+    Vec::new()
 }
 
 fn key_event(app: &mut App, key: KeyEvent) -> Vec<Action> {
@@ -185,6 +229,7 @@ fn key_event(app: &mut App, key: KeyEvent) -> Vec<Action> {
             }
             Vec::new()
         }
+        View::Approvals => approvals_key(app, key),
         View::List => list_key(app, key),
     }
 }
@@ -195,6 +240,7 @@ fn list_key(app: &mut App, key: KeyEvent) -> Vec<Action> {
         KeyCode::Char('q') => return quit(app),
         KeyCode::Char('?') => app.view = View::Help,
         KeyCode::Char('r') => return vec![Action::Refresh],
+        KeyCode::Char('p') => app.view = View::Approvals,
         KeyCode::Up | KeyCode::Char('k') => app.selected = app.selected.saturating_sub(1),
         KeyCode::Down | KeyCode::Char('j') => app.selected = (app.selected + 1).min(count.saturating_sub(1)),
         KeyCode::Home | KeyCode::Char('g') => app.selected = 0,

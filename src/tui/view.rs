@@ -23,6 +23,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("e", "open a shell in the sandbox's VM (exit it to come back)"),
     ("a", "attach: run the agent on this terminal (quit it to come back)"),
     ("l", "flow log of the sandbox, denials highlighted"),
+    ("p", "requests held for approval: a allows one once, d denies it"),
     ("r", "refresh now (otherwise every 2 s)"),
     ("?", "this help"),
     ("Esc", "back to the list"),
@@ -44,12 +45,14 @@ pub fn render(frame: &mut Frame, app: &App) {
             }
         }
         View::Flows { sandbox, scroll } => flows(frame, app, sandbox, *scroll, main),
+        View::Approvals => super::approvals::view(frame, app, main),
         View::Help => help(frame, main),
     }
     frame.render_widget(Paragraph::new(status_line(app)), status);
     let keys = match app.view {
-        View::List => " s start  x stop  d rm  e shell  a attach  l flows  ? help  q quit",
+        View::List => " s start  x stop  d rm  e shell  a attach  l flows  p approvals  ? help  q quit",
         View::Flows { .. } => " ↑↓ scroll  Esc back  ? help  q quit",
+        View::Approvals => " ↑↓ select  a allow once  d deny  Esc back  q quit",
         View::Help => " Esc back  q quit",
     };
     frame.render_widget(Paragraph::new(keys).style(Style::new().add_modifier(Modifier::DIM)), hints);
@@ -61,10 +64,19 @@ pub fn render(frame: &mut Frame, app: &App) {
 fn title(app: &App) -> Line<'static> {
     let n = app.snapshot.sandboxes.len();
     let daemon = if app.snapshot.daemon_running { "daemon running" } else { "daemon stopped" };
-    Line::from(vec![
+    let mut spans = vec![
         Span::styled(" ppp ", Style::new().add_modifier(Modifier::BOLD | Modifier::REVERSED)),
         Span::raw(format!(" {n} sandbox{} · {daemon}", if n == 1 { "" } else { "es" })),
-    ])
+    ];
+    // Held requests wait on the user: say so on every screen.
+    let held = app.approvals.len();
+    if held > 0 {
+        spans.push(Span::styled(
+            format!(" · {held} request{} waiting for approval (p)", if held == 1 { "" } else { "s" }),
+            Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD),
+        ));
+    }
+    Line::from(spans)
 }
 
 fn status_line(app: &App) -> Line<'static> {
