@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::{PortRegistry, Record, Status};
+use super::{PortRegistry, Published, Record, Status};
 use crate::agent::{self, Agent};
 use crate::dirs::Dirs;
 use crate::error::fail;
@@ -997,7 +997,7 @@ pub fn agent_invocation(
         line.extend(["-v".into(), m]);
     }
     for p in &rec.published {
-        line.extend(["-p".into(), crate::cmd::ports::podman_publish(p)]);
+        line.extend(["-p".into(), publish_flag(p)]);
     }
     if let Some(first) = guest_workspaces(rec).first() {
         line.extend(["-w".into(), first.clone()]);
@@ -1013,6 +1013,15 @@ pub fn agent_invocation(
     line.extend(agent.command.iter().map(|s| (*s).to_owned()));
     line.extend(agent_args.iter().cloned());
     podman.ssh(&rec.machine_name, &line).stdin(Stdin::Inherit)
+}
+
+/// The `-p` value podman run takes for a published port: podman knows tcp
+/// and udp, so the 4/6 variants bind their family's address only.
+fn publish_flag(p: &Published) -> String {
+    let proto = if p.protocol.starts_with("udp") { "udp" } else { "tcp" };
+    let ip = p.host_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
+    let ip = if ip.contains(':') { format!("[{ip}]") } else { ip };
+    format!("{ip}:{}:{}/{proto}", p.host_port, p.sandbox_port)
 }
 
 /// Run the agent attached to this terminal until it ends for good. When a
@@ -1222,6 +1231,14 @@ mod tests {
             kit_mounts(&rec, &taken),
             ["/home/me/application/x:/home/me/application/x:ro", "/opt/t/bin/tool:/opt/t/bin/tool:ro"]
         );
+    }
+
+    #[test]
+    fn published_ports_as_podman_takes_them() {
+        let p = Published { host_ip: Some("::1".into()), host_port: 8080, sandbox_port: 3000, protocol: "tcp6".into() };
+        assert_eq!(publish_flag(&p), "[::1]:8080:3000/tcp");
+        let p = Published { host_ip: None, host_port: 5353, sandbox_port: 53, protocol: "udp".into() };
+        assert_eq!(publish_flag(&p), "127.0.0.1:5353:53/udp");
     }
 
     #[test]
