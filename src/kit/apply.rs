@@ -25,7 +25,7 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::podman::Podman;
 use crate::policy::{self, Rule, SandboxFile, Source};
-use crate::sandbox::{self, Record};
+use crate::sandbox::{self, Record, lifecycle};
 use crate::state;
 
 /// Where kit files wait in the VM before `install` puts them in place.
@@ -51,6 +51,22 @@ pub fn check_secrets(dirs: &Dirs, sandbox: Option<&str>, kits: &[&Loaded]) -> Re
         }
     }
     Ok(())
+}
+
+/// A kit asked for with `--kit` when a sandbox is created: checked with
+/// the other requests before anything is made, applied once it is verified.
+impl lifecycle::Extension for Loaded {
+    fn describe(&self) -> String {
+        format!("kit `{}` {}", self.kit.name(), self.kit.version())
+    }
+
+    fn check(&self, dirs: &Dirs, sandbox: Option<&str>) -> Result<()> {
+        check_secrets(dirs, sandbox, &[self])
+    }
+
+    fn apply(&self, dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()> {
+        apply(dirs, podman, rec, self).map(drop)
+    }
 }
 
 /// Apply `kit` to the sandbox `rec` on its running machine.

@@ -74,6 +74,27 @@ impl Ui {
     }
 }
 
+/// What the user asked for, as given: nothing checked yet. The command
+/// fills it from its arguments; [`Request::new`] checks it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spec {
+    /// The agent's name.
+    pub agent: String,
+    /// Workspace directories; the first is the workdir.
+    pub paths: Vec<PathBuf>,
+    pub name: Option<String>,
+    /// Clone the (single) workspace repository instead of mounting it.
+    pub clone: bool,
+    /// 0 means all the host's CPUs.
+    pub cpus: u32,
+    /// Binary units such as `8g`; `None` for the default.
+    pub memory: Option<String>,
+    /// Binary units such as `100g`; `None` for the default.
+    pub disk_size: Option<String>,
+    /// A template's tag or id, or an image.
+    pub template: Option<String>,
+}
+
 /// A validated request to create a sandbox. Building it touches nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
@@ -86,8 +107,6 @@ pub struct Request {
     pub disk_gib: u64,
     pub image: String,
     pub template: Option<String>,
-    /// `--kit`: loaded and checked here, applied after verify.
-    pub kits: Vec<crate::kit::Loaded>,
     /// `--clone`: clone the (single) workspace repository into the VM
     /// instead of mounting it.
     pub clone: bool,
@@ -96,7 +115,7 @@ pub struct Request {
 impl Request {
     /// Check everything that can be checked before anything is created:
     /// the agent, the paths, the name, the sizes.
-    pub fn new(spec: &crate::cli::SandboxSpec) -> Result<Request> {
+    pub fn new(spec: &Spec) -> Result<Request> {
         let agent = agent::find(&spec.agent)?;
         let mut workspace = Vec::new();
         for p in &spec.paths {
@@ -128,8 +147,6 @@ impl Request {
         if spec.clone && spec.paths.len() != 1 {
             return Err(fail("`--clone` takes exactly one PATH: the repository to clone").code(2).into());
         }
-        // Every kit is loaded and checked before anything is created.
-        let kits = spec.kits.iter().map(|r| crate::kit::load(r)).collect::<Result<Vec<_>>>()?;
         if spec.template.as_deref().is_some_and(str::is_empty) {
             return Err(fail("`--template` needs a tag, an id or an image").code(2).into());
         }
@@ -181,7 +198,6 @@ impl Request {
             disk_gib,
             image,
             template: spec.template.clone(),
-            kits,
             clone: spec.clone,
         })
     }
@@ -336,8 +352,22 @@ fn one_vm_error(podman: &Podman, running: &str) -> anyhow::Error {
     .into()
 }
 
-/// Create a sandbox and hand it over verified; returns its record.
-pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Record> {
+/// Something a new sandbox gets once it is verified, before it is handed
+/// over: a kit, today. Defined here and implemented above (`kit/`), so the
+/// lifecycle creates sandboxes without knowing what builds on them.
+pub trait Extension {
+    /// How progress names it, e.g. "kit `tools` 0.1.0".
+    fn describe(&self) -> String;
+    /// Refuse, before anything is created, what could not be applied to the
+    /// sandbox `sandbox` (`None` while its name is not chosen yet).
+    fn check(&self, dirs: &Dirs, sandbox: Option<&str>) -> Result<()>;
+    /// Apply it to the new sandbox, running and verified.
+    fn apply(&self, dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()>;
+}
+
+/// Create a sandbox and hand it over verified, with `extensions` applied in
+/// order; returns its record.
+pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Extension], ui: Ui) -> Result<Record> {
     // A saved template's disk, or (a tag ppp does not know) an image
     // reference passed to podman as it is. Resolved before anything is made.
     let image = match &req.template {
@@ -364,7 +394,9 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
     if !supervisor::is_running(dirs)? {
         proxy::mitmdump::ensure(dirs, |msg| ui.note(msg)).context("the sandbox's proxy needs mitmproxy")?;
     }
-    crate::kit::apply::check_secrets(dirs, req.name.as_deref(), &req.kits.iter().collect::<Vec<_>>())?;
+    for e in extensions {
+        e.check(dirs, req.name.as_deref())?;
+    }
     let claim = claim(dirs, req, &all)?;
     let name = claim.record.name.clone();
     ui.note(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
@@ -416,11 +448,9 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, ui: Ui) -> Result<Rec
         }
         interrupt.check()?;
         verify(dirs, podman, &claim.record, ui)?;
-        for k in &req.kits {
+        for e in extensions {
             interrupt.check()?;
-            ui.timed(&format!("applying kit `{}` {}", k.kit.name(), k.kit.version()), || {
-                crate::kit::apply(dirs, podman, &claim.record, k).map(drop)
-            })?;
+            ui.timed(&format!("applying {}", e.describe()), || e.apply(dirs, podman, &claim.record))?;
         }
         interrupt.check()?;
         set_status(dirs, &name, Status::Running)
