@@ -8,7 +8,8 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cli::{CreateArgs, SandboxSpec};
 use crate::podman::Podman;
-use crate::sandbox::lifecycle::{self, Extension, Request, Spec};
+use crate::sandbox::lifecycle::{self, Extension};
+use crate::sandbox::request::{Request, Spec};
 
 /// Run `ppp create`.
 pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {

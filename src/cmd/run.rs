@@ -12,7 +12,7 @@ use super::Ctx;
 use crate::cli::RunArgs;
 use crate::podman::Podman;
 use crate::sandbox;
-use crate::sandbox::lifecycle;
+use crate::sandbox::{lifecycle, session};
 
 /// Run `ppp run`.
 pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -55,6 +55,6 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
         None => lifecycle::create(dirs, &podman, &req, &super::create::extensions(&kits), ui)?,
     };
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let code = lifecycle::run_agent(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet)?;
+    let code = session::run_agent(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet)?;
     Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)))
 }
