@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::LogLevel;
 use crate::error::{Failure, fail};
 use crate::policy::limits::Size;
 use crate::policy::{Preset, Rule, Source, Verdict};
@@ -551,17 +552,6 @@ pub enum LogTarget {
     General,
     /// Both
     All,
-}
-
-/// Log levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
 }
 
 /// `ppp daemon log-level`.

@@ -7,7 +7,6 @@ use std::net::{IpAddr, Ipv4Addr};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::LogLevel;
 use crate::dirs::Dirs;
 use crate::state;
 
@@ -59,6 +58,19 @@ impl Wireguard {
     fn is_default(&self) -> bool {
         *self == Self::default()
     }
+}
+
+/// How much a log says. Defined here, where it is stored, rather than in
+/// `cli`: the daemon reads it from config.yaml and must not depend on the
+/// command line. `ValueEnum` lets `cli` take it as an argument as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
 }
 
 /// Log levels.

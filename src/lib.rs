@@ -76,7 +76,7 @@ static FILTER: std::sync::OnceLock<
 
 /// Set ppp's own log level in this process, unless `PPP_LOG` or
 /// `RUST_LOG` pins it.
-pub fn set_log_level(level: cli::LogLevel) {
+pub fn set_log_level(level: config::LogLevel) {
     if std::env::var_os(env::PPP_LOG).is_some() || std::env::var_os(env::RUST_LOG).is_some() {
         return;
     }
@@ -92,7 +92,7 @@ fn init_tracing(debug: bool) {
     use tracing_subscriber::util::SubscriberInitExt as _;
     let configured = || {
         let level = dirs::Dirs::from_env().ok().and_then(|d| config::load(&d).ok()).map(|c| c.log.general);
-        config::tracing_directive(level.unwrap_or(cli::LogLevel::Warn))
+        config::tracing_directive(level.unwrap_or(config::LogLevel::Warn))
     };
     let filter = if debug {
         tracing_subscriber::EnvFilter::new("ppp=debug")

@@ -472,7 +472,7 @@ fn provision_up_verify_and_the_kill_switch() {
         "{}",
         describe(&out)
     );
-    let report = ppp::sandbox::lifecycle::parse_env_report(&stdout);
+    let report = ppp::sandbox::verify::parse_env_report(&stdout);
     assert!(report.complete && !report.digests.is_empty(), "{stdout}");
     assert!(!report.digests.iter().any(|(d, _)| *d == leaked), "no process holds the secret yet");
     // Without --denied-url policy-denies is skipped, nothing else changes.
@@ -494,12 +494,12 @@ fn provision_up_verify_and_the_kill_switch() {
     let out = vm.provision(&verify_args);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "the guest does not judge its own env: {}", describe(&out));
-    let report = ppp::sandbox::lifecycle::parse_env_report(&stdout);
+    let report = ppp::sandbox::verify::parse_env_report(&stdout);
     let (_, place) = report.digests.iter().find(|(d, _)| *d == leaked).unwrap_or_else(|| panic!("{stdout}"));
     assert!(place.contains("variable LEAKY_TOKEN") && place.contains("pid "), "{place}");
     let secrets = [leaked.clone()].into();
-    let check = ppp::sandbox::lifecycle::env_check(&report, &secrets);
-    assert_eq!(check.outcome, ppp::sandbox::lifecycle::Outcome::Fail, "{check}");
+    let check = ppp::sandbox::verify::env_check(&report, &secrets);
+    assert_eq!(check.outcome, ppp::sandbox::verify::Outcome::Fail, "{check}");
     assert!(!text(&out).contains(secret), "the value is never printed: {}", describe(&out));
     // nsenter forked the process into the guest's pid namespace: kill it
     // there, by the pid the report named.

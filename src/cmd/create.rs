@@ -6,20 +6,21 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use super::Ctx;
-use crate::cli::CreateArgs;
+use crate::cli::{CreateArgs, SandboxSpec};
 use crate::podman::Podman;
-use crate::sandbox::lifecycle::{self, Request};
+use crate::sandbox::lifecycle::{self, Extension};
+use crate::sandbox::request::{Request, Spec};
 
 /// Run `ppp create`.
 pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {
     let dirs = ctx.dirs()?;
-    let req = Request::new(&args.spec)?;
+    let (req, kits) = request(&args.spec)?;
     // Before anything is created: the agent must not get ppp's own state.
     for ws in &req.workspace {
         dirs.check_workspace(ws)?;
     }
     let podman = Podman::detect()?;
-    let rec = lifecycle::create(dirs, &podman, &req, ctx.ui())?;
+    let rec = lifecycle::create(dirs, &podman, &req, &extensions(&kits), ctx.ui())?;
     if ctx.quiet {
         crate::output::println(&rec.name)?;
     } else {
@@ -32,6 +33,30 @@ pub fn run(args: &CreateArgs, ctx: &Ctx) -> Result<ExitCode> {
         ))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The checked request for `spec` and its `--kit`s, loaded: everything
+/// that can be refused before anything is made. The kits are loaded last,
+/// as fetching one may take a while and a typo elsewhere should not wait
+/// for it.
+pub(super) fn request(spec: &SandboxSpec) -> Result<(Request, Vec<crate::kit::Loaded>)> {
+    let req = Request::new(&Spec {
+        agent: spec.agent.clone(),
+        paths: spec.paths.clone(),
+        name: spec.name.clone(),
+        clone: spec.clone,
+        cpus: spec.cpus,
+        memory: spec.memory.clone(),
+        disk_size: spec.disk_size.clone(),
+        template: spec.template.clone(),
+    })?;
+    let kits = spec.kits.iter().map(|r| crate::kit::load(r)).collect::<Result<Vec<_>>>()?;
+    Ok((req, kits))
+}
+
+/// The kits as what the lifecycle applies to a new sandbox.
+pub(super) fn extensions(kits: &[crate::kit::Loaded]) -> Vec<&dyn Extension> {
+    kits.iter().map(|k| k as &dyn Extension).collect()
 }
 
 /// The `ppp run` line that starts the agent, every word quoted as a POSIX

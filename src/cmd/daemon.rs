@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::Ctx;
 use crate::cli::{DaemonCommand, DaemonStartArgs, LogLevelArgs, LogLevelSet, LogTarget};
+use crate::config::LogLevel;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Invocation};
@@ -156,7 +157,7 @@ fn log_level(dirs: &Dirs, args: &LogLevelArgs) -> Result<ExitCode> {
     };
     let Some(level) = level else {
         let c = crate::config::load(dirs)?;
-        let word = |l: crate::cli::LogLevel| serde_json::to_value(l).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let word = |l: LogLevel| serde_json::to_value(l).ok().and_then(|v| v.as_str().map(str::to_owned));
         let mut text = String::new();
         if target != LogTarget::General {
             let _ = writeln!(text, "proxy:   {}", word(c.log.proxy).unwrap_or_default());

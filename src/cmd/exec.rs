@@ -13,7 +13,7 @@ use crate::cli::ExecArgs;
 use crate::error::fail;
 use crate::exec::{self, Stdin};
 use crate::podman::Podman;
-use crate::sandbox::{self, lifecycle};
+use crate::sandbox::{self, machine};
 
 /// Run `ppp exec`.
 pub fn run(args: &ExecArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -23,7 +23,7 @@ pub fn run(args: &ExecArgs, ctx: &Ctx) -> Result<ExitCode> {
     })?;
     let env = collect_env(&args.env, &args.env_file, |k| std::env::var(k).ok())?;
     let podman = Podman::detect()?;
-    let running = lifecycle::machines(&podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);
+    let running = machine::list(&podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);
     if !running {
         return Err(fail(format!("sandbox `{}` is not running", rec.name))
             .hint(format!("start it with `ppp run --name {} {} …`", rec.name, rec.agent))

@@ -1,7 +1,8 @@
 //! `ppp ports`: list, publish and unpublish ports from a sandbox's agent
 //! container to the host. Published ports are kept in sandbox.json and go
-//! on the agent container's command line (`-p`) every time it starts;
-//! podman machine forwards a container's published ports to the host.
+//! on the agent container's command line (`-p`, rendered by the sandbox
+//! lifecycle) every time it starts; podman machine forwards a container's
+//! published ports to the host.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::ExitCode;
@@ -183,15 +184,6 @@ pub fn run(args: &PortsArgs, ctx: &Ctx) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `-p` values for podman run: podman knows tcp and udp, so the 4/6
-/// variants bind their family's address only.
-pub fn podman_publish(p: &Published) -> String {
-    let proto = if p.protocol.starts_with("udp") { "udp" } else { "tcp" };
-    let ip = p.host_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
-    let ip = if ip.contains(':') { format!("[{ip}]") } else { ip };
-    format!("{ip}:{}:{}/{proto}", p.host_port, p.sandbox_port)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,13 +209,5 @@ mod tests {
             let err = parse_spec(bad).unwrap_err().to_string();
             assert!(err.contains(why), "{bad}: {err}");
         }
-    }
-
-    #[test]
-    fn podman_flags() {
-        let p = Published { host_ip: Some("::1".into()), host_port: 8080, sandbox_port: 3000, protocol: "tcp6".into() };
-        assert_eq!(podman_publish(&p), "[::1]:8080:3000/tcp");
-        let p = Published { host_ip: None, host_port: 5353, sandbox_port: 53, protocol: "udp".into() };
-        assert_eq!(podman_publish(&p), "127.0.0.1:5353:53/udp");
     }
 }

@@ -12,7 +12,7 @@ use super::Ctx;
 use crate::cli::RunArgs;
 use crate::podman::Podman;
 use crate::sandbox;
-use crate::sandbox::lifecycle::{self, Request};
+use crate::sandbox::{lifecycle, session};
 
 /// Run `ppp run`.
 pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
@@ -20,7 +20,7 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
     let ui = ctx.ui();
     // Validated first: an unknown agent or a missing path is an error
     // before anything is created or started.
-    let req = Request::new(&args.spec)?;
+    let (req, kits) = super::create::request(&args.spec)?;
     // Before anything is created: the agent must not get ppp's own state.
     for ws in &req.workspace {
         dirs.check_workspace(ws)?;
@@ -47,14 +47,14 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
             }
             let mut rec = lifecycle::reattach(dirs, &podman, &rec.name, ui)?;
             // `--kit` on an existing sandbox applies like `ppp kit add`.
-            for k in &req.kits {
+            for k in &kits {
                 rec = crate::kit::apply(dirs, &podman, &rec, k)?;
             }
             rec
         }
-        None => lifecycle::create(dirs, &podman, &req, ui)?,
+        None => lifecycle::create(dirs, &podman, &req, &super::create::extensions(&kits), ui)?,
     };
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let code = lifecycle::run_agent(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet)?;
+    let code = session::run_agent(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet)?;
     Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)))
 }

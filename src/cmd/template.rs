@@ -15,7 +15,7 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec;
 use crate::podman::Podman;
-use crate::sandbox::{self, lifecycle};
+use crate::sandbox::{self, lifecycle, machine};
 use crate::template::{self, Index, Staged, Template};
 
 /// Run `ppp template …`.
@@ -41,10 +41,9 @@ fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force
         .ok_or_else(|| fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2))?;
     // From before the stop until the copy is whole: nothing may start the
     // machine (`ppp run --name` refuses meanwhile) or save it twice at once.
-    let _disk = lifecycle::disk_lease(dirs, name)?;
+    let _disk = machine::disk_lease(dirs, name)?;
     let podman = Podman::detect()?;
-    let running =
-        lifecycle::machines(&podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
+    let running = machine::list(&podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
     if running {
         // A running machine's disk changes under qemu-img: stop it first.
         if !force

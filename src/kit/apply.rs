@@ -25,7 +25,7 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::podman::Podman;
 use crate::policy::{self, Rule, SandboxFile, Source};
-use crate::sandbox::{self, Record};
+use crate::sandbox::{self, Record, lifecycle};
 use crate::state;
 
 /// Where kit files wait in the VM before `install` puts them in place.
@@ -53,12 +53,27 @@ pub fn check_secrets(dirs: &Dirs, sandbox: Option<&str>, kits: &[&Loaded]) -> Re
     Ok(())
 }
 
+/// A kit asked for with `--kit` when a sandbox is created: checked with
+/// the other requests before anything is made, applied once it is verified.
+impl lifecycle::Extension for Loaded {
+    fn describe(&self) -> String {
+        format!("kit `{}` {}", self.kit.name(), self.kit.version())
+    }
+
+    fn check(&self, dirs: &Dirs, sandbox: Option<&str>) -> Result<()> {
+        check_secrets(dirs, sandbox, &[self])
+    }
+
+    fn apply(&self, dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()> {
+        apply(dirs, podman, rec, self).map(drop)
+    }
+}
+
 /// Apply `kit` to the sandbox `rec` on its running machine.
 pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Result<Record> {
     let kit = &loaded.kit;
     check_secrets(dirs, Some(&rec.name), &[loaded])?;
-    let running =
-        crate::sandbox::lifecycle::machines(podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);
+    let running = crate::sandbox::machine::list(podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);
     if !running && (!kit.files.is_empty() || !kit.manifest.spec.startup.is_empty()) {
         return Err(fail(format!(
             "sandbox `{}` is not running, so kit `{}` cannot install its files",
@@ -74,7 +89,7 @@ pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Res
     let in_vm = || -> Result<()> {
         install_files(dirs, podman, &rec, loaded)?;
         for (i, s) in kit.manifest.spec.startup.iter().enumerate() {
-            crate::sandbox::lifecycle::run_logged(
+            crate::sandbox::machine::run_logged(
                 dirs,
                 &rec.name,
                 &podman.ssh(&rec.machine_name, &s.command).timeout(std::time::Duration::from_secs(10 * 60)),
@@ -170,7 +185,7 @@ fn install_files(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) ->
     }
     let machine = &rec.machine_name;
     let run = |inv: &crate::exec::Invocation, what: &str| {
-        crate::sandbox::lifecycle::run_logged(dirs, &rec.name, inv, &format!("kit `{}`: {what}", kit.name()))
+        crate::sandbox::machine::run_logged(dirs, &rec.name, inv, &format!("kit `{}`: {what}", kit.name()))
     };
     run(&podman.ssh(machine, &["mkdir", "-p", "-m", "0700", GUEST_STAGING]), "preparing the VM")?;
     let staging = tempfile::Builder::new()
@@ -201,14 +216,14 @@ fn install_files(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) ->
 /// with what this apply changed, also catches up after an apply that
 /// failed half-way and one that raced a restart.
 fn restart_agent(dirs: &Dirs, podman: &Podman, rec: &Record) -> Result<()> {
-    use crate::sandbox::lifecycle::{GENERATION_LABEL, agent_container};
+    use crate::sandbox::session::{GENERATION_LABEL, agent_container};
     let script = format!(
         "if podman container exists \"$1\" && \
          [ \"$(podman container inspect --format '{{{{index .Config.Labels \"{GENERATION_LABEL}\"}}}}' \"$1\")\" != \"$2\" ]; \
          then podman stop -t 10 \"$1\" >/dev/null; fi"
     );
     let generation = rec.agent_generation.to_string();
-    crate::sandbox::lifecycle::run_logged(
+    crate::sandbox::machine::run_logged(
         dirs,
         &rec.name,
         &podman.ssh(&rec.machine_name, &["sh", "-c", &script, "sh", &agent_container(&rec.name), &generation]),

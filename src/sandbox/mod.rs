@@ -4,6 +4,12 @@
 //! Reading is lock-free (every file is replaced atomically, so a reader sees
 //! the old or the new version, never a mix). Every mutation takes
 //! `state.lock`; the `*_locked` functions expect the caller to hold it.
+//!
+//! This file holds the state alone, so that `proxy` reads the registry
+//! without depending on the lifecycle. What is done with the state lives in
+//! the submodules, a layer above `proxy`: [`lifecycle`] (create, reattach,
+//! stop, remove) and the steps it puts in order. They never name `kit`:
+//! kits build on sandboxes (see [`lifecycle::Extension`]).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -13,8 +19,15 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+mod claim;
 pub mod lifecycle;
+pub mod machine;
 pub mod names;
+pub mod provision;
+pub mod request;
+pub mod session;
+pub mod verify;
+pub mod workspace;
 
 use crate::dirs::Dirs;
 use crate::error::fail;

@@ -171,7 +171,7 @@ fn session(term: &mut Terminal, dirs: &Dirs, name: &str, what: Session) -> Resul
         )
         .map_err(anyhow::Error::new),
         // As `ppp run --name` runs it, restarts for kits included.
-        Session::Agent => lifecycle::run_agent(dirs, &podman, rec, &[], true, false),
+        Session::Agent => sandbox::session::run_agent(dirs, &podman, rec, &[], true, false),
     };
     term.resume()?;
     Ok(match code {

@@ -1,0 +1,91 @@
+//! Provisioning: `provision.sh` copied into the VM and run with the
+//! guest's WireGuard config on its standard input (WireGuard, kill switch,
+//! CA, agent image). It runs again on every reattach, so it must stay
+//! idempotent (docs/provisioning.md).
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::Record;
+use super::lifecycle::Ui;
+use super::machine::{open_log, run_logged};
+use crate::dirs::Dirs;
+use crate::error::fail;
+use crate::exec::{self, Stdin};
+use crate::podman::Podman;
+use crate::proxy;
+use crate::state;
+
+/// Where provisioning files go inside the VM.
+pub(super) const GUEST_DIR: &str = "/tmp/ppp";
+/// The CA bundle provision.sh exports for containers (their own trust store
+/// does not know mitmproxy's CA).
+pub(super) const GUEST_CA_BUNDLE: &str = "/var/lib/ppp/ca-bundle.pem";
+const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+
+/// Copy provision.sh into the VM and run it with wg0.conf on its standard
+/// input; its output goes to the sandbox's machine.log. The config, which
+/// holds the guest's WireGuard key, is never staged in a file in the VM:
+/// provision.sh keeps it on tmpfs only (ADR 0018).
+pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
+    ui.timed(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name), || {
+        let machine = &rec.machine_name;
+        let script = dirs.sandbox(&rec.name).join("provision.sh");
+        state::write_atomic(&script, &crate::assets::provision())?;
+        run_logged(
+            dirs,
+            &rec.name,
+            &podman.ssh(machine, &["mkdir", "-p", "-m", "0700", GUEST_DIR]),
+            "preparing the VM",
+        )?;
+        run_logged(
+            dirs,
+            &rec.name,
+            &podman.copy_in(&script, machine, &format!("{GUEST_DIR}/provision.sh")),
+            "copying provision.sh",
+        )?;
+        // The daemon renders wg0.conf with gvproxy's alias; this machine's
+        // provider and the user's overrides decide the host it really uses.
+        let endpoint = proxy::endpoint::current(dirs, &podman.provider)?;
+        let wg0 = dirs.sandbox_wg_conf(&rec.name);
+        let text = std::fs::read_to_string(&wg0).with_context(|| format!("could not read `{}`", wg0.display()))?;
+        let guest_conf = dirs.sandbox_guest_wg_conf(&rec.name);
+        state::write_atomic_mode(&guest_conf, proxy::endpoint::rewrite(&text, &endpoint.host).as_bytes(), 0o600)?;
+        let up = podman
+            .ssh(machine, &provision_argv("up", &["--wg-conf", "-", "--image", image]))
+            .stdin(Stdin::File(guest_conf.clone()))
+            .timeout(PROVISION_TIMEOUT);
+        let log = open_log(dirs, &rec.name)?;
+        let _ = writeln!(&log, "# WireGuard endpoint host {} ({})", endpoint.host, endpoint.source);
+        let _ = writeln!(&log, "$ {up}");
+        let code = exec::run_to_log(&up, &log);
+        // It holds the guest's key: gone as soon as the guest has read it.
+        let _ = std::fs::remove_file(&guest_conf);
+        let code = code?;
+        if code != 0 {
+            let text = std::fs::read_to_string(dirs.sandbox_machine_log(&rec.name)).unwrap_or_default();
+            let why = text
+                .lines()
+                .rev()
+                .find_map(|l| {
+                    l.split_once("ppp-provision: FAILED").map(|(_, r)| r.trim_start_matches([' ', ':']).to_owned())
+                })
+                .unwrap_or_else(|| format!("provision.sh exited with status {code}"));
+            return Err(fail(format!("provisioning failed: {why}"))
+                .hint(format!("see `{}`", dirs.sandbox_machine_log(&rec.name).display()))
+                .into());
+        }
+        Ok(())
+    })
+}
+
+/// `sudo bash /tmp/ppp/provision.sh VERB ARGS…`.
+pub(super) fn provision_argv(verb: &str, rest: &[&str]) -> Vec<String> {
+    let mut line: Vec<String> = ["sudo", "bash"].iter().map(|s| (*s).to_owned()).collect();
+    line.push(format!("{GUEST_DIR}/provision.sh"));
+    line.push(verb.to_owned());
+    line.extend(rest.iter().map(|s| (*s).to_owned()));
+    line
+}

@@ -1,0 +1,341 @@
+//! ppp's layers, kept by a test: the core never names the command line,
+//! and the sandbox lifecycle never names the kits built on it (issue 16;
+//! docs/architecture.md, "Layers").
+//!
+//! Every file under `src/` is read with its comments and literals blanked
+//! out, and every path that starts at the crate root is followed to its
+//! first module: `crate::cli::X`, each item of `crate::{cli::X, kit}`, and
+//! `super::…::cli` once its `super`s climb to the root. A file naming a
+//! module its layer may not fails the test with `file:line`.
+//!
+//! Only paths are checked, not what the compiler resolves them to: a
+//! re-export (`pub use crate::cli::X` in an allowed file) would hide an
+//! edge, and is itself the thing a review should catch.
+
+use std::path::{Path, PathBuf};
+
+/// One rule: files for which `applies` holds may not name the crate's
+/// top-level module `module`.
+struct Rule {
+    module: &'static str,
+    applies: fn(&str) -> bool,
+    why: &'static str,
+}
+
+/// The front ends: the only files that may name the command line. `tui/`,
+/// `setup.rs` and `diagnose.rs` are commands with more than one file.
+fn below_the_command_line(file: &str) -> bool {
+    const FRONT: &[&str] = &["main.rs", "lib.rs", "cli.rs", "setup.rs", "diagnose.rs"];
+    !(FRONT.contains(&file) || file.starts_with("cmd/") || file.starts_with("tui/"))
+}
+
+fn in_sandbox(file: &str) -> bool {
+    file.starts_with("sandbox/")
+}
+
+const RULES: &[Rule] = &[
+    Rule {
+        module: "cli",
+        applies: below_the_command_line,
+        why: "the core takes its own types; the command builds them from the parsed arguments",
+    },
+    Rule {
+        module: "cmd",
+        applies: below_the_command_line,
+        why: "the core is called by commands, never the reverse; move what both need down",
+    },
+    Rule {
+        module: "kit",
+        applies: in_sandbox,
+        why: "kits build on the sandbox lifecycle; it takes them as `lifecycle::Extension`s",
+    },
+];
+
+#[test]
+fn layers_point_down() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 20, "found only {} files under `{}`", files.len(), src.display());
+    let mut broken = Vec::new();
+    for path in &files {
+        let rel = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        let text = std::fs::read_to_string(path).unwrap();
+        for (line, module) in crate_modules(&text, &module_path(&rel)) {
+            for rule in RULES.iter().filter(|r| r.module == module && (r.applies)(&rel)) {
+                broken.push(format!("src/{rel}:{line}: names `crate::{module}`: {}", rule.why));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "imports against the layers (docs/architecture.md):\n{}\n", broken.join("\n"));
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The module a file under `src/` is: `sandbox/lifecycle.rs` is
+/// `["sandbox", "lifecycle"]`, `sandbox/mod.rs` `["sandbox"]`, `lib.rs`
+/// and `main.rs` the root.
+fn module_path(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel.trim_end_matches(".rs").split('/').map(str::to_owned).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// Each top-level module of the crate that `text` names, with its line:
+/// `crate::m`, `$crate::m`, every item of `crate::{m, n::X}`, and
+/// `super::…::m` whose `super`s reach the root from `module` (reaching
+/// past it counts too: a file cannot see the inline modules it holds).
+fn crate_modules(text: &str, module: &[String]) -> Vec<(usize, String)> {
+    let toks = tokens(&blank(text));
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let after_path = i > 0 && toks[i - 1].text == "::";
+        let at_root = match toks[i].text.as_str() {
+            "crate" if !after_path => Some(i + 1),
+            "super" if !after_path => {
+                let mut j = i;
+                let mut ups = 0;
+                while toks.get(j).is_some_and(|t| t.text == "super") && toks.get(j + 1).is_some_and(|t| t.text == "::")
+                {
+                    ups += 1;
+                    j += 2;
+                }
+                // `j` is past the last `super ::`; step back onto that `::`.
+                (ups >= module.len()).then(|| j - 1)
+            }
+            _ => None,
+        };
+        if let Some(sep) = at_root
+            && toks.get(sep).is_some_and(|t| t.text == "::")
+        {
+            match toks.get(sep + 1) {
+                Some(t) if t.text == "{" => found.extend(group_heads(&toks, sep + 1)),
+                Some(t) if is_ident(&t.text) => found.push((t.line, t.text.clone())),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The first name of each item in the `{ … }` group that opens at `open`.
+fn group_heads(toks: &[Token], open: usize) -> Vec<(usize, String)> {
+    let mut heads = Vec::new();
+    let mut depth = 0;
+    let mut item_start = true;
+    for t in &toks[open..] {
+        match t.text.as_str() {
+            "{" => {
+                depth += 1;
+                if depth == 1 {
+                    item_start = true;
+                }
+            }
+            "}" => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            "," if depth == 1 => item_start = true,
+            s if depth == 1 && item_start => {
+                item_start = false;
+                if is_ident(s) && s != "self" {
+                    heads.push((t.line, s.to_owned()));
+                }
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+fn is_ident(s: &str) -> bool {
+    s.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+}
+
+#[derive(Debug)]
+struct Token {
+    text: String,
+    line: usize,
+}
+
+/// Identifiers (a `$` before one is dropped), `::` and single punctuation.
+fn tokens(code: &str) -> Vec<Token> {
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_whitespace() || c == '$' {
+            i += 1;
+        } else if c.is_alphanumeric() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            out.push(Token { text: chars[start..i].iter().collect(), line });
+        } else if c == ':' && chars.get(i + 1) == Some(&':') {
+            out.push(Token { text: "::".into(), line });
+            i += 2;
+        } else {
+            out.push(Token { text: c.to_string(), line });
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `text` with every comment (doc comments too) and the inside of every
+/// string and character literal replaced by spaces; line breaks stay, so
+/// lines still count. Raw strings (`r#"…"#`), byte and C strings, nested
+/// block comments and lifetimes (`'a`, not a literal) are told apart.
+fn blank(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let keep_lines = |s: &[char], out: &mut String| {
+        out.extend(s.iter().map(|&ch| if ch == '\n' { '\n' } else { ' ' }));
+    };
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        if c[i] == '/' && next == Some('/') {
+            let end = c[i..].iter().position(|&ch| ch == '\n').map_or(c.len(), |p| i + p);
+            keep_lines(&c[i..end], &mut out);
+            i = end;
+        } else if c[i] == '/' && next == Some('*') {
+            let mut depth = 0;
+            let mut j = i;
+            while j < c.len() {
+                if c[j] == '/' && c.get(j + 1) == Some(&'*') {
+                    depth += 1;
+                    j += 2;
+                } else if c[j] == '*' && c.get(j + 1) == Some(&'/') {
+                    depth -= 1;
+                    j += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    j += 1;
+                }
+            }
+            let end = j.min(c.len());
+            keep_lines(&c[i..end], &mut out);
+            i = end;
+        } else if let Some((prefix, hashes)) = raw_string_start(&c, i) {
+            // r"…", r#"…"#, br"…", cr"…": no escapes; ends at `"` + hashes.
+            let closes = |j: usize| c[j] == '"' && c[j + 1..].iter().take_while(|&&h| h == '#').count() >= hashes;
+            let mut j = i + prefix + hashes + 1;
+            while j < c.len() && !closes(j) {
+                j += 1;
+            }
+            let end = (j + 1 + hashes).min(c.len());
+            keep_lines(&c[i..end], &mut out);
+            i = end;
+        } else if c[i] == '"' || (matches!(c[i], 'b' | 'c') && next == Some('"') && !ident_before(&c, i)) {
+            let open = if c[i] == '"' { i } else { i + 1 };
+            let mut j = open + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
+            }
+            let end = (j + 1).min(c.len());
+            keep_lines(&c[i..end], &mut out);
+            i = end;
+        } else if c[i] == '\'' {
+            // 'x', '\n', '\u{1F600}' are literals; 'a without a closing
+            // quote right after is a lifetime or a label.
+            let end = if next == Some('\\') {
+                c[i + 2..].iter().position(|&ch| ch == '\'').map(|p| i + 2 + p + 1)
+            } else if c.get(i + 2) == Some(&'\'') {
+                Some(i + 3)
+            } else {
+                None
+            };
+            if let Some(end) = end {
+                keep_lines(&c[i..end], &mut out);
+                i = end;
+            } else {
+                out.push('\'');
+                i += 1;
+            }
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Whether a raw string starts at `i`: its prefix length (`r`, `br`,
+/// `cr`) and number of `#`s.
+fn raw_string_start(c: &[char], i: usize) -> Option<(usize, usize)> {
+    if ident_before(c, i) {
+        return None;
+    }
+    let prefix = match (c.get(i), c.get(i + 1)) {
+        (Some('r'), _) => 1,
+        (Some('b' | 'c'), Some('r')) => 2,
+        _ => return None,
+    };
+    let hashes = c[i + prefix..].iter().take_while(|&&h| h == '#').count();
+    (c.get(i + prefix + hashes) == Some(&'"')).then_some((prefix, hashes))
+}
+
+/// Whether `c[i]` continues an identifier (so `for"` is not `r"`).
+fn ident_before(c: &[char], i: usize) -> bool {
+    i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_')
+}
+
+mod scanner {
+    use super::*;
+
+    fn named(text: &str, file: &str) -> Vec<(usize, String)> {
+        crate_modules(text, &module_path(file))
+    }
+
+    fn pairs(v: &[(usize, &str)]) -> Vec<(usize, String)> {
+        v.iter().map(|(l, s)| (*l, (*s).to_owned())).collect()
+    }
+
+    #[test]
+    fn plain_grouped_and_nested_paths() {
+        let text = "use crate::cli::LogLevel;\nuse crate::{agent, cli::X,\n  kit::{self, Loaded}};\nfn f() { crate::cmd::ports::x(); }\n";
+        assert_eq!(named(text, "config.rs"), pairs(&[(1, "cli"), (2, "agent"), (2, "cli"), (3, "kit"), (4, "cmd")]));
+        assert_eq!(named("pub(crate) fn f() {}\nuse ppp::cli;\nuse self::crate_x;\n", "a.rs"), vec![]);
+        assert_eq!(named("macro_rules! m { () => { $crate::cli::X } }", "a.rs"), pairs(&[(1, "cli")]));
+    }
+
+    #[test]
+    fn supers_count_only_when_they_reach_the_root() {
+        assert_eq!(named("use super::super::cli;\n", "sandbox/names.rs"), pairs(&[(1, "cli")]));
+        assert_eq!(named("use super::cli;\n", "sandbox/names.rs"), vec![]);
+        assert_eq!(named("use super::{kit, x};\n", "sandbox/mod.rs"), pairs(&[(1, "kit"), (1, "x")]));
+        assert_eq!(named("use super::*;\n", "config.rs"), vec![]);
+        assert_eq!(named("x::super::super::cli", "a/b.rs"), vec![]);
+    }
+
+    #[test]
+    fn comments_and_literals_are_not_code() {
+        let text = "//! crate::cli\n/// crate::cli::X\n/* crate::cmd /* nested */ crate::kit */\nlet s = \"crate::cli\";\nlet r = r#\"crate::cli \" still\"#;\nlet b = b\"crate::cmd\";\nlet q = '\"'; fn f<'a>(x: &'a str) { crate::kit::y(); }\nlet t = \"a \\\" crate::cli\";\n";
+        assert_eq!(named(text, "sandbox/x.rs"), pairs(&[(7, "kit")]));
+    }
+}
