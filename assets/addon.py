@@ -596,6 +596,37 @@ def _frame_converted_bodies() -> None:
     _http1.Http1Client.send = send
 
 
+# The notes mitmproxy's HTTP layer logs (INFO) whenever a body is streamed
+# (proxy/layers/http/__init__.py, `start_request_stream` and
+# `start_response_stream`). ppp streams every body, so they say nothing.
+_STREAMING_NOTES = ("Streaming request to ", "Streaming response from ")
+
+
+def _quiet_streaming_notes() -> None:
+    """Drop mitmproxy's "Streaming response from <host>." notes.
+
+    ppp sets `stream` on every request and response body (to count and cap
+    it), so mitmproxy 12.2.3 logs one such line per flow: a LogRecord,
+    formatted by each handler, a line in proxy.log that the daemon reads,
+    and an `add_log` event posted to every addon through
+    `call_soon_threadsafe` (a self-pipe write and one more event-loop
+    wake-up). That was most of the addon's cost per request. The handler's
+    `log` (proxy/server.py `ConnectionHandler.log`, which all layer `Log`
+    commands go through) is wrapped once; every other message passes."""
+    cls = proxy_server.ConnectionHandler
+    orig = cls.log
+    if getattr(orig, "ppp_quiet", False):
+        return
+
+    def log(self: Any, message: str, level: int = logging.INFO, exc_info: Any = None, _orig: Any = orig) -> None:
+        if level == logging.INFO and message.startswith(_STREAMING_NOTES):
+            return
+        _orig(self, message, level, exc_info)
+
+    log.ppp_quiet = True  # type: ignore[attr-defined]
+    cls.log = log
+
+
 class LoopShare:
     """Who used mitmdump's event loop lately, and who must wait for it.
 
@@ -780,6 +811,7 @@ class PppAddon:
         _cap_websocket_messages()
         _frame_converted_bodies()
         _share_the_loop()
+        _quiet_streaming_notes()
         loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
 
     def configure(self, updated: set[str]) -> None:
