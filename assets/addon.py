@@ -434,13 +434,33 @@ class Scrubber:
     so streamed events and gRPC messages are never delayed. Memory: one
     chunk plus that tail."""
 
+    # What a Scrubber needs of its secrets, by the values as given: every
+    # response of a flow with an injected key gets a Scrubber, nearly always
+    # for the same few values. Bounded: cleared when full.
+    _tables: dict[tuple[bytes, ...], tuple[Any, ...]] = {}
+    _TABLES_MAX = 256
+
     def __init__(self, values: list[bytes]) -> None:
-        self.values = sorted({v for v in values if v}, key=len, reverse=True)
-        self.keep = max((len(v) for v in self.values), default=1) - 1
+        given = tuple(values)
+        t = Scrubber._tables.get(given)
+        if t is None:
+            ordered = sorted({v for v in values if v}, key=len, reverse=True)
+            t = (
+                ordered,
+                max((len(v) for v in ordered), default=1) - 1,
+                # Knuth-Morris-Pratt failure function of each secret, so
+                # that `_held` costs O(len(secret)) per chunk whatever the
+                # bytes.
+                [self._failure(v) for v in ordered],
+                # The bytes a held end can finish with: a proper prefix of a
+                # secret ends with one of them.
+                frozenset(b for v in ordered for b in v[:-1]),
+            )
+            if len(Scrubber._tables) >= Scrubber._TABLES_MAX:
+                Scrubber._tables.clear()
+            Scrubber._tables[given] = t
+        self.values, self.keep, self._fail, self._ends = t
         self.tail = b""
-        # Knuth-Morris-Pratt failure function of each secret, so that
-        # `_held` costs O(len(secret)) per chunk whatever the bytes.
-        self._fail = [self._failure(v) for v in self.values]
 
     @staticmethod
     def _failure(v: bytes) -> list[int]:
@@ -457,6 +477,8 @@ class Scrubber:
     def _held(self, data: bytes) -> int:
         """The length of the longest end of `data` that is a proper prefix
         of a secret: only that can still become one."""
+        if not data or data[-1] not in self._ends:
+            return 0  # the usual case: no secret's start ends the chunk
         best = 0
         for v, f in zip(self.values, self._fail):
             q = 0
@@ -990,6 +1012,7 @@ class PppAddon:
     def _invalidate(self, generation: int | None) -> None:
         self._decisions.clear()
         self._secrets.clear()
+        Scrubber._tables.clear()  # no secret outlives its generation here
         self._registry_stamp = None
         self.generation = generation
 
@@ -1809,9 +1832,8 @@ class PppAddon:
             return
         scrubber = Scrubber(values)
         fields = flow.response.headers.fields
-        clean = tuple((k, scrubber.scrub(v)) for k, v in fields)
-        if clean != fields:
-            flow.response.headers.fields = clean
+        if any(s in v for _, v in fields for s in scrubber.values):
+            flow.response.headers.fields = tuple((k, scrubber.scrub(v)) for k, v in fields)
         previous = flow.response.stream
         if not callable(previous):
             flow.response.stream = scrubber
