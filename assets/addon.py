@@ -424,6 +424,36 @@ def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
     return (names[0][1] if names else None), None
 
 
+def _with_key(fields: tuple[tuple[bytes, bytes], ...], name: str, value: str, name2: str, value2: str) -> tuple[tuple[bytes, bytes], ...]:
+    """`fields` with every AUTH_HEADERS field removed, then `name` set to
+    `value` and `name2` to `value2`, as `Headers.__setitem__` sets them (the
+    first field of that name keeps its place and spelling, the others go; a
+    new one is added at the end), in one pass instead of one per header."""
+    # Encoded as mitmproxy encodes str headers.
+    n1, n2 = name.encode("utf-8", "surrogateescape"), name2.encode("utf-8", "surrogateescape")
+    sets = [
+        [n1.lower(), n1, value.encode("utf-8", "surrogateescape"), False],
+        [n2.lower(), n2, value2.encode("utf-8", "surrogateescape"), False],
+    ]
+    if sets[0][0] == sets[1][0]:
+        del sets[0]  # the second set wins
+    out: list[tuple[bytes, bytes]] = []
+    for f in fields:
+        k = f[0].lower()
+        if k in _AUTH_BYTES:
+            continue
+        for st in sets:
+            if k == st[0]:
+                if not st[3]:
+                    st[3] = True
+                    out.append((f[0], st[2]))
+                break
+        else:
+            out.append(f)
+    out.extend((st[1], st[2]) for st in sets if not st[3])
+    return tuple(out)
+
+
 class Scrubber:
     """A `flow.response.stream` function that replaces every secret value in
     a streamed body with its `redaction`, also across chunk boundaries: it
@@ -1729,7 +1759,8 @@ class PppAddon:
                     # goes in now, before mitmproxy sends the headers on.
                     meta["injected"] = True
                     if meta.get("secret_ok"):
-                        self._inject(flow, meta["sandbox"], meta["host"])
+                        # _http_decide just polled, in this same hook.
+                        self._inject(flow, meta["sandbox"], meta["host"], polled=True)
             if flow.response is None:
                 # The limit is known once the key is in: the default upload
                 # limit does not apply to a request that carries one.
@@ -1768,26 +1799,24 @@ class PppAddon:
             log.exception("ppp: secret injection failed, denying")
             self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
 
-    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None) -> None:
+    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None, polled: bool = False) -> None:
+        """Inject the key and substitute placeholders. `polled`: the caller
+        checked the generation in this same hook run (requestheaders, right
+        after deciding), so the caches are as fresh as that check."""
         if not host:
             return
         try:
-            self._poll()
+            if not polled:
+                self._poll()
             fresh = ("inject", sandbox, host) not in self._secrets
             r = self.secret("inject", sandbox, host)
             if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
                 headers = flow.request.headers
-                # One pass over the fields instead of a pop per name.
-                fields = headers.fields
-                kept = tuple(f for f in fields if f[0].lower() not in _AUTH_BYTES)
-                if len(kept) != len(fields):
-                    headers.fields = kept
-                headers[r["header"]] = r["value"]
-                flow.metadata["ppp"]["key_injected"] = True
-                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                 # An uncompressed answer, so that a key echoed back can be
                 # found and scrubbed.
-                headers["accept-encoding"] = "identity"
+                headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
+                flow.metadata["ppp"]["key_injected"] = True
+                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                 if fresh:
                     # Once per daemon answer, not per request: every log
                     # record, debug included, is formatted and dispatched
