@@ -152,6 +152,10 @@ _AUTH_BYTES = frozenset(h.encode() for h in AUTH_HEADERS)
 LOCAL_HOST = "mitm.it"
 
 
+_MISSING = object()
+_od_get = collections.OrderedDict.get
+
+
 class Lru(collections.OrderedDict):  # type: ignore[type-arg]
     """A dict that keeps at most `maxsize` entries, dropping the least
     recently used: every key a guest can choose (host names, DNS names,
@@ -162,9 +166,10 @@ class Lru(collections.OrderedDict):  # type: ignore[type-arg]
         self.maxsize = maxsize
 
     def get(self, key: Any, default: Any = None) -> Any:
-        try:
-            value = self[key]
-        except KeyError:
+        # The C lookup, not self[key]: a miss (a client connection that was
+        # never denied, on every request) raises no KeyError.
+        value = _od_get(self, key, _MISSING)
+        if value is _MISSING:
             return default
         self.move_to_end(key)
         return value
@@ -833,6 +838,7 @@ class PppAddon:
         self._decisions: Lru = Lru(CACHE_MAX)
         self._gen_path = ""
         self._flow_path = ""
+        self._registry_path = ""
         # Secrets are never injected when upstream certificates go unchecked.
         self._ssl_insecure = False
         # flow.id -> the secret values injected into its request, scrubbed
@@ -884,6 +890,7 @@ class PppAddon:
             self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
             self._gen_path = os.path.join(self.state_dir, "generation")
             self._flow_path = os.path.join(self.state_dir, "flows.jsonl")
+            self._registry_path = os.path.join(self.state_dir, "port-registry.json")
             if self.daemon is not None:
                 self.daemon.close()
             self.daemon = Daemon(os.path.join(self.state_dir, "secret.sock")) if self.state_dir else None
@@ -1089,7 +1096,7 @@ class PppAddon:
         self._saw_generation(r.get("generation"))
 
     def _load_registry(self) -> None:
-        path = os.path.join(self.state_dir, "port-registry.json")
+        path = self._registry_path
         try:
             st = os.stat(path)
         except OSError:
@@ -1213,29 +1220,30 @@ class PppAddon:
             if suppressed is None:
                 return False
             fields["suppressed"] = suppressed
+        g = fields.get
         record = {
-            "sandbox": fields.get("sandbox"),
+            "sandbox": g("sandbox"),
             "timestamp": now_rfc3339(),
-            "kind": fields.get("kind"),
-            "host": fields.get("host"),
-            "ip": fields.get("ip"),
-            "port": fields.get("port"),
-            "method": fields.get("method"),
-            "status": fields.get("status"),
-            "decision": fields.get("decision"),
-            "matched_rule": fields.get("matched_rule"),
-            "bytes_out": fields.get("bytes_out", 0),
-            "bytes_in": fields.get("bytes_in", 0),
+            "kind": g("kind"),
+            "host": g("host"),
+            "ip": g("ip"),
+            "port": g("port"),
+            "method": g("method"),
+            "status": g("status"),
+            "decision": g("decision"),
+            "matched_rule": g("matched_rule"),
+            "bytes_out": g("bytes_out", 0),
+            "bytes_in": g("bytes_in", 0),
         }
-        if fields.get("resolved") is not None:
+        if (resolved := g("resolved")) is not None:
             # false: the name does not resolve to `ip` (and was refused).
-            record["resolved"] = fields["resolved"]
-        if fields.get("reason"):
+            record["resolved"] = resolved
+        if reason := g("reason"):
             # Only where a denial has no 403 body to say why (refused DNS
             # queries and answers, bodies cut off mid-stream); never a
             # secret: the addon's own words.
-            record["reason"] = fields["reason"]
-        if fields.get("suppressed"):
+            record["reason"] = reason
+        if g("suppressed"):
             # Lines of this sandbox not logged since its previous one (the
             # throttle of `_throttle`).
             record["suppressed"] = fields["suppressed"]
@@ -1861,7 +1869,10 @@ class PppAddon:
             return
         scrubber = Scrubber(values)
         fields = flow.response.headers.fields
-        if any(s in v for _, v in fields for s in scrubber.values):
+        # One search per secret in all values at once; a hit (perhaps only
+        # across two values) scrubs each value.
+        joined = b"\n".join([v for _, v in fields])
+        if any(s in joined for s in scrubber.values):
             flow.response.headers.fields = tuple((k, scrubber.scrub(v)) for k, v in fields)
         previous = flow.response.stream
         if not callable(previous):
