@@ -667,7 +667,8 @@ def _quiet_streaming_notes() -> None:
     formatted by each handler, a line in proxy.log that the daemon reads,
     and an `add_log` event posted to every addon through
     `call_soon_threadsafe` (a self-pipe write and one more event-loop
-    wake-up). That was most of the addon's cost per request. The handler's
+    wake-up): about 7% of mitmdump's busy time in bench/addon-overhead.sh,
+    more than any one of the addon's hooks (docs/benchmarks.md). The handler's
     `log` (proxy/server.py `ConnectionHandler.log`, which all layer `Log`
     commands go through) is wrapped once; every other message passes."""
     cls = proxy_server.ConnectionHandler
