@@ -164,6 +164,10 @@ _AUTH_BYTES = frozenset(h.encode() for h in AUTH_HEADERS)
 LOCAL_HOST = "mitm.it"
 
 
+_MISSING = object()
+_od_get = collections.OrderedDict.get
+
+
 class Lru(collections.OrderedDict):  # type: ignore[type-arg]
     """A dict that keeps at most `maxsize` entries, dropping the least
     recently used: every key a guest can choose (host names, DNS names,
@@ -174,9 +178,10 @@ class Lru(collections.OrderedDict):  # type: ignore[type-arg]
         self.maxsize = maxsize
 
     def get(self, key: Any, default: Any = None) -> Any:
-        try:
-            value = self[key]
-        except KeyError:
+        # The C lookup, not self[key]: a miss (a client connection that was
+        # never denied, on every request) raises no KeyError.
+        value = _od_get(self, key, _MISSING)
+        if value is _MISSING:
             return default
         self.move_to_end(key)
         return value
@@ -469,6 +474,36 @@ def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
     return (names[0][1] if names else None), None
 
 
+def _with_key(fields: tuple[tuple[bytes, bytes], ...], name: str, value: str, name2: str, value2: str) -> tuple[tuple[bytes, bytes], ...]:
+    """`fields` with every AUTH_HEADERS field removed, then `name` set to
+    `value` and `name2` to `value2`, as `Headers.__setitem__` sets them (the
+    first field of that name keeps its place and spelling, the others go; a
+    new one is added at the end), in one pass instead of one per header."""
+    # Encoded as mitmproxy encodes str headers.
+    n1, n2 = name.encode("utf-8", "surrogateescape"), name2.encode("utf-8", "surrogateescape")
+    sets = [
+        [n1.lower(), n1, value.encode("utf-8", "surrogateescape"), False],
+        [n2.lower(), n2, value2.encode("utf-8", "surrogateescape"), False],
+    ]
+    if sets[0][0] == sets[1][0]:
+        del sets[0]  # the second set wins
+    out: list[tuple[bytes, bytes]] = []
+    for f in fields:
+        k = f[0].lower()
+        if k in _AUTH_BYTES:
+            continue
+        for st in sets:
+            if k == st[0]:
+                if not st[3]:
+                    st[3] = True
+                    out.append((f[0], st[2]))
+                break
+        else:
+            out.append(f)
+    out.extend((st[1], st[2]) for st in sets if not st[3])
+    return tuple(out)
+
+
 class Scrubber:
     """A `flow.response.stream` function that replaces every secret value in
     a streamed body with its `redaction`, also across chunk boundaries: it
@@ -479,13 +514,33 @@ class Scrubber:
     so streamed events and gRPC messages are never delayed. Memory: one
     chunk plus that tail."""
 
+    # What a Scrubber needs of its secrets, by the values as given: every
+    # response of a flow with an injected key gets a Scrubber, nearly always
+    # for the same few values. Bounded: cleared when full.
+    _tables: dict[tuple[bytes, ...], tuple[Any, ...]] = {}
+    _TABLES_MAX = 256
+
     def __init__(self, values: list[bytes]) -> None:
-        self.values = sorted({v for v in values if v}, key=len, reverse=True)
-        self.keep = max((len(v) for v in self.values), default=1) - 1
+        given = tuple(values)
+        t = Scrubber._tables.get(given)
+        if t is None:
+            ordered = sorted({v for v in values if v}, key=len, reverse=True)
+            t = (
+                ordered,
+                max((len(v) for v in ordered), default=1) - 1,
+                # Knuth-Morris-Pratt failure function of each secret, so
+                # that `_held` costs O(len(secret)) per chunk whatever the
+                # bytes.
+                [self._failure(v) for v in ordered],
+                # The bytes a held end can finish with: a proper prefix of a
+                # secret ends with one of them.
+                frozenset(b for v in ordered for b in v[:-1]),
+            )
+            if len(Scrubber._tables) >= Scrubber._TABLES_MAX:
+                Scrubber._tables.clear()
+            Scrubber._tables[given] = t
+        self.values, self.keep, self._fail, self._ends = t
         self.tail = b""
-        # Knuth-Morris-Pratt failure function of each secret, so that
-        # `_held` costs O(len(secret)) per chunk whatever the bytes.
-        self._fail = [self._failure(v) for v in self.values]
 
     @staticmethod
     def _failure(v: bytes) -> list[int]:
@@ -502,6 +557,8 @@ class Scrubber:
     def _held(self, data: bytes) -> int:
         """The length of the longest end of `data` that is a proper prefix
         of a secret: only that can still become one."""
+        if not data or data[-1] not in self._ends:
+            return 0  # the usual case: no secret's start ends the chunk
         best = 0
         for v, f in zip(self.values, self._fail):
             q = 0
@@ -641,6 +698,38 @@ def _frame_converted_bodies() -> None:
     _http1.Http1Client.send = send
 
 
+# The notes mitmproxy's HTTP layer logs (INFO) whenever a body is streamed
+# (proxy/layers/http/__init__.py, `start_request_stream` and
+# `start_response_stream`). ppp streams every body, so they say nothing.
+_STREAMING_NOTES = ("Streaming request to ", "Streaming response from ")
+
+
+def _quiet_streaming_notes() -> None:
+    """Drop mitmproxy's "Streaming response from <host>." notes.
+
+    ppp sets `stream` on every request and response body (to count and cap
+    it), so mitmproxy 12.2.3 logs one such line per flow: a LogRecord,
+    formatted by each handler, a line in proxy.log that the daemon reads,
+    and an `add_log` event posted to every addon through
+    `call_soon_threadsafe` (a self-pipe write and one more event-loop
+    wake-up): about 7% of mitmdump's busy time in bench/addon-overhead.sh,
+    more than any one of the addon's hooks (docs/benchmarks.md). The handler's
+    `log` (proxy/server.py `ConnectionHandler.log`, which all layer `Log`
+    commands go through) is wrapped once; every other message passes."""
+    cls = proxy_server.ConnectionHandler
+    orig = cls.log
+    if getattr(orig, "ppp_quiet", False):
+        return
+
+    def log(self: Any, message: str, level: int = logging.INFO, exc_info: Any = None, _orig: Any = orig) -> None:
+        if level == logging.INFO and message.startswith(_STREAMING_NOTES):
+            return
+        _orig(self, message, level, exc_info)
+
+    log.ppp_quiet = True  # type: ignore[attr-defined]
+    cls.log = log
+
+
 class LoopShare:
     """Who used mitmdump's event loop lately, and who must wait for it.
 
@@ -670,13 +759,21 @@ class LoopShare:
             return False
         return self._avg(key, now) > max(self._avg(k, now) for k in others)
 
-    def charge(self, key: Any, cost: float) -> None:
-        """`key`'s work just took `cost` seconds of the loop."""
-        now = self.clock()
-        cost = min(cost, LOOP_MAX_CHARGE)
-        self._usage[key] = (self._avg(key, now) + cost, now)
-        self._seen[key] = now
-        if len(self._seen) == 1:
+    def charge(self, key: Any, cost: float, now: float | None = None) -> None:
+        """`key`'s work just took `cost` seconds of the loop, up to `now`
+        (read from the clock when not given). It runs for every event and
+        hook, so the common case, one sandbox, is kept to a few operations:
+        `_avg` inlined, no pruning, no waits."""
+        if now is None:
+            now = self.clock()
+        if cost > LOOP_MAX_CHARGE:
+            cost = LOOP_MAX_CHARGE
+        usage = self._usage
+        u = usage.get(key)
+        usage[key] = ((u[0] * math.exp((u[1] - now) / LOOP_TAU) if u is not None else 0.0) + cost, now)
+        seen = self._seen
+        seen[key] = now
+        if len(seen) == 1:
             # One sandbox (the usual case): nobody to share with, and no
             # entry to prune.
             if self._ready:
@@ -749,30 +846,34 @@ def _share_the_loop() -> None:
     handler_cls = mode_servers.ProxyConnectionHandler
     orig_hook = handler_cls.handle_hook
 
-    async def server_event(self: Any, event: Any, _orig: Any = orig_event) -> None:
-        t = time.perf_counter()
-        try:
-            await _orig(self, event)
-        finally:
-            if (key := _share_key(self)) is not None:
-                LOOP_SHARE.charge(key, time.perf_counter() - t)
+    def charged(orig: Any) -> Any:
+        """`orig(self, arg)`, timed and charged to the handler's sandbox."""
 
-    async def handle_hook(self: Any, hook: Any, _orig: Any = orig_hook) -> None:
-        t = time.perf_counter()
-        try:
-            await _orig(self, hook)
-        finally:
-            if (key := _share_key(self)) is not None:
-                cost = time.perf_counter() - t
-                if HELD_WAITED:
-                    cost = max(0.0, cost - HELD_WAITED.pop(self.client.id, 0.0))
-                LOOP_SHARE.charge(key, cost)
+        async def run(self: Any, arg: Any, _orig: Any = orig) -> None:
+            share = LOOP_SHARE
+            t = share.clock()
+            try:
+                await _orig(self, arg)
+            finally:
+                if (key := _share_key(self)) is not None:
+                    now = share.clock()
+                    cost = now - t
+                    if HELD_WAITED:
+                        # A hook held for approval waited; it did not work.
+                        cost = max(0.0, cost - HELD_WAITED.pop(self.client.id, 0.0))
+                    share.charge(key, cost, now)
+
+        return run
+
+    server_event, handle_hook = charged(orig_event), charged(orig_hook)
 
     async def drain_writers(self: Any, _orig: Any = orig_drain) -> None:
         await _orig(self)
         if HELD_CLIENTS and (held := HELD_CLIENTS.get(self.client.id)) is not None:
             await held[0].wait()
-        if (key := _share_key(self)) is not None:
+        # No wait is owed by anyone (always so with one sandbox): skip the
+        # lookups.
+        if LOOP_SHARE._ready and (key := _share_key(self)) is not None:
             while (d := LOOP_SHARE.wait(key)) > 0:
                 await asyncio.sleep(d)
 
@@ -797,6 +898,7 @@ class PppAddon:
         self._decisions: Lru = Lru(CACHE_MAX)
         self._gen_path = ""
         self._flow_path = ""
+        self._registry_path = ""
         # Secrets are never injected when upstream certificates go unchecked.
         self._ssl_insecure = False
         # flow.id -> the secret values injected into its request, scrubbed
@@ -845,6 +947,7 @@ class PppAddon:
         _cap_websocket_messages()
         _frame_converted_bodies()
         _share_the_loop()
+        _quiet_streaming_notes()
         loader.add_option("ppp_state_dir", str, "", "ppp's data directory ($PPP_DATA)")
 
     def configure(self, updated: set[str]) -> None:
@@ -854,6 +957,7 @@ class PppAddon:
             self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
             self._gen_path = os.path.join(self.state_dir, "generation")
             self._flow_path = os.path.join(self.state_dir, "flows.jsonl")
+            self._registry_path = os.path.join(self.state_dir, "port-registry.json")
             if self.daemon is not None:
                 self.daemon.close()
             self.daemon = Daemon(os.path.join(self.state_dir, "secret.sock")) if self.state_dir else None
@@ -1015,6 +1119,7 @@ class PppAddon:
     def _invalidate(self, generation: int | None) -> None:
         self._decisions.clear()
         self._secrets.clear()
+        Scrubber._tables.clear()  # no secret outlives its generation here
         self._registry_stamp = None
         self.generation = generation
 
@@ -1061,7 +1166,7 @@ class PppAddon:
         self._saw_generation(r.get("generation"))
 
     def _load_registry(self) -> None:
-        path = os.path.join(self.state_dir, "port-registry.json")
+        path = self._registry_path
         try:
             st = os.stat(path)
         except OSError:
@@ -1286,31 +1391,32 @@ class PppAddon:
             if suppressed is None:
                 return False
             fields["suppressed"] = suppressed
+        g = fields.get
         record = {
-            "sandbox": fields.get("sandbox"),
+            "sandbox": g("sandbox"),
             "timestamp": now_rfc3339(),
-            "kind": fields.get("kind"),
-            "host": fields.get("host"),
-            "ip": fields.get("ip"),
-            "port": fields.get("port"),
-            "method": fields.get("method"),
-            "path": fields.get("path"),
-            "status": fields.get("status"),
-            "decision": fields.get("decision"),
-            "matched_rule": fields.get("matched_rule"),
-            "bytes_out": fields.get("bytes_out", 0),
-            "bytes_in": fields.get("bytes_in", 0),
-            "duration_ms": fields.get("duration_ms"),
+            "kind": g("kind"),
+            "host": g("host"),
+            "ip": g("ip"),
+            "port": g("port"),
+            "method": g("method"),
+            "path": g("path"),
+            "status": g("status"),
+            "decision": g("decision"),
+            "matched_rule": g("matched_rule"),
+            "bytes_out": g("bytes_out", 0),
+            "bytes_in": g("bytes_in", 0),
+            "duration_ms": g("duration_ms"),
         }
-        if fields.get("resolved") is not None:
+        if (resolved := g("resolved")) is not None:
             # false: the name does not resolve to `ip` (and was refused).
-            record["resolved"] = fields["resolved"]
-        if fields.get("reason"):
+            record["resolved"] = resolved
+        if reason := g("reason"):
             # Only where a denial has no 403 body to say why (refused DNS
             # queries and answers, bodies cut off mid-stream); never a
             # secret: the addon's own words.
-            record["reason"] = fields["reason"]
-        if fields.get("suppressed"):
+            record["reason"] = reason
+        if g("suppressed"):
             # Lines of this sandbox not logged since its previous one (the
             # throttle of `_throttle`).
             record["suppressed"] = fields["suppressed"]
@@ -1921,7 +2027,8 @@ class PppAddon:
                     # goes in now, before mitmproxy sends the headers on.
                     meta["injected"] = True
                     if meta.get("secret_ok"):
-                        self._inject(flow, meta["sandbox"], meta["host"])
+                        # _http_decide just polled, in this same hook.
+                        self._inject(flow, meta["sandbox"], meta["host"], polled=True)
             if flow.response is None:
                 # The limit is known once the key is in: the default upload
                 # limit does not apply to a request that carries one.
@@ -1961,26 +2068,24 @@ class PppAddon:
             log.exception("ppp: secret injection failed, denying")
             self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
 
-    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None) -> None:
+    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None, polled: bool = False) -> None:
+        """Inject the key and substitute placeholders. `polled`: the caller
+        checked the generation in this same hook run (requestheaders, right
+        after deciding), so the caches are as fresh as that check."""
         if not host:
             return
         try:
-            self._poll()
+            if not polled:
+                self._poll()
             fresh = ("inject", sandbox, host) not in self._secrets
             r = self.secret("inject", sandbox, host)
             if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
                 headers = flow.request.headers
-                # One pass over the fields instead of a pop per name.
-                fields = headers.fields
-                kept = tuple(f for f in fields if f[0].lower() not in _AUTH_BYTES)
-                if len(kept) != len(fields):
-                    headers.fields = kept
-                headers[r["header"]] = r["value"]
-                flow.metadata["ppp"]["key_injected"] = True
-                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                 # An uncompressed answer, so that a key echoed back can be
                 # found and scrubbed.
-                headers["accept-encoding"] = "identity"
+                headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
+                flow.metadata["ppp"]["key_injected"] = True
+                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                 if fresh:
                     # Once per daemon answer, not per request: every log
                     # record, debug included, is formatted and dispatched
@@ -2025,9 +2130,11 @@ class PppAddon:
             return
         scrubber = Scrubber(values)
         fields = flow.response.headers.fields
-        clean = tuple((k, scrubber.scrub(v)) for k, v in fields)
-        if clean != fields:
-            flow.response.headers.fields = clean
+        # One search per secret in all values at once; a hit (perhaps only
+        # across two values) scrubs each value.
+        joined = b"\n".join([v for _, v in fields])
+        if any(s in joined for s in scrubber.values):
+            flow.response.headers.fields = tuple((k, scrubber.scrub(v)) for k, v in fields)
         previous = flow.response.stream
         if not callable(previous):
             flow.response.stream = scrubber
