@@ -110,6 +110,9 @@ impl Pending {
     #[must_use]
     pub fn target(&self) -> String {
         match (&self.host, self.ip) {
+            // An IPv6 literal in brackets: `2001:db8::1:80` is itself an
+            // address, and a rule written from it would name another one.
+            (Some(h), _) if h.parse::<std::net::Ipv6Addr>().is_ok() => format!("[{h}]:{}", self.port),
             (Some(h), _) => format!("{h}:{}", self.port),
             (None, Some(IpAddr::V6(a))) => format!("[{a}]:{}", self.port),
             (None, Some(a)) => format!("{a}:{}", self.port),
@@ -443,6 +446,32 @@ mod tests {
         let (m, p) = (k.method.unwrap(), k.path.unwrap());
         assert!(!m.chars().chain(p.chars()).any(char::is_control), "{m:?} {p:?}");
         assert!(p.contains("\\u{1b}]0;approved"), "{p}");
+    }
+
+    #[test]
+    fn a_target_parses_back_as_what_was_held() {
+        let mut p = Pending {
+            id: "0".into(),
+            sandbox: "s".into(),
+            host: Some("2001:db8::1".into()),
+            ip: None,
+            port: 80,
+            protocol: None,
+            method: None,
+            path: None,
+            size: None,
+            count: 1,
+            waiting_secs: 0,
+            remaining_secs: 0,
+        };
+        assert_eq!(p.target(), "[2001:db8::1]:80");
+        let r = crate::policy::Resource::parse(&p.target()).unwrap();
+        assert_eq!(r.port(), Some(80));
+        p.host = Some("api.example.com".into());
+        assert_eq!(p.target(), "api.example.com:80");
+        p.host = None;
+        p.ip = Some("10.0.0.1".parse().unwrap());
+        assert_eq!(p.target(), "10.0.0.1:80");
     }
 
     #[test]
