@@ -353,3 +353,48 @@ fn the_dashboard_answers_held_requests_with_a_key() {
     t.keys(&["q"]);
     t.wait_within(Duration::from_secs(10), "ppp to exit", |s| s.contains("ppp exited with 0"));
 }
+
+/// A raw TCP stream (no HTTP, no TLS) is held at its start, with no bytes
+/// to upstream until the answer; allowed once, it carries data both ways.
+#[test]
+fn a_raw_tcp_stream_is_held_at_its_start() {
+    netns::require_env();
+    let rig = rig();
+    let (red, d) = (&rig.guests[0], &rig.daemon);
+    let script = format!(
+        "exec 3<>/dev/tcp/{PUBLIC_IP}/7 && echo hello >&3 && if read -r -t 50 l <&3; then echo \"got:$l\"; else echo none; fi"
+    );
+    let c = Command::new("ip")
+        .args(["netns", "exec", &red.ns, "bash", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut p = None;
+    wait_until("the TCP stream to be held", netns::DEADLINE, || {
+        p = pending(d).into_iter().find(|p| p["protocol"] == "tcp" && p["port"] == 7);
+        p.is_some()
+    });
+    let p = p.unwrap();
+    assert_eq!(p["ip"], PUBLIC_IP.to_string());
+    assert!(p["method"].is_null() && p["path"].is_null(), "{p}");
+    d.ok(&["policy", "approval", "allow", p["id"].as_str().unwrap()]);
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got:hello", "{}", describe(&out));
+
+    // Denied: the stream is cut, nothing echoes.
+    let c = Command::new("ip")
+        .args(["netns", "exec", &red.ns, "bash", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut p = None;
+    wait_until("the second stream to be held", netns::DEADLINE, || {
+        p = pending(d).into_iter().find(|p| p["protocol"] == "tcp" && p["port"] == 7);
+        p.is_some()
+    });
+    d.ok(&["policy", "approval", "deny", p.unwrap()["id"].as_str().unwrap()]);
+    let out = c.wait_with_output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("got:hello"), "{}", describe(&out));
+}
