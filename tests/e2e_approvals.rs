@@ -35,18 +35,6 @@ struct Rig {
     topo: Topology,
 }
 
-fn conf(d: &Daemon, port: u16) -> netns::ClientConf {
-    let confs: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.data().join("wg/client-confs.json")).unwrap()).unwrap();
-    let c = &confs[port.to_string()];
-    netns::ClientConf {
-        private_key: c["private_key"].as_str().unwrap().to_owned(),
-        server_public_key: c["public_key"].as_str().unwrap().to_owned(),
-        port,
-        address: c["address"].as_str().unwrap().to_owned(),
-    }
-}
-
 fn rig() -> Rig {
     let topo = Topology::new(2);
     let upstream = Upstream::start(&topo);
@@ -65,8 +53,8 @@ fn rig() -> Rig {
     daemon.start(&topo, &upstream);
     let mut rig = Rig { guests: Vec::new(), daemon, public, _upstream: upstream, _etc: etc, topo };
     rig.guests = vec![
-        Guest::up(&rig.topo, 1, &conf(&rig.daemon, RED), RED),
-        Guest::up(&rig.topo, 2, &conf(&rig.daemon, BLUE), BLUE),
+        Guest::up(&rig.topo, 1, &rig.daemon.conf(RED), RED),
+        Guest::up(&rig.topo, 2, &rig.daemon.conf(BLUE), BLUE),
     ];
     for g in &rig.guests {
         assert!(g.handshake_within(netns::DEADLINE), "guest {} got no handshake", g.index);
@@ -364,18 +352,24 @@ fn a_raw_tcp_stream_is_held_at_its_start() {
     let script = format!(
         "exec 3<>/dev/tcp/{PUBLIC_IP}/7 && echo hello >&3 && if read -r -t 50 l <&3; then echo \"got:$l\"; else echo none; fi"
     );
-    let c = Command::new("ip")
-        .args(["netns", "exec", &red.ns, "bash", "-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut p = None;
-    wait_until("the TCP stream to be held", netns::DEADLINE, || {
-        p = pending(d).into_iter().find(|p| p["protocol"] == "tcp" && p["port"] == 7);
-        p.is_some()
-    });
-    let p = p.unwrap();
+    let start = || {
+        Command::new("ip")
+            .args(["netns", "exec", &red.ns, "bash", "-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let held_stream = || {
+        let mut p = None;
+        wait_until("the TCP stream to be held", netns::DEADLINE, || {
+            p = pending(d).into_iter().find(|p| p["protocol"] == "tcp" && p["port"] == 7);
+            p.is_some()
+        });
+        p.unwrap()
+    };
+    let c = start();
+    let p = held_stream();
     assert_eq!(p["ip"], PUBLIC_IP.to_string());
     assert!(p["method"].is_null() && p["path"].is_null(), "{p}");
     d.ok(&["policy", "approval", "allow", p["id"].as_str().unwrap()]);
@@ -383,18 +377,8 @@ fn a_raw_tcp_stream_is_held_at_its_start() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "got:hello", "{}", describe(&out));
 
     // Denied: the stream is cut, nothing echoes.
-    let c = Command::new("ip")
-        .args(["netns", "exec", &red.ns, "bash", "-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut p = None;
-    wait_until("the second stream to be held", netns::DEADLINE, || {
-        p = pending(d).into_iter().find(|p| p["protocol"] == "tcp" && p["port"] == 7);
-        p.is_some()
-    });
-    d.ok(&["policy", "approval", "deny", p.unwrap()["id"].as_str().unwrap()]);
+    let c = start();
+    d.ok(&["policy", "approval", "deny", held_stream()["id"].as_str().unwrap()]);
     let out = c.wait_with_output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains("got:hello"), "{}", describe(&out));
 }

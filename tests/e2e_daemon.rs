@@ -38,25 +38,11 @@ struct Rig {
 
 /// What these tests read from the daemon's state.
 trait DaemonExt {
-    fn conf(&self, port: u16) -> netns::ClientConf;
     fn status(&self) -> Value;
     fn flows(&self) -> Vec<Value>;
 }
 
 impl DaemonExt for Daemon {
-    /// The client config the daemon captured for `port`.
-    fn conf(&self, port: u16) -> netns::ClientConf {
-        let confs: Value =
-            serde_json::from_str(&std::fs::read_to_string(self.data().join("wg/client-confs.json")).unwrap()).unwrap();
-        let c = &confs[port.to_string()];
-        netns::ClientConf {
-            private_key: c["private_key"].as_str().unwrap().to_owned(),
-            server_public_key: c["public_key"].as_str().unwrap().to_owned(),
-            port,
-            address: c["address"].as_str().unwrap().to_owned(),
-        }
-    }
-
     fn status(&self) -> Value {
         serde_json::from_str(&self.ok(&["daemon", "status", "--json"])).unwrap()
     }

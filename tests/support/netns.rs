@@ -923,6 +923,19 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// The client config the daemon captured for `port`.
+    pub fn conf(&self, port: u16) -> ClientConf {
+        let confs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.data().join("wg/client-confs.json")).unwrap()).unwrap();
+        let c = &confs[port.to_string()];
+        ClientConf {
+            private_key: c["private_key"].as_str().unwrap().to_owned(),
+            server_public_key: c["public_key"].as_str().unwrap().to_owned(),
+            port,
+            address: c["address"].as_str().unwrap().to_owned(),
+        }
+    }
+
     pub fn data(&self) -> PathBuf {
         self.root.join("data")
     }
