@@ -188,6 +188,15 @@ fn addon_shares_the_event_loop_between_sandboxes() {
     assert_eq!(python_suite(&d.data, &["LoopShareTest"]), 6);
 }
 
+/// The addon's cache of mitmproxy's hook lookup needs no daemon.
+#[test]
+fn addon_dispatches_hooks_as_mitmproxy_does() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    assert_eq!(python_suite(&d.data, &["HookDispatchTest"]), 4);
+}
+
 /// The addon's side of an `ask` default (a stand-in daemon answers).
 #[test]
 fn addon_holds_what_the_default_leaves_to_the_user() {

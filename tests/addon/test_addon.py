@@ -16,6 +16,7 @@ and sets PPP_STATE_DIR. Fixture (the contract with tests/addon.rs):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import ipaddress
@@ -31,7 +32,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from mitmproxy import connection, dns, http, tcp, websocket
+from mitmproxy.hooks import UpdateHook
 from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
@@ -1176,6 +1179,138 @@ class LoopShareTest(unittest.TestCase):
         t = time.monotonic()
         asyncio.run(proxy_server.ConnectionHandler.drain_writers(handler))  # type: ignore[arg-type]
         self.assertGreaterEqual(time.monotonic() - t, 0.05)
+
+
+class HookDispatchTest(unittest.TestCase):
+    """`_cache_hook_dispatch`: the same handlers, in the same order, with
+    the same error handling as mitmproxy's own walk, and every change to
+    the chain seen by the next event."""
+
+    def setUp(self) -> None:
+        self.calls: list[str] = []
+        self.tctx = taddons.context()
+        self.tctx.__enter__()
+        self.manager = self.tctx.master.addons
+
+    def tearDown(self) -> None:
+        self.tctx.__exit__(None, None, None)
+
+    def hooks(self, name: str, **handlers: Any) -> Any:
+        """An addon called `name` whose hooks record `name:hook`; a handler
+        given as a value runs after recording."""
+        calls = self.calls
+
+        class Rec:
+            pass
+
+        rec = Rec()
+        rec.name = name  # type: ignore[attr-defined]
+        for hook, then in handlers.items():
+
+            def handler(_flow: Any, hook: str = hook, then: Any = then) -> Any:
+                calls.append(f"{name}:{hook}")
+                return then() if callable(then) else None
+
+            setattr(rec, hook, handler)
+        return rec
+
+    def fire(self, *events: Any) -> list[str]:
+        self.calls.clear()
+
+        async def run() -> None:
+            for e in events:
+                await self.manager.trigger_event(e)
+
+        asyncio.run(run())
+        return list(self.calls)
+
+    def build_chain(self) -> Any:
+        async def later() -> None:
+            self.calls.append("child:request:awaited")
+
+        def boom() -> None:
+            raise RuntimeError("an addon's own bug")
+
+        parent = self.hooks("parent", request=None)
+        parent.addons = [self.hooks("child", request=lambda: later()), self.hooks("quiet")]
+        self.manager.add(
+            self.hooks("first", request=None, response=None),
+            parent,
+            self.hooks("broken", request=boom),
+            self.hooks("last", request=None),
+        )
+        return parent
+
+    def test_the_same_calls_in_the_same_order_as_mitmproxys_walk(self) -> None:
+        self.build_chain()
+        f = tflow.tflow()
+        events = [HttpRequestHook(f), HttpResponseHook(f), UpdateHook([f])]
+        with self.assertLogs(level="ERROR") as logged:
+            plain = self.fire(*events)
+            A._cache_hook_dispatch(self.manager)
+            cached = self.fire(*events)
+            again = self.fire(*events)  # from the table
+        self.assertEqual(
+            plain,
+            ["first:request", "parent:request", "child:request", "child:request:awaited",
+             "broken:request", "last:request", "first:response"],
+        )
+        self.assertEqual(cached, plain)
+        self.assertEqual(again, plain)
+        # The broken addon's error was logged each time, and the next addon ran.
+        self.assertEqual(sum("an addon's own bug" in m for m in logged.output), 3)
+
+    def test_addon_halt_stops_the_event(self) -> None:
+        from mitmproxy import exceptions as mexc
+        def halt() -> None:
+            raise mexc.AddonHalt()
+
+        self.manager.add(self.hooks("a", request=halt), self.hooks("b", request=None))
+        A._cache_hook_dispatch(self.manager)
+        self.assertEqual(self.fire(HttpRequestHook(tflow.tflow())), ["a:request"])
+
+    def test_a_change_to_the_chain_is_seen_by_the_next_event(self) -> None:
+        parent = self.build_chain()
+        A._cache_hook_dispatch(self.manager)
+        ev = HttpRequestHook(tflow.tflow())
+        self.fire(ev)
+        self.assertTrue(self.manager.ppp_hook_table)
+        late = self.manager.add(self.hooks("late", request=None)) or self.manager.get("late")
+        self.assertEqual(self.fire(ev)[-1], "late:request")
+        self.manager.remove(self.manager.get("first"))
+        self.assertNotIn("first:request", self.fire(ev))
+        self.manager.remove(late)
+        self.assertNotIn("late:request", self.fire(ev))
+        # A script's reload, as mitmproxy's Script does it: the old module
+        # removed, the new one registered, then exposed as a sub-addon.
+        old = parent.addons[0]
+        self.manager.remove(old)
+        parent.addons = [p for p in parent.addons if p is not old]
+        self.assertNotIn("child:request", self.fire(ev))
+        new = self.hooks("child2", request=None)
+        self.manager.register(new)
+        parent.addons = [new, *parent.addons]
+        self.assertIn("child2:request", self.fire(ev))
+        # ScriptLoader reorders its scripts in `configure`, registering
+        # nothing: an option change empties the table too.
+        self.assertEqual([c for c in self.fire(ev) if c.startswith("child2")], ["child2:request"])
+        parent.addons = [self.hooks("moved", request=None), *parent.addons]
+        self.tctx.options.update(listen_port=8082)
+        self.assertEqual(self.manager.ppp_hook_table, {})
+        self.assertEqual(self.fire(ev)[:2], ["parent:request", "moved:request"])
+        self.manager.clear()
+        self.assertEqual(self.fire(ev), [])
+
+    def test_a_hook_name_bound_to_a_non_callable_is_reported_as_before(self) -> None:
+        odd = self.hooks("odd")
+        odd.request = 42
+        self.manager.add(self.hooks("a", request=None), odd, self.hooks("b", request=None))
+        A._cache_hook_dispatch(self.manager)
+        with self.assertLogs(level="ERROR") as logged:
+            calls = self.fire(HttpRequestHook(tflow.tflow()))
+        self.assertEqual(calls, ["a:request", "b:request"])
+        self.assertTrue(any("not callable" in m for m in logged.output))
+        self.assertNotIn("request", self.manager.ppp_hook_table)
 
 
 class NoDaemon(Base):
