@@ -11,96 +11,14 @@
 mod netns;
 #[path = "support/sandbox_env.rs"]
 mod sandbox_env;
+#[path = "support/tmux.rs"]
+mod tmux;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use netns::{describe, wait_until};
+use netns::wait_until;
 use sandbox_env::Env;
-
-/// Long enough for the first refresh of a debug build under load.
-const SCREEN_DEADLINE: Duration = Duration::from_secs(30);
-
-/// A private tmux server (its own socket, no config) with one 120x30 pane
-/// running `sh`. Dropping kills the server and everything in the pane.
-struct Tmux {
-    socket: PathBuf,
-}
-
-impl Tmux {
-    fn start(dir: &Path) -> Tmux {
-        let version = Command::new("tmux").arg("-V").output();
-        assert!(
-            version.is_ok_and(|o| o.status.success()),
-            "tmux is missing: run `make test-deps` (scripts/install-test-deps.sh installs it)"
-        );
-        let t = Tmux { socket: dir.join("tmux.sock") };
-        t.ok(&["-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", "120", "-y", "30", "sh"]);
-        t
-    }
-
-    fn cmd(&self, args: &[&str]) -> Output {
-        Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("TERM", "xterm-256color")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cmd(args);
-        assert!(out.status.success(), "tmux {args:?}: {}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn screen(&self) -> String {
-        self.ok(&["capture-pane", "-p", "-t", "tui"])
-    }
-
-    fn alternate_on(&self) -> bool {
-        self.ok(&["display", "-p", "-t", "tui", "#{alternate_on}"]).trim() == "1"
-    }
-
-    /// Send keys (tmux key names: `q`, `Enter`, `Escape`).
-    fn keys(&self, keys: &[&str]) {
-        let mut args = vec!["send-keys", "-t", "tui"];
-        args.extend(keys);
-        self.ok(&args);
-    }
-
-    /// Wait until the screen shows something `cond` accepts; return it.
-    fn wait_for(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
-        self.wait_within(SCREEN_DEADLINE, what, cond)
-    }
-
-    fn wait_within(&self, deadline: Duration, what: &str, cond: impl Fn(&str) -> bool) -> String {
-        let mut last = String::new();
-        let mut shown = false;
-        let end = std::time::Instant::now() + deadline;
-        while std::time::Instant::now() < end {
-            last = self.screen();
-            if cond(&last) {
-                shown = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(shown, "timed out waiting for {what}; the screen:\n{last}");
-        last
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]);
-    }
-}
+use tmux::Tmux;
 
 #[test]
 fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
@@ -128,7 +46,7 @@ fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
         ),
     )
     .unwrap();
-    let tmux = Tmux::start(env.root());
+    let tmux = Tmux::start(env.root(), 120, 30);
     tmux.keys(&[&format!("sh {}", script.display()), "Enter"]);
 
     // The list: the sandbox, running, its inner address, and as many

@@ -535,16 +535,21 @@ rules:
         assert_eq!(load_sandbox(&spath).unwrap().unwrap(), s);
     }
 
-    #[test]
-    fn preset_is_omitted_when_absent() {
-        let f = GlobalFile {
+    /// `default: allow` and nothing else.
+    fn bare_allow() -> GlobalFile {
+        GlobalFile {
             default: Verdict::Allow,
             preset: None,
             upload: None,
             download: None,
             approval_timeout: None,
             rules: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn preset_is_omitted_when_absent() {
+        let f = bare_allow();
         let text = serde_norway::to_string(&f).unwrap();
         assert!(!text.contains("preset"), "{text}");
         assert_eq!(parse_global(Path::new("p"), "default: allow\n").unwrap(), f);
@@ -582,14 +587,7 @@ rules:
         }
         let text = serde_norway::to_string(&f).unwrap();
         assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
-        let empty = GlobalFile {
-            default: Verdict::Allow,
-            preset: None,
-            upload: None,
-            download: None,
-            approval_timeout: None,
-            rules: vec![],
-        };
+        let empty = bare_allow();
         let text = serde_norway::to_string(&empty).unwrap();
         assert_eq!(both(&text), (Some(empty.clone()), Some(empty)));
         // The spec's layout, items indented under `rules:`.

@@ -50,11 +50,23 @@ impl Tmux {
         self.ok(&["capture-pane", "-p", "-t", "tui"])
     }
 
+    /// Whether the pane shows the alternate screen (a full-screen program
+    /// holds the terminal).
+    pub fn alternate_on(&self) -> bool {
+        self.ok(&["display", "-p", "-t", "tui", "#{alternate_on}"]).trim() == "1"
+    }
+
     /// Send keys (tmux key names: `q`, `Enter`, `Escape`).
     pub fn keys(&self, keys: &[&str]) {
         let mut args = vec!["send-keys", "-t", "tui"];
         args.extend(keys);
         self.ok(&args);
+    }
+
+    /// Wait up to 30 s (the first refresh of a debug build under load)
+    /// until the screen shows something `cond` accepts; return it.
+    pub fn wait_for(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        self.wait_within(Duration::from_secs(30), what, cond)
     }
 
     /// Wait up to `deadline` until the screen shows something `cond`
