@@ -154,6 +154,15 @@ HOLD_MAX = 512
 HOLD_REPLY_MAX = 64 * 1024
 # Client connections remembered as denied (dropped on disconnect anyway).
 DENIED_MAX = 16384
+# Client connections one sandbox may hold open at once, per transport (TCP,
+# UDP). mitmproxy keeps an idle TCP connection for 10 minutes
+# (`tcp_timeout`) and a UDP one for 20 s, each with its handler, buffers and
+# perhaps an upstream socket from mitmdump's one descriptor table: without
+# a bound a guest could open connections until mitmdump runs out of memory
+# or descriptors for every sandbox. Agents' tools use far fewer (npm 15 per
+# registry, pip 10, a browser about 256). Past it, the new connection is
+# closed at once and the denial logged.
+MAX_CONNECTIONS = 1024
 # Headers a client may use to carry its own credentials; removed before ppp
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
@@ -1024,6 +1033,10 @@ class PppAddon:
         self._approved: Lru = Lru(DENIED_MAX)
         # Requests held now, per sandbox, and the tasks that hold them.
         self._holding: dict[str, int] = {}
+        # Open client connections per (WireGuard port, transport), and the
+        # ids counted there (bounded: MAX_CONNECTIONS per key).
+        self._open: dict[tuple[int, str], int] = {}
+        self._counted: dict[str, tuple[int, str]] = {}
         self._hold_tasks: set[asyncio.Task[None]] = set()
 
     # ---- options -------------------------------------------------------
@@ -1176,8 +1189,27 @@ class PppAddon:
 
     def client_connected(self, client: connection.Client) -> None:
         port = self._port(client)
-        if port is not None:
-            self._seen[port] = time.time()
+        if port is None:
+            return
+        self._seen[port] = time.time()
+        key = (port, client.transport_protocol)
+        n = self._open.get(key, 0)
+        if n < MAX_CONNECTIONS:
+            self._open[key] = n + 1
+            self._counted[client.id] = key
+            return
+        # mitmproxy closes a connection whose client_connected sets an error.
+        what = f"more than {MAX_CONNECTIONS} open {key[1].upper()} connections from this sandbox"
+        client.error = f"ppp: {what}"
+        try:
+            sandbox = self.sandbox_of(client)
+            ip, dport = (client.sockname[0], client.sockname[1]) if client.sockname else (None, None)
+            log.info("ppp: [%s] closed a new %s connection: %s", sandbox, key[1].upper(), what)
+            self.log_flow(
+                sandbox=sandbox, kind=key[1], ip=ip, port=dport, decision="deny", reason=what, duration_ms=None
+            )
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: could not log a refused connection")
 
     def save_tunnels(self, force: bool = False) -> None:
         """Write `tunnels.json` when activity changed, at most once a second."""
@@ -1734,6 +1766,12 @@ class PppAddon:
             data.server.error = f"ppp: denied by policy: {v.reason}"
 
     def client_disconnected(self, client: connection.Client) -> None:
+        if (key := self._counted.pop(client.id, None)) is not None:
+            n = self._open.get(key, 1) - 1
+            if n > 0:
+                self._open[key] = n
+            else:
+                self._open.pop(key, None)
         self._denied.pop(client.id, None)
         self._approved.pop(client.id, None)
         HELD_WAITED.pop(client.id, None)

@@ -439,6 +439,39 @@ class Live(Base):
         self.assertEqual(f.response.status_code, 431)
         self.assertEqual(f.metadata["ppp"]["decision"], "deny")
 
+    def test_a_sandbox_holds_a_bounded_number_of_open_connections(self) -> None:
+        """A guest opening connections without end (each idle TCP one kept
+        10 minutes by mitmproxy) is refused past MAX_CONNECTIONS, per
+        sandbox and transport; closing one makes room again."""
+
+        def connect(port: int, proto: str = "tcp") -> connection.Client:
+            c = client(port)
+            c.transport_protocol = proto
+            c.sockname = ("10.9.1.1", 5432)
+            self.addon.client_connected(c)
+            return c
+
+        held = [connect(51820) for _ in range(A.MAX_CONNECTIONS)]
+        self.assertTrue(all(c.error is None for c in held))
+        extra = connect(51820)
+        self.assertIn("more than 1024 open TCP connections", extra.error or "")
+        # Another sandbox, and this sandbox's UDP, are counted apart.
+        self.assertIsNone(connect(51821).error)
+        self.assertIsNone(connect(51820, "udp").error)
+        # A refused connection frees nothing when it goes.
+        self.addon.client_disconnected(extra)
+        self.assertIsNotNone(connect(51820).error)
+        self.addon.client_disconnected(held.pop())
+        held.append(connect(51820))
+        self.assertIsNone(held[-1].error)
+        self.assertIsNotNone(connect(51820).error)
+        logged = [f for f in self.flows() if f.get("reason", "").startswith("more than 1024 open TCP")]
+        self.assertEqual(len(logged), 1, "one line per address and minute")
+        self.assertEqual((logged[0]["sandbox"], logged[0]["kind"], logged[0]["decision"]), ("red-fox", "tcp", "deny"))
+        for c in held:
+            self.addon.client_disconnected(c)
+        self.assertNotIn((51820, "tcp"), self.addon._open)
+
     def test_caches_are_bounded(self) -> None:
         self.addon._decisions.maxsize = 50
         for i in range(120):

@@ -15,11 +15,17 @@ usage:
                                      distinct names PREFIX<i>.flood.test
   flood.py udp IP PORT SECONDS SIZE  SIZE-byte datagrams to IP:PORT as fast
                                      as they go, for SECONDS
+  flood.py conns IP PORT N EXPECT    N idle TCP connections to IP:PORT held
+                                     open; waits (up to 60 s) until all but
+                                     EXPECT were closed by the other side;
+                                     prints how many stayed open, then
+                                     closes them and makes one HTTP request
 """
 
 import base64
 import json
 import os
+import resource
 import select
 import socket
 import struct
@@ -144,6 +150,51 @@ def udp(ip, port, seconds, size):
     return {"sent": sent}
 
 
+def conns(ip, port, n, expect):
+    """Open `n` TCP connections and send nothing, as a guest hoarding the
+    proxy's connections would; count those the proxy closes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, n + 256)), hard))
+    socks, failed = [], 0
+    for _ in range(n):
+        s = socket.socket()
+        s.settimeout(10)
+        try:
+            s.connect((ip, port))
+            socks.append(s)
+        except OSError:
+            failed += 1
+            s.close()
+    open_ = {s.fileno(): s for s in socks}
+    poll = select.poll()  # select() stops at descriptor 1023
+    for fd in open_:
+        poll.register(fd, select.POLLIN)
+    closed = 0
+    end = time.monotonic() + 60
+    while len(open_) > expect and time.monotonic() < end:
+        for fd, _ in poll.poll(1000):
+            poll.unregister(fd)
+            try:
+                data = open_[fd].recv(1)
+            except OSError:
+                data = b""
+            if not data:
+                open_.pop(fd).close()
+                closed += 1
+    held = len(open_)
+    for s in open_.values():
+        s.close()
+    # Room again: one request on a fresh connection.
+    time.sleep(1)
+    s = socket.create_connection((ip, port), timeout=10)
+    s.sendall(f"GET /after-hoarding HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n".encode())
+    answer = b""
+    while chunk := s.recv(4096):
+        answer += chunk
+    s.close()
+    return {"failed": failed, "closed": closed, "held": held, "after": answer.split(b"\r\n", 1)[0].decode()}
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "ws":
@@ -154,6 +205,8 @@ def main():
         out = dns(args[0], int(args[1]), args[2], int(args[3]))
     elif cmd == "udp":
         out = udp(args[0], int(args[1]), float(args[2]), int(args[3]))
+    elif cmd == "conns":
+        out = conns(args[0], int(args[1]), int(args[2]), int(args[3]))
     else:
         raise SystemExit(__doc__)
     print(json.dumps(out))
