@@ -52,7 +52,8 @@ pub fn main() -> ExitCode {
         Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let (text, code) = error::render(&e);
-            eprint!("{text}");
+            // A cause may quote what a guest or a child printed.
+            eprint!("{}", output::terminal_safe(&text));
             ExitCode::from(code)
         }
     }

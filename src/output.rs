@@ -20,45 +20,66 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// `value` as one line of JSON in which every control character is
-/// escaped: JSON itself escapes only those below U+0020, and DEL and the C1
-/// controls (U+0080..U+009F, a CSI among them) would reach a terminal that
-/// reads the line raw.
-pub fn json_line<T: serde::Serialize>(value: &T) -> Result<String> {
-    let text = serde_json::to_string(value)?;
-    if !text.chars().any(char::is_control) {
-        return Ok(text);
+/// `text` for the user's terminal: every control character but newline
+/// and tab shown as `\u{..}`. [`print`] and [`println`] pass everything
+/// through it, so text a guest chose (a Host header in `proxy.log`, a name
+/// in `flows.jsonl`) cannot reach the terminal as an escape sequence
+/// through any command, present or future. ppp itself prints none.
+#[must_use]
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if text.chars().any(unsafe_char) {
+        text.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    } else {
+        std::borrow::Cow::Borrowed(text)
     }
-    Ok(text.chars().fold(String::with_capacity(text.len()), |mut out, c| {
-        if c.is_control() {
+}
+
+/// JSON text with every control character left in it escaped: JSON itself
+/// escapes only those below U+0020, and DEL and the C1 controls
+/// (U+0080..U+009F, a CSI among them) would reach a terminal that reads the
+/// text raw. Escaped this way it is still JSON, with the same value.
+fn json_controls_escaped(text: String) -> String {
+    if !text.chars().any(|c| c.is_control() && c != '\n') {
+        return text;
+    }
+    text.chars().fold(String::with_capacity(text.len()), |mut out, c| {
+        if c.is_control() && c != '\n' {
             let _ = write!(out, "\\u{:04x}", u32::from(c));
         } else {
             out.push(c);
         }
         out
-    }))
+    })
 }
 
-/// Write `text` to stdout as is.
+/// `value` as one line of JSON with every control character escaped.
+pub fn json_line<T: serde::Serialize>(value: &T) -> Result<String> {
+    Ok(json_controls_escaped(serde_json::to_string(value)?))
+}
+
+/// Write `text` to stdout, control characters escaped ([`terminal_safe`]).
 pub fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
+    out.write_all(terminal_safe(text).as_bytes())?;
     out.flush()?;
     Ok(())
 }
 
-/// Write `line` and a newline to stdout.
+/// Write `line` and a newline to stdout, control characters escaped
+/// ([`terminal_safe`]).
 pub fn println(line: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(line.as_bytes())?;
+    out.write_all(terminal_safe(line).as_bytes())?;
     out.write_all(b"\n")?;
     out.flush()?;
     Ok(())
 }
 
-/// Pretty-print `value` as JSON on stdout.
+/// Pretty-print `value` as JSON on stdout, every control character in it
+/// escaped (still JSON, the same value).
 pub fn json<T: serde::Serialize>(value: &T) -> Result<()> {
-    println(&serde_json::to_string_pretty(value)?)
+    println(&json_controls_escaped(serde_json::to_string_pretty(value)?))
 }
 
 /// Ask a yes/no question on the terminal. Without a terminal there is no
@@ -127,6 +148,26 @@ mod tests {
         let p = printable("/\u{1b}]0;ok\u{7}\r\n\u{9b}2J");
         assert!(!p.chars().any(char::is_control), "{p}");
         assert_eq!(p, "/\\u{1b}]0;ok\\u{7}\\u{d}\\u{a}\\u{9b}2J");
+    }
+
+    #[test]
+    fn terminal_text_keeps_lines_and_tabs_and_escapes_every_other_control() {
+        use super::terminal_safe;
+        let plain = "NAME\tSTATE\nred  running\n";
+        assert!(matches!(terminal_safe(plain), std::borrow::Cow::Borrowed(_)));
+        let t = terminal_safe("last log:  GET http://\u{1b}]0;owned\u{7}/\r\u{9b}2J\u{7f}\n");
+        assert_eq!(t, "last log:  GET http://\\u{1b}]0;owned\\u{7}/\\u{d}\\u{9b}2J\\u{7f}\n");
+    }
+
+    #[test]
+    fn json_keeps_its_value_with_every_control_escaped() {
+        let v = serde_json::json!({"host": "a\u{1b}[2J\u{9b}b\u{7f}", "n": [1, 2]});
+        for text in
+            [super::json_line(&v).unwrap(), super::json_controls_escaped(serde_json::to_string_pretty(&v).unwrap())]
+        {
+            assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), v);
+        }
     }
 
     #[test]

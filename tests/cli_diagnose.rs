@@ -216,6 +216,45 @@ fn table_and_github_issue_have_their_sections() {
     assert!(md.contains("info: last line\n```\n\n</details>"), "{md}");
 }
 
+/// A guest chooses the Host, SNI and DNS names that end up in `proxy.log`
+/// and `flows.jsonl`. Whatever ppp prints from them, in every format, and
+/// the issue body it writes, carries no control character but newline and
+/// tab, and the JSON still holds the same value.
+#[test]
+fn a_guests_escape_sequences_never_reach_the_terminal() {
+    let w = populated();
+    let python = fake_python_and_venv(&w);
+    let host = "x\u{1b}]0;owned\u{7}\u{9b}2J\r.example.com";
+    let mut log = std::fs::read_to_string(w.data().join("proxy.log")).unwrap();
+    let _ = writeln!(log, "info: GET http://{host}/ \u{1b}[1A\u{1b}[2K all clear");
+    std::fs::write(w.data().join("proxy.log"), log).unwrap();
+    let mut flows = std::fs::read_to_string(w.data().join("flows.jsonl")).unwrap();
+    flows.push_str(
+        &serde_json::json!({"sandbox": "red-fox", "timestamp": "2026-11-29T10:09:00Z", "host": host,
+        "port": 443, "method": "GET\u{1b}[2J", "status": 403, "decision": "deny", "matched_rule": null})
+        .to_string(),
+    );
+    flows.push('\n');
+    std::fs::write(w.data().join("flows.jsonl"), flows).unwrap();
+    let raw = |text: &str| text.chars().filter(|c| c.is_control() && *c != '\n' && *c != '\t').count();
+    for format in ["table", "github-issue", "json", "yaml"] {
+        let out = diagnose(&w, &python, format);
+        assert_eq!(raw(&out), 0, "-o {format} printed control characters:\n{out}");
+        assert!(out.contains("owned"), "-o {format} dropped the line instead of escaping it:\n{out}");
+    }
+    let json: Value = serde_json::from_str(&diagnose(&w, &python, "json")).unwrap();
+    let last = json["flows"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["host"], host, "the JSON keeps the value");
+    let status = ok(&mut w.ppp(["daemon", "status"]));
+    assert!(status.contains("owned"), "{status}");
+    assert_eq!(raw(&status), 0, "{status}");
+    let upload = ok(w.ppp(["diagnose", "--upload"]).env("PPP_PYTHON", &python).env("PPP_SECRET_BACKEND", "file"));
+    let file = std::fs::read_dir(w.data().join("diagnose")).unwrap().next().unwrap().unwrap().path();
+    let body = std::fs::read_to_string(&file).unwrap();
+    assert!(body.contains("owned"), "{upload}");
+    assert_eq!(raw(&body), 0, "{}", file.display());
+}
+
 #[test]
 fn secrets_never_appear_in_any_format() {
     let w = populated();

@@ -38,7 +38,9 @@ pub fn run(args: &DiagnoseArgs, ctx: &Ctx) -> Result<ExitCode> {
 fn write_issue_body(dirs: &Dirs, report: &Report) -> Result<PathBuf> {
     let stamp: String = report.generated_at.chars().filter(char::is_ascii_alphanumeric).collect();
     let path = dirs.data.join("diagnose").join(format!("ppp-diagnose-{stamp}.md"));
-    crate::state::write_atomic_mode(&path, diagnose::render_github_issue(report).as_bytes(), 0o600)?;
+    // Read with `cat` and posted by `gh`: no guest's escape sequence in it.
+    let body = diagnose::render_github_issue(report);
+    crate::state::write_atomic_mode(&path, crate::output::terminal_safe(&body).as_bytes(), 0o600)?;
     Ok(path)
 }
 
