@@ -43,11 +43,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mitmproxy import addonmanager, connection, ctx, dns, http, tcp, tls, udp
+from mitmproxy import flow as mitm_flow
 from mitmproxy import exceptions as mitm_exceptions
 from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import commands, mode_servers, mode_specs, server_hooks
 from mitmproxy.proxy import events as proxy_events
 from mitmproxy.proxy import server as proxy_server
+from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import websocket as ws_layer
 from mitmproxy.proxy.layers.http import _http1
 
@@ -647,6 +649,50 @@ def _cap_http1_headers() -> None:
         cls.read_headers = read_headers
 
 
+def _cap_buffered_request_bodies() -> None:
+    """Bound a request body mitmproxy buffers: REFUSED_BODY_DRAIN.
+
+    ppp streams every request it lets through (`requestheaders` sets
+    `stream`), so mitmproxy 12.2.3 buffers a request body only when an
+    answer was set at `requestheaders`: a refusal, or mitm.it. It then reads
+    the whole body into `HttpStream.request_body_buf` before answering, with
+    no limit unless `body_size_limit` is set, and that option also refuses
+    a large declared upload before any addon has decided (it would break
+    64 MiB requests to an LLM API). `_refused_body` kills what it can see
+    coming (a large Content-Length, chunked), but an HTTP/2 or HTTP/3
+    request says that it has a body only by not ending the stream in its
+    HEADERS frame, which no hook sees. So `state_consume_request_body` is
+    wrapped once: past the bound, the stream fails as mitmproxy fails one
+    over `body_size_limit` (HTTP/1: 413 and close; HTTP/2: the stream
+    reset) and the buffer is dropped."""
+    cls = http_layer.HttpStream
+    orig = cls.state_consume_request_body
+    if getattr(orig, "ppp_capped", False):
+        return
+
+    def state_consume_request_body(self: Any, event: Any, _orig: Any = orig) -> Any:
+        if (
+            isinstance(event, http_layer.RequestData)
+            and len(self.request_body_buf) + len(event.data) > REFUSED_BODY_DRAIN
+        ):
+            self.request_body_buf.clear()
+            why = f"ppp: the body of a refused request is over {REFUSED_BODY_DRAIN} bytes"
+            log.info("%s; failing the stream", why)
+            self.flow.error = mitm_flow.Error(why)
+            yield http_layer.HttpErrorHook(self.flow)
+            yield http_layer.SendHttp(
+                http_layer.ResponseProtocolError(self.stream_id, why, http_layer.ErrorCode.REQUEST_TOO_LARGE),
+                self.context.client,
+            )
+            self.client_state = self.state_errored
+            self.flow.live = False
+            return
+        yield from _orig(self, event)
+
+    state_consume_request_body.ppp_capped = True  # type: ignore[attr-defined]
+    cls.state_consume_request_body = state_consume_request_body
+
+
 def _cap_websocket_messages() -> None:
     """Bound the WebSocket message mitmproxy reassembles.
 
@@ -1044,6 +1090,7 @@ class PppAddon:
     def load(self, loader: Any) -> None:
         _cap_http1_headers()
         _cap_websocket_messages()
+        _cap_buffered_request_bodies()
         _frame_converted_bodies()
         _share_the_loop()
         _quiet_streaming_notes()

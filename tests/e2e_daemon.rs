@@ -1298,6 +1298,35 @@ fn a_flood_of_refused_dns_names_is_bounded_and_logged_throttled() {
     eprintln!("{logged} lines logged; {carried} refusals counted as suppressed so far");
 }
 
+/// An HTTP/2 request says it has a body only by not ending its stream with
+/// its HEADERS: a GET with no Content-Length whose body streams on, sent
+/// where ppp refuses it at the request (SNI of an allowed name, `Host` of
+/// another). mitmproxy reads a refused request's whole body before it
+/// answers; ppp fails the stream past 64 KiB instead of buffering 256 MiB.
+#[test]
+fn a_refused_http2_request_cannot_make_mitmdump_buffer_its_body() {
+    netns::require_env();
+    let rig = rig();
+    blue_reaches_upstream(&rig);
+    let ca = rig.topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem");
+    let cmd = format!(
+        "head -c 256M /dev/zero | curl -sS -m 40 --http2 --cacert {ca} --resolve {resolve} \
+         -H 'Host: attacker.test' -X GET -T - -o /dev/null -w '%{{http_version}} %{{http_code}}' https://echo.test/get-with-body",
+        ca = ca.display(),
+        resolve = resolve("echo.test", 443),
+    );
+    let f = flood(&rig, &["sh", "-c", &cmd], Duration::from_secs(120));
+    eprintln!("curl: {}", describe(&f.out));
+    f.assert_bounded("a 256 MiB body on a refused HTTP/2 GET");
+    // 413 on the stream; curl then waits for window to send the rest, which
+    // never comes, until its own -m.
+    assert_eq!(f.stdout(), "2 413", "HTTP/2, and refused as too large: {}", describe(&f.out));
+    assert!(
+        !rig.upstream.requests().iter().any(|r| r["path"] == "/get-with-body"),
+        "the refused request reached the upstream"
+    );
+}
+
 /// Issue 11, point 4: datagrams as fast as the guest sends them, to ppp's
 /// resolver and to a UDP service the policy allows. `mitmproxy_rs` queues a
 /// UDP flow's datagrams until Python reads them, with no limit of its own,
