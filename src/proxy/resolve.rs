@@ -99,7 +99,7 @@ pub struct Resolutions {
     lookups: Mutex<Bounded<String, (Vec<IpAddr>, Instant)>>,
     in_flight: tokio::sync::Semaphore,
     /// Lookups in flight per sandbox (no entry at zero: at most
-    /// MAX_LOOKUPS_IN_FLIGHT entries).
+    /// [`MAX_LOOKUPS_IN_FLIGHT`] entries).
     in_flight_by: Mutex<HashMap<String, usize>>,
     own: Mutex<(Option<Instant>, Vec<IpAddr>)>,
 }
