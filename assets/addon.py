@@ -28,6 +28,8 @@ See docs/addon.md for how each kind of denial is enforced.
 # annotations.
 import asyncio
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import ipaddress
 import inspect
@@ -39,6 +41,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +155,22 @@ HOLD_LIMIT = 3700.0
 # Requests one sandbox may have held at once; the daemon bounds its queue
 # too, this keeps the connections to it bounded.
 HOLD_MAX = 512
+# A decision not in the cache is asked in a worker thread, so that a host
+# lookup in the daemon (up to 750 ms for a name that does not answer) stalls
+# only the flow that needs it, not every sandbox's traffic on the loop.
+# Threads (each with its own daemon connection):
+DECIDE_THREADS = 16
+# Decisions one sandbox may have in those threads at once: fewer than the
+# threads, so one sandbox's slow names never take every thread; its others
+# wait their turn on the loop (a coroutine each).
+DECIDE_RUNNING = 4
+# Decisions one sandbox, and all together, may have waiting at once; past
+# either, a new one is denied at once, as HOLD_MAX denies a hold.
+DECIDE_MAX = 512
+DECIDE_TOTAL_MAX = 4096
+# Times a decision is asked again when the policy changed while it was
+# asked (its answer may be the old policy's); then it is denied.
+DECIDE_TRIES = 3
 # The longest hold reply read (a decision is a few hundred bytes).
 HOLD_REPLY_MAX = 64 * 1024
 # Client connections remembered as denied (dropped on disconnect anyway).
@@ -273,30 +292,47 @@ HELD_REASONS = {
 
 
 class Daemon:
-    """One persistent connection to the daemon socket, with request ids.
+    """Connections to the daemon socket, one per thread, with request ids.
 
-    Hooks run on mitmproxy's event loop one at a time, and a round trip is
-    well under a millisecond, so a blocking call behind a lock is enough.
+    The daemon answers one request at a time per connection, and a `decide`
+    may wait for a host lookup (up to 750 ms): the event loop and each
+    worker thread of `PppAddon._asked` therefore keep their own connection,
+    so a slow answer to one never delays another's.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._sock: socket.socket | None = None
-        self._buf = b""
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._ids = itertools.count(1)  # next() is atomic under the GIL
+        self._local = threading.local()
+        # Every thread's open socket, so close() reaches them all.
+        self._socks: set[socket.socket] = set()
+        self._socks_lock = threading.Lock()
 
     def close(self) -> None:
-        if self._sock is not None:
+        """Close every thread's connection; each reconnects on its next ask."""
+        with self._socks_lock:
+            socks, self._socks = self._socks, set()
+        for s in socks:
             try:
-                self._sock.close()
+                s.close()
             except OSError:
                 pass
-        self._sock = None
-        self._buf = b""
+
+    def _drop(self) -> None:
+        """Close this thread's connection."""
+        s = getattr(self._local, "sock", None)
+        self._local.sock, self._local.buf = None, b""
+        if s is not None:
+            with self._socks_lock:
+                self._socks.discard(s)
+            try:
+                s.close()
+            except OSError:
+                pass
 
     def _connect(self) -> socket.socket:
-        if self._sock is None:
+        s = getattr(self._local, "sock", None)
+        if s is None or s.fileno() < 0:  # none yet, or closed by close()
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(DAEMON_TIMEOUT)
             try:
@@ -304,17 +340,20 @@ class Daemon:
             except OSError:
                 s.close()
                 raise
-            self._sock = s
-        return self._sock
+            self._local.sock, self._local.buf = s, b""
+            with self._socks_lock:
+                self._socks.add(s)
+        return s
 
     def _once(self, req: dict[str, Any]) -> dict[str, Any]:
         rid = next(self._ids)
         s = self._connect()
+        local = self._local
         s.sendall((json.dumps({**req, "id": rid}) + "\n").encode())
         while True:
-            nl = self._buf.find(b"\n")
+            nl = local.buf.find(b"\n")
             if nl >= 0:
-                line, self._buf = self._buf[:nl], self._buf[nl + 1 :]
+                line, local.buf = local.buf[:nl], local.buf[nl + 1 :]
                 reply = json.loads(line)
                 if not isinstance(reply, dict):
                     raise DaemonError("malformed reply")
@@ -324,18 +363,18 @@ class Daemon:
             chunk = s.recv(65536)
             if not chunk:
                 raise ConnectionError("daemon closed the connection")
-            self._buf += chunk
+            local.buf += chunk
 
     def ask(self, req: dict[str, Any]) -> dict[str, Any]:
-        """One request; reconnects once (the daemon closes idle connections)."""
-        with self._lock:
-            for attempt in (0, 1):
-                try:
-                    return self._once(req)
-                except (OSError, ValueError, DaemonError) as e:
-                    self.close()
-                    if attempt == 1:
-                        raise DaemonError(f"daemon socket {self.path}: {e}") from e
+        """One request on this thread's connection; reconnects once (the
+        daemon closes idle connections)."""
+        for attempt in (0, 1):
+            try:
+                return self._once(req)
+            except (OSError, ValueError, DaemonError) as e:
+                self._drop()
+                if attempt == 1:
+                    raise DaemonError(f"daemon socket {self.path}: {e}") from e
         raise AssertionError("unreachable")
 
 
@@ -956,6 +995,26 @@ HELD_CLIENTS: dict[str, list[Any]] = {}
 HELD_WAITED: dict[str, float] = {}
 
 
+@contextlib.contextmanager
+def _paused(cid: str) -> Iterator[None]:
+    """While a hook of client `cid` waits (for the user, or for the daemon
+    in a worker thread): its read loop waits too (HELD_CLIENTS), and the
+    wait is not charged to its sandbox as loop time (HELD_WAITED)."""
+    held = HELD_CLIENTS.get(cid)
+    if held is None:
+        held = HELD_CLIENTS[cid] = [asyncio.Event(), 0]
+    held[1] += 1
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        HELD_WAITED[cid] = HELD_WAITED.get(cid, 0.0) + time.perf_counter() - started
+        held[1] -= 1
+        if held[1] <= 0:
+            held[0].set()
+            HELD_CLIENTS.pop(cid, None)
+
+
 def _share_key(handler: Any) -> Any:
     """The sandbox of a connection handler: its WireGuard listen port, or
     None (not shared) for any other mode."""
@@ -1084,6 +1143,14 @@ class PppAddon:
         self._open: dict[tuple[int, str], int] = {}
         self._counted: dict[str, tuple[int, str]] = {}
         self._hold_tasks: set[asyncio.Task[None]] = set()
+        # Decisions asked in worker threads now (`_asked`), per sandbox:
+        # [a semaphore of DECIDE_RUNNING, how many wait or run]; and in all.
+        self._asking: dict[str, list[Any]] = {}
+        self._asking_total = 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Bumped whenever the caches are dropped: an answer from a thread
+        # that crossed a bump may be the old policy's.
+        self._epoch = 0
 
     # ---- options -------------------------------------------------------
 
@@ -1119,6 +1186,11 @@ class PppAddon:
         self._close_flow_log()
         if self._watcher is not None:
             self._watcher.cancel()
+        if self._pool is not None:
+            # A thread still waiting on the daemon ends with its socket
+            # timeout; nobody awaits its answer any more.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         if self.daemon is not None:
             self.daemon.close()
 
@@ -1141,7 +1213,7 @@ class PppAddon:
             except Exception:  # noqa: BLE001
                 self._invalidate(None)  # the next hook asks, and denies if it fails
             try:
-                self.recheck_live()
+                await self.recheck_live()
             except Exception:  # noqa: BLE001
                 log.exception("ppp: could not re-check open connections")
             await asyncio.sleep(WATCH_INTERVAL)
@@ -1189,16 +1261,23 @@ class PppAddon:
             ctx.options.update(mode=modes)
         self._modes_stamp = stamp
 
-    def recheck_live(self) -> None:
+    async def recheck_live(self) -> None:
         """Once per new generation, re-decide every open stream and cut the
         ones the new policy denies: a rule removed must not leave a tunnel
-        the guest opened earlier."""
+        the guest opened earlier. A verdict not cached is asked off the
+        loop, as for a new flow (the daemon may look the name up again)."""
         gen = self.generation
         if gen is None or gen == self._live_generation:
             return
         self._live_generation = gen
         for fid, (flow, sandbox, host, ip, port, protocol) in list(self._live.items()):
-            v = self.decide(sandbox, host, ip, port, protocol)
+            if fid not in self._live:
+                continue  # ended while an earlier one was asked
+            v = self._cached(sandbox, host, ip, port, protocol)
+            if v is None:
+                v = await self._asked(None, sandbox, host, ip, port, protocol)
+            if fid not in self._live:
+                continue
             if v.allow:
                 continue
             if v.kind == "ask" and (flow.metadata.get("ppp") or {}).get("approval") == "allowed":
@@ -1283,6 +1362,7 @@ class PppAddon:
         return self.daemon.ask(req)
 
     def _invalidate(self, generation: int | None) -> None:
+        self._epoch += 1
         self._decisions.clear()
         self._secrets.clear()
         Scrubber._tables.clear()  # no secret outlives its generation here
@@ -1383,6 +1463,11 @@ class PppAddon:
         if (v := self._decisions.get(key)) is not None:
             return v
         r = self._ask({"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol})
+        return self._answer(key, r, host)
+
+    def _answer(self, key: tuple[Any, ...], r: dict[str, Any], host: str | None) -> Verdict:
+        """A `decide` reply as a Verdict, cached under `key` when it may be,
+        its generation seen. On the loop only. Raises DaemonError."""
         if not r.get("ok"):
             raise DaemonError(f"decide: {r.get('reason')} {r.get('detail', '')}")
         v, cache = self._from_reply(r, host)
@@ -1390,6 +1475,82 @@ class PppAddon:
         if cache:
             self._decisions[key] = v
         return v
+
+    def _cached(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict | None:
+        """decide() when the answer is cached, or None: then the hook hands
+        mitmproxy `_asked` to await. The generation is polled first, as
+        decide() does, and a failed poll denies."""
+        try:
+            self._poll()
+        except DaemonError as e:
+            log.warning("ppp: policy daemon unavailable, denying: %s", e)
+            return DAEMON_DOWN
+        return self._decisions.get((sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else ""))
+
+    async def _asked(
+        self, client: connection.Client | None, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str
+    ) -> Verdict:
+        """decide() for a verdict not cached, with the daemon asked in a
+        worker thread: the host lookup a `decide` may need (up to the
+        daemon's 750 ms for a name that never answers) then waits for this
+        flow alone, and the loop goes on with every other. The client's
+        read loop waits meanwhile, as for a hold. The answer is used,
+        cached and its generation seen here, on the loop; one that crossed
+        a policy change is asked again. Bounded per sandbox and in all:
+        past either, denied at once. Never raises; a failure denies and is
+        never cached."""
+        slot = self._asking.get(sandbox)
+        if slot is not None and slot[1] >= DECIDE_MAX:
+            return deny(f"{slot[1]} decisions of this sandbox already wait for the policy daemon", "policy")
+        if self._asking_total >= DECIDE_TOTAL_MAX:
+            return deny(f"{self._asking_total} decisions already wait for the policy daemon", "policy")
+        if slot is None:
+            slot = self._asking[sandbox] = [asyncio.Semaphore(DECIDE_RUNNING), 0]
+        slot[1] += 1
+        self._asking_total += 1
+        try:
+            with _paused(client.id) if client is not None else contextlib.nullcontext():
+                async with slot[0]:
+                    return await self._ask_in_thread(sandbox, host, ip, port, protocol)
+        except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
+            log.exception("ppp: a decision asked off the loop failed, denying")
+            return deny(f"internal error: {type(e).__name__}")
+        finally:
+            slot[1] -= 1
+            self._asking_total -= 1
+            if slot[1] <= 0 and self._asking.get(sandbox) is slot:
+                del self._asking[sandbox]
+
+    async def _ask_in_thread(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+        key = (sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else "")
+        req = {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol}
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(DECIDE_THREADS, thread_name_prefix="ppp-decide")
+        try:
+            for _ in range(DECIDE_TRIES):
+                # Time passed (a turn, or in the queue): poll again, so that
+                # what follows in this hook (a key injected) sees this
+                # generation, as on the synchronous path.
+                self._poll()
+                epoch = self._epoch
+                if (v := self._decisions.get(key)) is not None:
+                    return v  # another flow's answer came first
+                daemon = self.daemon
+                if daemon is None:
+                    raise DaemonError("ppp_state_dir is not set")
+                # The thread touches nothing of the addon's: it only asks,
+                # on its own connection (Daemon keeps one per thread).
+                r = await loop.run_in_executor(self._pool, daemon.ask, req)
+                # A reload while the daemon answered shows in the generation
+                # file (written before the reload is acknowledged).
+                self._poll()
+                if self._epoch == epoch:
+                    return self._answer(key, r, host)
+        except DaemonError as e:
+            log.warning("ppp: policy daemon unavailable, denying: %s", e)
+            return DAEMON_DOWN
+        return deny(f"the policy changed {DECIDE_TRIES} times while this flow was decided", "internal")
 
     @staticmethod
     def _from_reply(r: dict[str, Any], host: str | None) -> tuple[Verdict, bool]:
@@ -1477,12 +1638,6 @@ class PppAddon:
         if n >= HOLD_MAX:
             return deny(f"{n} requests of this sandbox already wait for approval", "policy")
         self._holding[sandbox] = n + 1
-        cid = client.id
-        held = HELD_CLIENTS.get(cid)
-        if held is None:
-            held = HELD_CLIENTS[cid] = [asyncio.Event(), 0]
-        held[1] += 1
-        started = time.perf_counter()
         writer = None
         req = {
             "op": "hold",
@@ -1496,10 +1651,11 @@ class PppAddon:
             "size": size,
         }
         try:
-            reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
-            writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
-            await writer.drain()
-            line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
+            with _paused(client.id):
+                reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
+                writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
+                await writer.drain()
+                line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
             r = json.loads(line) if line else None
             if not isinstance(r, dict):
                 raise DaemonError("the daemon ended a held request without an answer")
@@ -1520,11 +1676,6 @@ class PppAddon:
                 self._holding[sandbox] = left
             else:
                 self._holding.pop(sandbox, None)
-            HELD_WAITED[cid] = HELD_WAITED.get(cid, 0.0) + time.perf_counter() - started
-            held[1] -= 1
-            if held[1] <= 0:
-                held[0].set()
-                HELD_CLIENTS.pop(cid, None)
 
     def _spawn_hold(self, coro: Any) -> None:
         """Run a hold in the background; the flow stays intercepted until it
@@ -1766,8 +1917,10 @@ class PppAddon:
                 v = deny("no destination address")
             elif host == LOCAL_HOST:
                 v = LOCAL
+            elif (cached := self._cached(sandbox, host, ip, port, "tls")) is None:
+                return self._tls_asked(client, sandbox, host, ip, port)
             else:
-                v = self.decide(sandbox, host, ip, port, "tls")
+                v = cached
         except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
             log.exception("ppp: tls_clienthello failed, denying")
             v = deny(f"internal error: {type(e).__name__}")
@@ -1775,6 +1928,13 @@ class PppAddon:
             return self._tls_held(client, sandbox, host, ip, port)
         self._tls_decided(client, sandbox, host, ip, port, v)
         return None
+
+    async def _tls_asked(self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
+        v = await self._asked(client, sandbox, host, ip, port, "tls")
+        if v.kind == "ask":
+            await self._tls_held(client, sandbox, host, ip, port)
+        else:
+            self._tls_decided(client, sandbox, host, ip, port, v)
 
     async def _tls_held(self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
         v = await self._hold(client, sandbox, host, ip, port, "tls")
@@ -1847,10 +2007,10 @@ class PppAddon:
                 v = prior
             elif port is None:
                 v = deny("no destination address")
-            else:
-                v = self.decide(sandbox, host, ip, port, kind)
-                if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
-                    v = approved
+            elif (v := self._cached(sandbox, host, ip, port, kind)) is None:
+                return self._stream_asked(flow, kind, sandbox, host, ip, port)
+            elif v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
+                v = approved
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: %s_start failed, denying", kind)
             v = deny(f"internal error: {type(e).__name__}")
@@ -1858,6 +2018,17 @@ class PppAddon:
             return self._stream_held(flow, kind, sandbox, host, ip, port)
         self._stream_decided(flow, kind, sandbox, host, ip, port, v)
         return None
+
+    async def _stream_asked(
+        self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str, sandbox: str, host: str | None, ip: str | None, port: int
+    ) -> None:
+        v = await self._asked(flow.client_conn, sandbox, host, ip, port, kind)
+        if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
+            v = approved
+        if v.kind == "ask":
+            await self._stream_held(flow, kind, sandbox, host, ip, port)
+        else:
+            self._stream_decided(flow, kind, sandbox, host, ip, port, v)
 
     async def _stream_held(
         self, flow: tcp.TCPFlow | udp.UDPFlow, kind: str, sandbox: str, host: str | None, ip: str | None, port: int
@@ -2086,9 +2257,13 @@ class PppAddon:
 
     # ---- HTTP ----------------------------------------------------------
 
-    def _http_decide(self, flow: http.HTTPFlow) -> tuple[str, str | None, str | None, int] | None:
-        """Decide a request and mark it; or, when the default leaves it to
-        the user, return what to hold it by (sandbox, host, ip, port)."""
+    def _http_decide(
+        self, flow: http.HTTPFlow, off_loop: bool = True
+    ) -> tuple[str, str | None, str | None, int, Verdict | None] | None:
+        """Decide a request and mark it; or return what to go on with
+        (sandbox, host, ip, port, and the verdict): when the default leaves
+        it to the user (an `ask` verdict), or, with `off_loop`, when the
+        daemon must be asked (None: `_asked` does)."""
         sandbox = None
         host = None
         try:
@@ -2111,11 +2286,16 @@ class PppAddon:
                 self._serve_local(flow)
                 return
             else:
-                v = self.decide(sandbox, host, ip, port, "http")
+                if off_loop:
+                    if (cached := self._cached(sandbox, host, ip, port, "http")) is None:
+                        return (sandbox, host, ip, port, None)
+                    v = cached
+                else:
+                    v = self.decide(sandbox, host, ip, port, "http")
                 if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
                     v = approved
             if v.kind == "ask" and sandbox is not None and port is not None:
-                return (sandbox, host, ip, port)
+                return (sandbox, host, ip, port, v)
             self._http_decided(flow, sandbox, host, ip, port, v)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: HTTP policy check failed, denying")
@@ -2176,7 +2356,17 @@ class PppAddon:
         self._after_headers(flow)
         return None
 
-    async def _http_held(self, flow: http.HTTPFlow, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
+    async def _http_held(
+        self, flow: http.HTTPFlow, sandbox: str, host: str | None, ip: str | None, port: int, v: Verdict | None
+    ) -> None:
+        if v is None:
+            v = await self._asked(flow.client_conn, sandbox, host, ip, port, "http")
+            if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
+                v = approved
+            if v.kind != "ask":
+                self._http_decided(flow, sandbox, host, ip, port, v)
+                self._after_headers(flow)
+                return
         req = flow.request
         # The path without its query, which can carry secrets; bounded.
         path = req.path.split("?", 1)[0][:1024]
@@ -2199,7 +2389,9 @@ class PppAddon:
                     # goes in now, before mitmproxy sends the headers on.
                     meta["injected"] = True
                     if meta.get("secret_ok"):
-                        # _http_decide just polled, in this same hook.
+                        # Polled in this same hook run: by _http_decide, or
+                        # by _ask_in_thread as the daemon's answer arrived
+                        # (not after a hold's wait, as before ADR 0023).
                         self._inject(flow, meta["sandbox"], meta["host"], polled=True)
             if flow.response is None:
                 # The limit is known once the key is in: the default upload
@@ -2220,10 +2412,10 @@ class PppAddon:
             self._refused_body(flow)
 
     def request(self, flow: http.HTTPFlow) -> None:
-        if "ppp" not in flow.metadata and (held := self._http_decide(flow)) is not None:
+        if "ppp" not in flow.metadata and (held := self._http_decide(flow, off_loop=False)) is not None:
             # requestheaders did not run (e.g. a replayed flow), and nobody
             # is asked about a flow that is not the guest's own.
-            self._http_decided(flow, *held, deny("only a request from the guest is held for approval", "policy"))
+            self._http_decided(flow, *held[:4], deny("only a request from the guest is held for approval", "policy"))
         meta = flow.metadata.get("ppp", {})
         if flow.response is not None or meta.get("decision") != "allow":
             return

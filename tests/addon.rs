@@ -206,6 +206,16 @@ fn addon_holds_what_the_default_leaves_to_the_user() {
     assert_eq!(python_suite(&d.data, &["AskTest"]), 2);
 }
 
+/// A verdict not cached is asked off the event loop (ADR 0023).
+#[test]
+fn addon_decides_off_the_event_loop() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    let _daemon = Daemon::start(&d);
+    assert_eq!(python_suite(&d.data, &["OffLoopTest"]), 4);
+}
+
 /// Deletes the named network namespace on drop, also when an assertion fails.
 struct Cleanup(String);
 

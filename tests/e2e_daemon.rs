@@ -1327,6 +1327,79 @@ fn a_refused_http2_request_cannot_make_mitmdump_buffer_its_body() {
     );
 }
 
+/// Make the upstream's DNS server never answer `names`: a lookup of one
+/// waits until the asker gives up.
+fn silence(upstream: &Upstream, names: &[String]) {
+    let mut zone: serde_json::Map<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(&upstream.zone).unwrap()).unwrap();
+    for n in names {
+        zone.insert(n.clone(), "drop".into());
+    }
+    let tmp = upstream.zone.with_extension("tmp");
+    std::fs::write(&tmp, Value::Object(zone).to_string()).unwrap();
+    std::fs::rename(tmp, &upstream.zone).unwrap();
+}
+
+/// A name the guest pinned itself (`--resolve`) costs the daemon a host
+/// lookup, up to 750 ms when the name's DNS never answers. Red, under a
+/// wildcard rule, opens 20 connections at once to such names: each waits
+/// for its own lookup, and blue's request, made while they wait, completes
+/// without waiting for them (ADR 0023). An ordering check: red's requests
+/// are still pending when blue's is answered.
+#[test]
+fn names_that_never_resolve_stall_only_their_own_flows() {
+    netns::require_env();
+    let rig = rig();
+    let d = &rig.daemon;
+    d.ok(&["policy", "allow", "network", "--sandbox", "red", "*.silent.test"]);
+    // Last, so blue's verdict is cached: blue's request needs no daemon.
+    blue_reaches_upstream(&rig);
+    let names: Vec<String> = (0..20).map(|i| format!("n{i}.silent.test")).collect();
+    silence(&rig.upstream, &names);
+    let mut red: Vec<Child> = names
+        .iter()
+        .map(|n| {
+            let (pin, url) = (resolve(n, 80), format!("http://{n}/stalled"));
+            rig.guests[0].spawn(&[
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-m",
+                "120",
+                "--resolve",
+                &pin,
+                &url,
+            ])
+        })
+        .collect();
+    wait_until("the daemon's first lookup of one of red's names", netns::DEADLINE, || {
+        rig.upstream.dns_queries().iter().any(|q| q["name"].as_str().is_some_and(|n| n.ends_with(".silent.test")))
+    });
+    let (body, code) = curl(
+        &rig.guests[1],
+        &["-m", "120", "--resolve", &resolve("api.anthropic.com", 80), "http://api.anthropic.com/meanwhile"],
+    );
+    let pending = red.iter_mut().map(|c| c.try_wait().unwrap()).filter(Option::is_none).count();
+    eprintln!("{pending} of red's {} requests still pending when blue's was answered", names.len());
+    assert_eq!(code, "200", "blue's request: {body}");
+    assert!(
+        pending >= names.len() / 2,
+        "blue's request waited for red's lookups: only {pending} of red's {} requests were still pending when it was answered",
+        names.len()
+    );
+    for c in red {
+        let out = c.wait_with_output().unwrap();
+        // Refused: the names do not resolve to the address red chose.
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "403", "{}", describe(&out));
+    }
+    wait_until("each of red's refusals in flows.jsonl", netns::DEADLINE, || {
+        d.flows().iter().filter(|f| f["sandbox"] == "red" && f["path"] == "/stalled").count() == names.len()
+    });
+}
+
 /// Issue 11, point 4: datagrams as fast as the guest sends them, to ppp's
 /// resolver and to a UDP service the policy allows. `mitmproxy_rs` queues a
 /// UDP flow's datagrams until Python reads them, with no limit of its own,

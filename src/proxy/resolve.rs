@@ -33,12 +33,15 @@ const MAX_LOOKUPS: usize = 4096;
 const LOOKUP_TTL: Duration = Duration::from_secs(60);
 const LOOKUP_NEGATIVE_TTL: Duration = Duration::from_secs(15);
 /// A host lookup answers within this or counts as "does not resolve". The
-/// addon waits for the reply on mitmproxy's event loop, so this bounds the
-/// stall a guest can cause per distinct allowed name it has not resolved
-/// through ppp (each result is cached).
+/// addon waits for the reply in a worker thread (ADR 0023), so this bounds
+/// how long that one flow waits, not the other flows.
 const LOOKUP_TIMEOUT: Duration = Duration::from_millis(750);
-/// Host lookups in flight at once; more count as "does not resolve".
-const MAX_LOOKUPS_IN_FLIGHT: usize = 8;
+/// Host lookups in flight at once, over all sandboxes and per sandbox; more
+/// count as "does not resolve". Per sandbox, so that one sandbox's names
+/// that never answer cannot make another's names fail to resolve; over all,
+/// to bound the resolver threads (a lookup that timed out still runs).
+const MAX_LOOKUPS_IN_FLIGHT: usize = 32;
+const MAX_LOOKUPS_PER_SANDBOX: usize = 4;
 /// How often the host's own addresses are re-read.
 const OWN_REFRESH: Duration = Duration::from_secs(5);
 
@@ -95,6 +98,9 @@ pub struct Resolutions {
     answers: Mutex<Answers>,
     lookups: Mutex<Bounded<String, (Vec<IpAddr>, Instant)>>,
     in_flight: tokio::sync::Semaphore,
+    /// Lookups in flight per sandbox (no entry at zero: at most
+    /// [`MAX_LOOKUPS_IN_FLIGHT`] entries).
+    in_flight_by: Mutex<HashMap<String, usize>>,
     own: Mutex<(Option<Instant>, Vec<IpAddr>)>,
 }
 
@@ -104,6 +110,7 @@ impl Default for Resolutions {
             answers: Mutex::new(Bounded::new(MAX_ANSWERS)),
             lookups: Mutex::new(Bounded::new(MAX_LOOKUPS)),
             in_flight: tokio::sync::Semaphore::new(MAX_LOOKUPS_IN_FLIGHT),
+            in_flight_by: Mutex::new(HashMap::new()),
             own: Mutex::new((None, Vec::new())),
         }
     }
@@ -169,7 +176,7 @@ impl Resolutions {
                 return addrs.contains(&addr);
             }
         }
-        let Ok(_permit) = self.in_flight.try_acquire() else {
+        let Some(_slot) = self.slot(sandbox.unwrap_or("")) else {
             tracing::debug!("resolve: too many host lookups in flight; {name} counts as not resolving");
             return false;
         };
@@ -191,6 +198,19 @@ impl Resolutions {
         hit
     }
 
+    /// A place for one more host lookup by `sandbox`, or None when it, or
+    /// everyone together, has as many in flight as allowed.
+    fn slot(&self, sandbox: &str) -> Option<Slot<'_>> {
+        let permit = self.in_flight.try_acquire().ok()?;
+        let mut by = lock(&self.in_flight_by);
+        let n = by.entry(sandbox.to_owned()).or_insert(0);
+        if *n >= MAX_LOOKUPS_PER_SANDBOX {
+            return None;
+        }
+        *n += 1;
+        Some(Slot { owner: self, sandbox: sandbox.to_owned(), _permit: permit })
+    }
+
     /// Whether `addr` is one of this host's own addresses (any interface):
     /// a flow there reaches the host's services, whatever the range.
     pub fn is_own(&self, addr: IpAddr) -> bool {
@@ -208,6 +228,26 @@ impl Resolutions {
     #[must_use]
     pub fn answers_len(&self) -> usize {
         lock(&self.answers).len()
+    }
+}
+
+/// One host lookup's place in the bounds; given back on drop (also when the
+/// lookup's future is dropped: a daemon client that went away).
+struct Slot<'a> {
+    owner: &'a Resolutions,
+    sandbox: String,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut by = lock(&self.owner.in_flight_by);
+        if let Some(n) = by.get_mut(&self.sandbox) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.sandbox);
+            }
+        }
     }
 }
 
@@ -269,6 +309,26 @@ mod tests {
         }
         assert!(r.answered("red", "rr.test", ip("93.184.0.99"), t0));
         assert!(!r.answered("red", "rr.test", ip("93.184.0.0"), t0));
+    }
+
+    #[tokio::test]
+    async fn one_sandbox_cannot_take_every_lookup() {
+        let r = Resolutions::default();
+        // Red has as many lookups in flight as it may (names that never
+        // answer): its next one counts as not resolving, without a lookup.
+        let red: Vec<_> = (0..MAX_LOOKUPS_PER_SANDBOX).map(|_| r.slot("red").unwrap()).collect();
+        assert!(r.slot("red").is_none());
+        assert!(!r.resolves(Some("red"), "localhost", ip("127.0.0.1")).await);
+        // Blue's lookups go on.
+        assert!(r.resolves(Some("blue"), "localhost", ip("127.0.0.1")).await);
+        drop(red);
+        assert!(r.slot("red").is_some());
+        // Every slot given back leaves no entry behind.
+        assert!(lock(&r.in_flight_by).is_empty());
+        // And everyone together stays within the overall bound.
+        let all: Vec<_> = (0..MAX_LOOKUPS_IN_FLIGHT).map_while(|i| r.slot(&format!("s{i}"))).collect();
+        assert_eq!(all.len(), MAX_LOOKUPS_IN_FLIGHT);
+        assert!(r.slot("blue").is_none());
     }
 
     #[tokio::test]

@@ -167,7 +167,21 @@ def http_flow(
     return f
 
 
+def completing(hook: Any) -> Any:
+    """`hook` as mitmproxy runs it: an awaitable it returns (a decision
+    asked off the loop, a hold) is awaited to its end."""
+
+    def run(*args: Any) -> None:
+        if (waiting := hook(*args)) is not None:
+            asyncio.run(waiting)
+
+    return run
+
+
 class Base(unittest.TestCase):
+    # Whether the hooks that may return an awaitable are run to the end.
+    complete_hooks = True
+
     def setUp(self) -> None:
         if not STATE:
             self.fail("PPP_STATE_DIR is not set; run through `cargo test --test addon`")
@@ -175,6 +189,9 @@ class Base(unittest.TestCase):
         self.tctx = taddons.context(self.addon)
         self.tctx.__enter__()
         self.tctx.configure(self.addon, ppp_state_dir=STATE)
+        if self.complete_hooks:
+            for name in ("tls_clienthello", "requestheaders", "tcp_start", "udp_start"):
+                setattr(self.addon, name, completing(getattr(self.addon, name)))
 
     def tearDown(self) -> None:
         self.addon.done()
@@ -725,7 +742,7 @@ class Live(Base):
         def boom(*a: Any, **k: Any) -> Any:
             raise RuntimeError("boom")
 
-        self.addon.decide = boom  # type: ignore[method-assign]
+        self.addon.decide = self.addon._cached = boom  # type: ignore[method-assign]
         f = self.run_http(http_flow(51820, "www.allowed.test"))
         self.assertEqual(f.response.status_code, 403)
         c = self.tls(51820, "www.allowed.test", "93.184.216.34")
@@ -733,8 +750,8 @@ class Live(Base):
 
     def test_reconnects_when_the_daemon_drops_the_connection(self) -> None:
         self.assertEqual(self.run_http(http_flow(51820, "a.allowed.test")).response.status_code, 200)
-        sock = self.addon.daemon._sock
-        self.assertIsNotNone(sock, "one persistent connection")
+        sock = self.addon.daemon._local.sock
+        self.assertIsNotNone(sock, "one persistent connection (this thread's)")
         sock.shutdown(socket.SHUT_RDWR)  # as the daemon's idle timeout does
         self.addon._last_poll = 0.0
         self.assertEqual(self.run_http(http_flow(51820, "b.allowed.test")).response.status_code, 200)
@@ -1091,6 +1108,8 @@ class Live(Base):
 class AskTest(Base):
     """The addon's side of an `ask` default, against a stand-in daemon."""
 
+    complete_hooks = False  # a held hook is looked at, not awaited
+
     def stand_in(self, verdicts: dict[str, str]) -> list[dict[str, Any]]:
         seen: list[dict[str, Any]] = []
 
@@ -1344,6 +1363,131 @@ class HookDispatchTest(unittest.TestCase):
         self.assertEqual(calls, ["a:request", "b:request"])
         self.assertTrue(any("not callable" in m for m in logged.output))
         self.assertNotIn("request", self.manager.ppp_hook_table)
+
+
+class OffLoopTest(Base):
+    """A verdict not cached is asked in a worker thread (ADR 0023): the
+    hook returns an awaitable, and the event loop goes on meanwhile."""
+
+    complete_hooks = False  # the hooks' own return values are the subject
+
+    def test_a_cached_verdict_returns_no_awaitable(self) -> None:
+        first = http_flow(51820, "cached.allowed.test")
+        asyncio.run(self.addon.requestheaders(first))
+        self.assertEqual(first.metadata["ppp"]["decision"], "allow")
+        calls = self.count_daemon_calls()
+        again = http_flow(51820, "cached.allowed.test")
+        self.assertIsNone(self.addon.requestheaders(again), "a cached verdict is applied in the hook itself")
+        self.assertEqual(again.metadata["ppp"]["decision"], "allow")
+        self.assertNotIn("decide", calls)
+
+    def test_a_miss_is_asked_in_a_thread_and_decides_as_before(self) -> None:
+        threads: list[str] = []
+        real = self.addon.daemon.ask
+
+        def recording(req: dict[str, Any]) -> dict[str, Any]:
+            if req["op"] == "decide":
+                threads.append(A.threading.current_thread().name)
+            return real(req)
+
+        self.addon.daemon.ask = recording  # type: ignore[method-assign]
+        ok, evil = http_flow(51820, "miss.allowed.test"), http_flow(51820, "evil.allowed.test")
+        for f in (ok, evil):
+            waiting = self.addon.requestheaders(f)
+            self.assertIsNotNone(waiting, "a miss hands mitmproxy something to await")
+            self.assertNotIn("ppp", f.metadata, "nothing decided before the daemon answers")
+            asyncio.run(waiting)
+        self.assertEqual(ok.metadata["ppp"]["decision"], "allow")
+        self.assertIsNone(ok.response)
+        self.assertEqual(evil.response.status_code, 403)
+        self.assertEqual(len(threads), 2)
+        self.assertTrue(all(t.startswith("ppp-decide") for t in threads), threads)
+        # TLS and TCP go the same way.
+        c = client(51820)
+        cx = Context(c, self.tctx.options)
+        cx.server = server("93.184.216.35", 443)  # not the HTTP flow's key
+        hello = ClientHelloData(cx, types.SimpleNamespace(sni="evil.allowed.test"))  # type: ignore[arg-type]
+        waiting = self.addon.tls_clienthello(hello)
+        self.assertIsNotNone(waiting)
+        asyncio.run(waiting)
+        self.assertIsNotNone(self.connect(c, "93.184.216.35", 443))
+        t = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.1", 5432))
+        waiting = self.addon.tcp_start(t)
+        self.assertIsNotNone(waiting)
+        asyncio.run(waiting)
+        self.assertFalse(t.error)
+        self.assertEqual(t.metadata["ppp"]["decision"], "allow")
+
+    def test_one_sandbox_cannot_take_every_thread_and_past_its_bound_is_denied(self) -> None:
+        release = A.threading.Event()
+        real = self.addon.daemon.ask
+
+        def slow_for_red(req: dict[str, Any]) -> dict[str, Any]:
+            if req["op"] == "decide" and req["sandbox"] == "red-fox":
+                release.wait(30)  # as a host lookup that never answers
+            return real(req)
+
+        self.addon.daemon.ask = slow_for_red  # type: ignore[method-assign]
+        saved = A.DECIDE_MAX
+        A.DECIDE_MAX = 2 * A.DECIDE_RUNNING
+        results: dict[str, Any] = {}
+
+        async def run() -> None:
+            red = [http_flow(51820, f"r{i}.allowed.test") for i in range(A.DECIDE_MAX + 1)]
+            tasks = [asyncio.ensure_future(self.addon.requestheaders(f)) for f in red]
+            await asyncio.sleep(0.05)
+            # The one past the bound was denied at once; the others wait.
+            results["over"] = red[-1].response
+            results["held"] = all(f.client_conn.id in A.HELD_CLIENTS for f in red[:-1])
+            results["pending"] = sum(1 for f in red[:-1] if "ppp" not in f.metadata)
+            blue = http_flow(51821, "b.allowed.test")
+            # Blue's new decision gets a thread while red's are all stuck.
+            await self.addon.requestheaders(blue)
+            results["blue"] = blue.metadata["ppp"]["decision"]
+            results["red_still_pending"] = sum(1 for f in red[:-1] if "ppp" not in f.metadata)
+            release.set()
+            await asyncio.gather(*tasks)
+            results["red"] = [f.metadata["ppp"]["decision"] for f in red[:-1]]
+
+        try:
+            asyncio.run(run())
+        finally:
+            release.set()
+            A.DECIDE_MAX = saved
+        self.assertIsNotNone(results["over"])
+        self.assertEqual(results["over"].status_code, 403)
+        self.assertIn("already wait for the policy daemon", results["over"].text)
+        self.assertTrue(results["held"], "a client waiting for its decision reads nothing more")
+        self.assertEqual(results["pending"], 2 * A.DECIDE_RUNNING)
+        self.assertEqual(results["blue"], "allow")
+        self.assertEqual(results["red_still_pending"], 2 * A.DECIDE_RUNNING)
+        self.assertEqual(results["red"], ["allow"] * (2 * A.DECIDE_RUNNING))
+        self.assertEqual(A.HELD_CLIENTS, {})
+        self.assertEqual((self.addon._asking, self.addon._asking_total), ({}, 0))
+
+    def test_a_daemon_failure_in_the_thread_denies_and_is_not_cached(self) -> None:
+        real = self.addon.daemon.ask
+        down = [True]
+
+        def flaky(req: dict[str, Any]) -> dict[str, Any]:
+            if down[0] and req["op"] == "decide":
+                raise A.DaemonError("down")
+            return real(req)
+
+        self.addon.daemon.ask = flaky  # type: ignore[method-assign]
+        f = http_flow(51820, "flaky.allowed.test")
+        asyncio.run(self.addon.requestheaders(f))
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("daemon did not answer", f.response.text)
+        t = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.2", 5432))
+        asyncio.run(self.addon.tcp_start(t))
+        self.assertTrue(t.error)
+        down[0] = False
+        f = http_flow(51820, "flaky.allowed.test")
+        waiting = self.addon.requestheaders(f)
+        self.assertIsNotNone(waiting, "the failure was not cached")
+        asyncio.run(waiting)
+        self.assertEqual(f.metadata["ppp"]["decision"], "allow")
 
 
 class NoDaemon(Base):

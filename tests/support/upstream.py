@@ -11,8 +11,9 @@ as they are sent; `/ws` is a WebSocket server that counts what a client
 sends (binary messages) and answers each text message with
 `{"echo": <text>, "bytes": <binary bytes so far>}`. DNS on ADDR:53 (UDP) answers A
 queries from ZONE, a JSON object {name: ipv4} re-read on every query (so a
-test can change answers), NXDOMAIN for unknown names, and logs each query as
-a JSON line to DNSLOG. READY is created once every socket listens: the
+test can change answers), NXDOMAIN for unknown names, no answer at all for a
+name whose value is "drop" (a name whose DNS never answers), and logs each
+query as a JSON line to DNSLOG. READY is created once every socket listens: the
 fixture polls for it instead of sleeping.
 
 usage: upstream.py ADDR[,ADDR...] CERT KEY LOG READY ZONE DNSLOG
@@ -209,6 +210,8 @@ def dns_answer(query):
     with log_lock, open(dns_log_path, "a") as f:
         # arcount: the additional records (EDNS among them) that arrived.
         f.write(json.dumps({"name": name, "qtype": qtype, "answer": ip, "arcount": arcount}) + "\n")
+    if ip == "drop":
+        return None
     answers, ancount, rcode = b"", 0, 0
     if ip is None:
         rcode = 3  # NXDOMAIN
