@@ -129,6 +129,24 @@ mod tests {
         assert_eq!(p, "/\\u{1b}]0;ok\\u{7}\\u{d}\\u{a}\\u{9b}2J");
     }
 
+    /// Bidirectional overrides and isolates reorder what a terminal (and a
+    /// browser) shows: `\u{202e}moc.elgoog` reads as `google.com`; zero-width
+    /// and invisible characters make two different hosts look the same.
+    #[test]
+    fn printable_text_has_no_reordering_or_invisible_characters() {
+        use super::{json_line, printable};
+        for c in ['\u{202e}', '\u{2066}', '\u{200f}', '\u{061c}', '\u{200b}', '\u{feff}', '\u{2028}', '\u{ad}'] {
+            let host = format!("{c}moc.elgoog");
+            let p = printable(&host);
+            assert!(!p.contains(c), "{c:?} kept: {p}");
+            assert!(p.ends_with("moc.elgoog"), "{p}");
+            let j = json_line(&host).unwrap();
+            assert!(!j.contains(c), "{c:?} kept in JSON: {j}");
+            assert_eq!(serde_json::from_str::<String>(&j).unwrap(), host);
+        }
+        assert_eq!(printable("b\u{fc}cher.example/\u{65e5}\u{672c}"), "b\u{fc}cher.example/\u{65e5}\u{672c}");
+    }
+
     #[test]
     fn table_aligns() {
         let t = super::table(

@@ -786,6 +786,41 @@ mod tests {
         assert_eq!(e.decide_flow(&own).1, Some(Refusal::Internal(ip("93.184.216.34"))));
     }
 
+    /// Under an `ask` default nothing internal is ever left to the user: a
+    /// flow that would be held is one an approval could let through, so
+    /// every way of naming an internal address (no name, a literal in the
+    /// name, a name resolving there, the host's own address, IPv4-mapped
+    /// IPv6) is refused before it could be held. Only an address rule opens
+    /// one.
+    #[test]
+    fn an_approval_can_never_open_an_internal_address_under_ask() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let e = Engine::build(Verdict::Ask, vec![allow("10.9.0.5"), allow("named.test")], vec![]).unwrap();
+        for addr in ["127.0.0.1", "169.254.169.254", "10.1.2.3", "100.64.0.1", "fd00::1", "::ffff:10.1.2.3", "::1"] {
+            let want = ip(addr).to_canonical();
+            let (d, r) = e.decide_flow(&flow(None, addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Internal(want))), "{addr} unnamed");
+            // A name no rule covers (the default would ask) resolving there.
+            let (d, r) = e.decide_flow(&flow(Some("new.test"), addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Rebinding(want))), "{addr} named");
+            // A name a rule allows resolving there: still the address's call.
+            let (d, r) = e.decide_flow(&flow(Some("named.test"), addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Rebinding(want))), "{addr} allowed name");
+            // The address as the name, sent to a public address that asks.
+            let (d, r) = e.decide_flow(&flow(Some(addr), "93.184.216.34", 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Internal(want))), "{addr} as Host");
+        }
+        // The host's own public address counts as internal too.
+        let mut own = flow(None, "93.184.216.34", 80);
+        own.local = true;
+        assert_eq!(e.decide_flow(&own).1, Some(Refusal::Internal(ip("93.184.216.34"))));
+        // A public address is what the default asks about, and an address
+        // rule still opens its internal address without asking.
+        assert_eq!(e.decide_flow(&flow(None, "93.184.216.34", 80)).0.verdict, Verdict::Ask);
+        assert_eq!(e.decide_flow(&flow(Some("new.test"), "93.184.216.34", 80)).0.verdict, Verdict::Ask);
+        assert_eq!(e.decide_flow(&flow(None, "10.9.0.5", 80)).0.verdict, Verdict::Allow);
+    }
+
     #[test]
     fn an_address_literal_as_the_name_does_not_replace_the_destination() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();

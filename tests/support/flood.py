@@ -15,6 +15,13 @@ usage:
                                      distinct names PREFIX<i>.flood.test
   flood.py udp IP PORT SECONDS SIZE  SIZE-byte datagrams to IP:PORT as fast
                                      as they go, for SECONDS
+  flood.py held IP HOST TOTAL STALL  a POST to IP:80 with Host HOST and a
+                                     chunked body of up to TOTAL bytes, sent
+                                     as fast as the connection takes it;
+                                     prints {"sent", "stalled"} once TOTAL
+                                     went or a send blocked STALL seconds,
+                                     then {"reply"}: the status line, or
+                                     "closed"
 """
 
 import base64
@@ -144,6 +151,37 @@ def udp(ip, port, seconds, size):
     return {"sent": sent}
 
 
+def held(ip, host, total, stall):
+    """Headers an `ask` default holds, then the body behind them, pushed
+    while the user has not answered: what mitmdump reads of it meanwhile it
+    would have to keep."""
+    s = socket.create_connection((ip, 80), timeout=30)
+    s.sendall(f"POST /held-body HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    size = 1 << 20
+    chunk = b"%x\r\n" % size + bytes(size) + b"\r\n"
+    s.settimeout(stall)
+    sent, stalled = 0, False
+    while sent < total:
+        try:
+            s.sendall(chunk)
+        except TimeoutError:
+            stalled = True
+            break
+        sent += size
+    print(json.dumps({"sent": sent, "stalled": stalled}), flush=True)
+    s.settimeout(120)
+    got = b""
+    try:
+        while b"\r\n" not in got:
+            more = s.recv(4096)
+            if not more:
+                break
+            got += more
+    except OSError:
+        pass
+    return {"reply": got.split(b"\r\n", 1)[0].decode("latin-1") if b"\r\n" in got else "closed"}
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "ws":
@@ -154,6 +192,8 @@ def main():
         out = dns(args[0], int(args[1]), args[2], int(args[3]))
     elif cmd == "udp":
         out = udp(args[0], int(args[1]), float(args[2]), int(args[3]))
+    elif cmd == "held":
+        out = held(args[0], args[1], int(args[2]), float(args[3]))
     else:
         raise SystemExit(__doc__)
     print(json.dumps(out))
