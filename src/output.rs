@@ -7,30 +7,53 @@ use std::io::Write;
 
 use anyhow::Result;
 
-/// `text` with each control character shown as `\u{..}`. For text a guest
-/// chose (a host, a path, a method) on its way to the user's terminal: an
-/// escape sequence in it could retitle the terminal, move the cursor or
-/// repaint lines, and so change what the user reads before answering.
+/// Whether `c` may not reach the user's terminal as it is: a control
+/// character (C0, DEL, C1), or one that reorders or hides text: the
+/// bidirectional marks, embeddings, overrides and isolates
+/// (`\u{202e}moc.elgoog` reads as `google.com` on a terminal that does
+/// bidi), zero-width and other invisible format characters (two different
+/// hosts that look the same), and the line and paragraph separators.
+#[must_use]
+pub fn hides_text(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{61c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
+/// `text` with each character [`hides_text`] says may not reach a terminal
+/// shown as `\u{..}`. For text a guest chose (a host, a path, a method) on
+/// its way to the user's terminal: an escape sequence in it could retitle
+/// the terminal, move the cursor or repaint lines, and a bidi override
+/// could reorder it, and so change what the user reads before answering.
 #[must_use]
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().any(char::is_control) {
-        text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    if text.chars().any(hides_text) {
+        text.chars().map(|c| if hides_text(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
     } else {
         std::borrow::Cow::Borrowed(text)
     }
 }
 
-/// `value` as one line of JSON in which every control character is
-/// escaped: JSON itself escapes only those below U+0020, and DEL and the C1
-/// controls (U+0080..U+009F, a CSI among them) would reach a terminal that
-/// reads the line raw.
+/// `value` as one line of JSON in which every character [`hides_text`]
+/// names is escaped: JSON itself escapes only those below U+0020, and DEL,
+/// the C1 controls (U+0080..U+009F, a CSI among them) and bidi overrides
+/// would reach a terminal that reads the line raw.
 pub fn json_line<T: serde::Serialize>(value: &T) -> Result<String> {
     let text = serde_json::to_string(value)?;
-    if !text.chars().any(char::is_control) {
+    if !text.chars().any(hides_text) {
         return Ok(text);
     }
     Ok(text.chars().fold(String::with_capacity(text.len()), |mut out, c| {
-        if c.is_control() {
+        if hides_text(c) {
             let _ = write!(out, "\\u{:04x}", u32::from(c));
         } else {
             out.push(c);

@@ -681,6 +681,19 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
         "no such record",
     );
 
+    // 12. What the user's terminal shows: a Host whose bidi override makes
+    // `policy log` read `google.com` (and an invisible character in the
+    // path) is shown escaped.
+    let (body, code) = curl(red, &["-H", "Host: \u{202e}moc.elgoog", "http://10.77.0.9/\u{200b}"]);
+    f.check(code == "403", "12 a reversed Host to an allowed address", &body);
+    let log = d.ok(&["policy", "log", "red"]);
+    f.check(log.contains("moc.elgoog"), "12 the flow is logged", &log);
+    f.check(
+        !log.chars().any(|c| ppp::output::hides_text(c) && c != '\n'),
+        "12 `policy log` printed a bidi override or invisible character",
+        format!("{log:?}"),
+    );
+
     // 2 (cont.). Internal addresses need an address rule even under
     // allow-all: the attacker's second address, and the host's own.
     d.ok(&["policy", "init", "allow-all", "--force"]);

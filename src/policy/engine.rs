@@ -734,6 +734,25 @@ mod tests {
         }
     }
 
+    /// An IPv4 address inside IPv6 that a host's network turns back into
+    /// IPv4: NAT64's well-known prefix (`64:ff9b::/96`, DNS64 answers and
+    /// the NAT gateway of an IPv6-only cloud subnet) reaches the embedded
+    /// address, so `64:ff9b::a9fe:a9fe` is the metadata service there; and
+    /// the deprecated IPv4-compatible `::/96` goes out through `sit0`'s
+    /// automatic tunnel. Both are judged by the address they carry.
+    #[test]
+    fn ipv4_embedded_in_nat64_or_compatible_ipv6_is_judged_as_ipv4() {
+        for ip in ["64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b::7f00:1", "::a00:1", "::a9fe:a9fe", "::5db8:d822"] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        // A public address through NAT64 is what an IPv6-only host uses.
+        assert!(!is_internal("64:ff9b::5db8:d822".parse().unwrap()));
+        let e = Engine::build(Verdict::Allow, vec![], vec![]).unwrap();
+        let (d, r) = e.decide_flow(&flow(Some("meta.test"), "64:ff9b::a9fe:a9fe", 80));
+        assert_eq!(d.verdict, Verdict::Deny, "{r:?}");
+        assert_eq!(e.decide_flow(&flow(None, "64:ff9b::a00:1", 80)).0.verdict, Verdict::Deny);
+    }
+
     fn flow<'a>(host: Option<&'a str>, ip: &str, port: u16) -> Flow<'a> {
         Flow { host, ip: Some(ip.parse().unwrap()), port, resolved: Some(true), ..Flow::default() }
     }
