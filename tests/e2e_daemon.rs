@@ -694,6 +694,29 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
         format!("{log:?}"),
     );
 
+    // 13. The addon logs a refused Host to proxy.log as the guest sent it;
+    // `ppp diagnose` and `ppp daemon status` show proxy.log's lines on the
+    // user's terminal, so an escape sequence there would retitle it (or
+    // worse).
+    let (body, code) = curl(red, &["-H", "Host: evil\u{1b}]0;pwned\u{7}\u{1b}[2J.test", "http://10.77.0.9/esc"]);
+    f.check(code == "403", "13 an escape sequence in Host", &body);
+    let proxy_log = d.dirs().proxy_log();
+    wait_until("the refusal in proxy.log", netns::DEADLINE, || {
+        std::fs::read_to_string(&proxy_log).is_ok_and(|l| l.contains("denied HTTP evil"))
+    });
+    for args in [&["diagnose", "-o", "table"][..], &["daemon", "status"]] {
+        let out = d.ppp(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        f.check(
+            !text.chars().any(|c| ppp::output::hides_text(c) && c != '\n'),
+            &format!("13 `ppp {}` printed the guest's escape sequence", args.join(" ")),
+            format!("{text:?}"),
+        );
+        if args[0] == "diagnose" {
+            f.check(text.contains("denied HTTP evil"), "13 diagnose shows the refusal", format!("{text:?}"));
+        }
+    }
+
     // 2 (cont.). Internal addresses need an address rule even under
     // allow-all: the attacker's second address, and the host's own.
     d.ok(&["policy", "init", "allow-all", "--force"]);

@@ -336,7 +336,8 @@ impl Engine {
 /// (RFC 1918, ULA), link-local (with the cloud metadata address
 /// 169.254.169.254), CGNAT, benchmarking, documentation, reserved,
 /// multicast and broadcast, and the IPv6 special ranges. IPv4-mapped IPv6
-/// is judged as the IPv4 address. Wider than Python's `not is_global` where
+/// and NAT64's `64:ff9b::/96` are judged as the IPv4 address they carry;
+/// IPv4-compatible `::/96` is internal. Wider than Python's `not is_global` where
 /// they differ (all of `192.0.0.0/24` and `2001::/23`), never narrower.
 #[must_use]
 pub fn is_internal(ip: IpAddr) -> bool {
@@ -358,7 +359,15 @@ pub fn is_internal(ip: IpAddr) -> bool {
         }
         IpAddr::V6(v6) => {
             let s = v6.segments();
-            v6.is_loopback()
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                // NAT64's well-known prefix reaches the IPv4 address it
+                // carries.
+                let o = v6.octets();
+                return is_internal(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
+            }
+            // IPv4-compatible (deprecated; `sit0` tunnels it), `::` and `::1`.
+            s[..6] == [0; 6]
+                || v6.is_loopback()
                 || v6.is_unspecified()
                 || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
                 || (s[0] == 0x100 && s[1] == 0 && s[2] == 0 && s[3] == 0)
@@ -739,7 +748,9 @@ mod tests {
     /// the NAT gateway of an IPv6-only cloud subnet) reaches the embedded
     /// address, so `64:ff9b::a9fe:a9fe` is the metadata service there; and
     /// the deprecated IPv4-compatible `::/96` goes out through `sit0`'s
-    /// automatic tunnel. Both are judged by the address they carry.
+    /// automatic tunnel. NAT64 is judged by the address it carries;
+    /// `::/96`, which nothing legitimate uses, is internal whatever it
+    /// carries.
     #[test]
     fn ipv4_embedded_in_nat64_or_compatible_ipv6_is_judged_as_ipv4() {
         for ip in ["64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b::7f00:1", "::a00:1", "::a9fe:a9fe", "::5db8:d822"] {
