@@ -736,7 +736,9 @@ pub fn log_tail(path: &Path, n: usize) -> Result<LogTail> {
         lines.remove(0);
     }
     let skip = lines.len().saturating_sub(n);
-    tail.lines = lines[skip..].iter().map(|l| (*l).to_owned()).collect();
+    // proxy.log holds what the guest sent (a refused Host, a DNS name), and
+    // these lines reach the user's terminal: never as they are.
+    tail.lines = lines[skip..].iter().map(|l| crate::output::printable(l).into_owned()).collect();
     Ok(tail)
 }
 
@@ -1183,6 +1185,10 @@ mod tests {
         assert_eq!(t.lines, ["line 7", "line 8", "line 9"]);
         let t = log_tail(&p, 100).unwrap();
         assert_eq!(t.lines.len(), 10, "the cut first line is dropped");
+        // What the guest sent is in proxy.log; never on the terminal as is.
+        std::fs::write(&p, "ppp: [red] denied HTTP evil\u{1b}]0;pwned\u{7}\u{202e}.test: blocked\n").unwrap();
+        let t = log_tail(&p, 3).unwrap();
+        assert!(!t.lines[0].chars().any(crate::output::hides_text) && t.lines[0].contains("pwned"), "{:?}", t.lines);
     }
 
     #[test]
