@@ -681,6 +681,35 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
         "no such record",
     );
 
+    // 14. Other spellings that might make SNI and Host "agree" for the
+    // check but not for the upstream: userinfo in Host, a percent-encoded
+    // dot in an absolute-form target, TLS without SNI (an address as the
+    // URL) carrying the service's Host. All refused.
+    let anth = resolve("api.anthropic.com", 443);
+    let (body, code) = curl(
+        red,
+        &["--cacert", ca, "--resolve", &anth, "-H", "Host: attacker.test@api.anthropic.com", "https://api.anthropic.com/ui"],
+    );
+    f.check(code == "403", "14 userinfo in Host", &body);
+    let (body, code) = tls_echo("--http1.1", "https://echo%2etest/pct");
+    f.check(code == "403", "14 a percent-encoded dot in the target", &body);
+    let (body, code) =
+        curl(red, &["-k", "-H", "Host: api.anthropic.com", &format!("https://{}/no-sni", netns::ATTACKER_IP)]);
+    f.check(code == "403", "14 TLS without SNI carrying the service's Host", &body);
+    // `Host: <169.254.169.254 in decimal>` to an allowed address: a name
+    // that does not resolve there, not the metadata address.
+    let (body, code) = curl(red, &["-H", "Host: 2852039166", "http://10.77.0.9/decimal"]);
+    f.check(code == "403", "14 a decimal address in Host", &body);
+    // DNS over TCP to another server is refused like UDP.
+    let asked = rig.upstream.dns_queries().len();
+    let out = red.run(&["dig", "+tcp", "+time=3", "+tries=1", &format!("@{UPSTREAM_IP}"), "echo.test", "A"]);
+    f.check(
+        String::from_utf8_lossy(&out.stdout).contains("status: REFUSED"),
+        "14 DNS over TCP to another server",
+        describe(&out),
+    );
+    f.check(rig.upstream.dns_queries().len() == asked, "14 the TCP query reached the guest's server", asked);
+
     // 12. What the user's terminal shows: a Host whose bidi override makes
     // `policy log` read `google.com` (and an invisible character in the
     // path) is shown escaped.
