@@ -392,13 +392,14 @@ fn a_raw_tcp_stream_is_held_at_its_start() {
 /// went into mitmdump's queue.
 #[test]
 fn a_body_pushed_behind_held_headers_stays_in_the_guest() {
+    /// What the guest tries to push, and what may leave it while held.
+    const TOTAL: u64 = 256 << 20;
+    const BOUND: u64 = 32 << 20;
     netns::require_env();
     let rig = rig();
     let (red, d) = (&rig.guests[0], &rig.daemon);
     let status: Value = serde_json::from_str(&d.ok(&["daemon", "status", "--json"])).unwrap();
     let mitm = u32::try_from(status["mitmdump_pid"].as_i64().expect("mitmdump pid")).unwrap();
-    const TOTAL: u64 = 256 << 20;
-    const BOUND: u64 = 32 << 20;
     netns::reset_peak(mitm);
     let (before, _) = netns::memory_kib(mitm);
     let mut c = Command::new("ip")

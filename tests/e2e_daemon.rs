@@ -710,6 +710,33 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
     );
     f.check(rig.upstream.dns_queries().len() == asked, "14 the TCP query reached the guest's server", asked);
 
+    // 15. HTTP/2 connection coalescing: a connection made for the service
+    // (its first stream gets the key) carries streams for other hosts.
+    let out = red.run(&[
+        netns::venv_python().to_str().unwrap(),
+        netns::flood_script().to_str().unwrap(),
+        "h2",
+        &UPSTREAM_IP.to_string(),
+        ca,
+        "api.anthropic.com",
+        "api.anthropic.com",
+        "echo.test",
+        netns::ATTACKER_NAME,
+    ]);
+    let streams: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    assert_eq!(streams[0]["status"], "200", "the connection's own host: {streams}");
+    f.check(!streams[0]["body"].as_str().unwrap().contains(KEY), "15 the key echoed over HTTP/2", &streams[0]);
+    for i in [1, 2] {
+        f.check(streams[i]["status"] == "403", "15 a second :authority on a keyed HTTP/2 connection", &streams[i]);
+    }
+    let coalesced: Vec<_> = rig.upstream.requests().into_iter().filter(|r| r["path"] == "/h2-1" || r["path"] == "/h2-2").collect();
+    f.check(coalesced.is_empty(), "15 a coalesced stream reached upstream", format!("{coalesced:?}"));
+    f.check(
+        !attacker.requests().iter().any(|r| r.to_string().contains(KEY)),
+        "15 the attacker's server saw the key",
+        "h2",
+    );
+
     // 12. What the user's terminal shows: a Host whose bidi override makes
     // `policy log` read `google.com` (and an invisible character in the
     // path) is shown escaped.

@@ -22,6 +22,10 @@ usage:
                                      went or a send blocked STALL seconds,
                                      then {"reply"}: the status line, or
                                      "closed"
+  flood.py h2 IP CA SNI AUTH...      one HTTP/2 connection over TLS to
+                                     IP:443 with SNI SNI, one GET per AUTH
+                                     (its :authority), in turn, to /h2-<i>;
+                                     prints each stream's status and body
 """
 
 import base64
@@ -182,6 +186,50 @@ def held(ip, host, total, stall):
     return {"reply": got.split(b"\r\n", 1)[0].decode("latin-1") if b"\r\n" in got else "closed"}
 
 
+def h2(ip, ca, sni, auths):
+    """HTTP/2 connection coalescing, as the guest would try it: the first
+    stream names the host the connection was made for, the next ones
+    another host on the same connection."""
+    import ssl
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.set_alpn_protocols(["h2"])
+    s = ctx.wrap_socket(socket.create_connection((ip, 443), timeout=30), server_hostname=sni)
+    if s.selected_alpn_protocol() != "h2":
+        raise SystemExit(f"no h2: {s.selected_alpn_protocol()}")
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    s.sendall(c.data_to_send())
+    out = []
+    for i, auth in enumerate(auths):
+        sid = 2 * i + 1
+        headers = [(":method", "GET"), (":scheme", "https"), (":authority", auth), (":path", f"/h2-{i}")]
+        c.send_headers(sid, headers, end_stream=True)
+        s.sendall(c.data_to_send())
+        status, body, done = None, b"", False
+        while not done:
+            data = s.recv(65536)
+            if not data:
+                break
+            for ev in c.receive_data(data):
+                if getattr(ev, "stream_id", None) != sid:
+                    continue
+                if isinstance(ev, h2.events.ResponseReceived):
+                    status = dict(ev.headers)[b":status"].decode()
+                elif isinstance(ev, h2.events.DataReceived):
+                    body += ev.data
+                    c.acknowledge_received_data(ev.flow_controlled_length, sid)
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    done = True
+            s.sendall(c.data_to_send())
+        out.append({"authority": auth, "status": status, "body": body.decode("utf-8", "replace")})
+    return out
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "ws":
@@ -192,6 +240,8 @@ def main():
         out = dns(args[0], int(args[1]), args[2], int(args[3]))
     elif cmd == "udp":
         out = udp(args[0], int(args[1]), float(args[2]), int(args[3]))
+    elif cmd == "h2":
+        out = h2(args[0], args[1], args[2], args[3:])
     elif cmd == "held":
         out = held(args[0], args[1], int(args[2]), float(args[3]))
     else:
