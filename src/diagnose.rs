@@ -308,8 +308,11 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
         exists: false,
         lines: Vec::new(),
     });
-    let flows =
-        section(&mut errors, "flows", || policy::flowlog::tail(&dirs.flows_log(), FLOWS, None)).unwrap_or_default();
+    let flows = section(&mut errors, "flows", || policy::flowlog::tail(&dirs.flows_log(), FLOWS, None))
+        .unwrap_or_default()
+        .into_iter()
+        .map(printable_json)
+        .collect();
     if let Some(e) = &store.error {
         errors.push(SectionError { section: "secrets".to_owned(), message: e.clone() });
     }
@@ -740,6 +743,23 @@ pub fn log_tail(path: &Path, n: usize) -> Result<LogTail> {
     // these lines reach the user's terminal: never as they are.
     tail.lines = lines[skip..].iter().map(|l| crate::output::printable(l).into_owned()).collect();
     Ok(tail)
+}
+
+/// `v` with every string in it (keys included) through
+/// [`crate::output::printable`]: a flow's host, method and path are what the
+/// guest sent, and every format of the report reaches a terminal or an
+/// issue.
+fn printable_json(v: Json) -> Json {
+    let text = |s: String| match crate::output::printable(&s) {
+        std::borrow::Cow::Borrowed(_) => s,
+        std::borrow::Cow::Owned(clean) => clean,
+    };
+    match v {
+        Json::String(s) => Json::String(text(s)),
+        Json::Array(a) => Json::Array(a.into_iter().map(printable_json).collect()),
+        Json::Object(o) => Json::Object(o.into_iter().map(|(k, v)| (text(k), printable_json(v))).collect()),
+        other => other,
+    }
 }
 
 /// Replaces stored secret values, and text shaped like an API key, with
@@ -1185,6 +1205,10 @@ mod tests {
         assert_eq!(t.lines, ["line 7", "line 8", "line 9"]);
         let t = log_tail(&p, 100).unwrap();
         assert_eq!(t.lines.len(), 10, "the cut first line is dropped");
+        // A flow's host is what the guest sent: never on the terminal as is.
+        let f = super::printable_json(serde_json::json!({"host": "evil\u{1b}]0;x\u{7}\u{9b}\u{202e}", "port": 80}));
+        assert_eq!(f["host"], "evil\\u{1b}]0;x\\u{7}\\u{9b}\\u{202e}");
+        assert_eq!(f["port"], 80);
         // What the guest sent is in proxy.log; never on the terminal as is.
         std::fs::write(&p, "ppp: [red] denied HTTP evil\u{1b}]0;pwned\u{7}\u{202e}.test: blocked\n").unwrap();
         let t = log_tail(&p, 3).unwrap();

@@ -420,6 +420,7 @@ fn a_body_pushed_behind_held_headers_stays_in_the_guest() {
     let (_, peak) = netns::memory_kib(mitm);
     let sent = pushed["sent"].as_u64().unwrap();
     let grew = peak.saturating_sub(before) * 1024;
+    eprintln!("while held: {} KiB left the guest, mitmdump's peak grew by {} KiB", sent >> 10, grew >> 10);
     assert!(
         pushed["stalled"] == true && sent < BOUND,
         "the guest pushed {} MiB of body behind held headers ({pushed}); mitmdump's peak grew by {} MiB",

@@ -688,7 +688,15 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
     let anth = resolve("api.anthropic.com", 443);
     let (body, code) = curl(
         red,
-        &["--cacert", ca, "--resolve", &anth, "-H", "Host: attacker.test@api.anthropic.com", "https://api.anthropic.com/ui"],
+        &[
+            "--cacert",
+            ca,
+            "--resolve",
+            &anth,
+            "-H",
+            "Host: attacker.test@api.anthropic.com",
+            "https://api.anthropic.com/ui",
+        ],
     );
     f.check(code != "200" && last("/ui").is_none(), "14 userinfo in Host", format!("{code} {body}"));
     let (body, code) = tls_echo("--http1.1", "https://echo%2etest/pct");
@@ -730,7 +738,8 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
     for i in [1, 2] {
         f.check(streams[i]["status"] == "403", "15 a second :authority on a keyed HTTP/2 connection", &streams[i]);
     }
-    let coalesced: Vec<_> = rig.upstream.requests().into_iter().filter(|r| r["path"] == "/h2-1" || r["path"] == "/h2-2").collect();
+    let coalesced: Vec<_> =
+        rig.upstream.requests().into_iter().filter(|r| r["path"] == "/h2-1" || r["path"] == "/h2-2").collect();
     f.check(coalesced.is_empty(), "15 a coalesced stream reached upstream", format!("{coalesced:?}"));
     f.check(
         !attacker.requests().iter().any(|r| r.to_string().contains(KEY)),
