@@ -772,14 +772,14 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
     });
     for args in [&["diagnose", "-o", "table"][..], &["daemon", "status"]] {
         let out = d.ppp(args).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let shown = String::from_utf8_lossy(&out.stdout);
         f.check(
-            !text.chars().any(|c| ppp::output::hides_text(c) && c != '\n'),
+            !shown.chars().any(|c| ppp::output::hides_text(c) && c != '\n'),
             &format!("13 `ppp {}` printed the guest's escape sequence", args.join(" ")),
-            format!("{text:?}"),
+            format!("{shown:?}"),
         );
         if args[0] == "diagnose" {
-            f.check(text.contains("denied HTTP evil"), "13 diagnose shows the refusal", format!("{text:?}"));
+            f.check(shown.contains("denied HTTP evil"), "13 diagnose shows the refusal", format!("{shown:?}"));
         }
     }
 
