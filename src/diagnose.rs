@@ -741,8 +741,34 @@ pub fn log_tail(path: &Path, n: usize) -> Result<LogTail> {
     let skip = lines.len().saturating_sub(n);
     // proxy.log holds what the guest sent (a refused Host, a DNS name), and
     // these lines reach the user's terminal: never as they are.
-    tail.lines = lines[skip..].iter().map(|l| crate::output::printable(l).into_owned()).collect();
+    tail.lines = lines[skip..].iter().map(|l| shown_log_line(l)).collect();
     Ok(tail)
+}
+
+/// A `proxy.log` line as ppp shows it: through [`crate::output::printable`]
+/// (it holds what the guest sent: a refused Host, a DNS name), and with the
+/// query string of every URL in it cut to `?…`. mitmdump logs each flow's
+/// URL whole, and a query often carries a credential (`?access_token=…`, a
+/// presigned URL's signature) that a pasted report must not.
+pub fn shown_log_line(line: &str) -> String {
+    let line = crate::output::printable(line);
+    if !line.contains("://") || !line.contains('?') {
+        return line.into_owned();
+    }
+    let mut out = String::with_capacity(line.len());
+    for (i, word) in line.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        match word.find('?') {
+            Some(q) if word.contains("://") => {
+                out.push_str(&word[..q]);
+                out.push_str("?\u{2026}");
+            }
+            _ => out.push_str(word),
+        }
+    }
+    out
 }
 
 /// `v` with every string in it (keys included) through
@@ -1209,6 +1235,9 @@ mod tests {
         let f = super::printable_json(serde_json::json!({"host": "evil\u{1b}]0;x\u{7}\u{9b}\u{202e}", "port": 80}));
         assert_eq!(f["host"], "evil\\u{1b}]0;x\\u{7}\\u{9b}\\u{202e}");
         assert_eq!(f["port"], 80);
+        // A URL's query is cut: it often carries a credential.
+        std::fs::write(&p, "10.0.0.1:5: GET https://198.18.0.10/q?access_token=SEKRET HTTP/2.0\n").unwrap();
+        assert_eq!(log_tail(&p, 3).unwrap().lines, ["10.0.0.1:5: GET https://198.18.0.10/q?\u{2026} HTTP/2.0"]);
         // What the guest sent is in proxy.log; never on the terminal as is.
         std::fs::write(&p, "ppp: [red] denied HTTP evil\u{1b}]0;pwned\u{7}\u{202e}.test: blocked\n").unwrap();
         let t = log_tail(&p, 3).unwrap();

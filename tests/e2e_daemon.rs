@@ -719,6 +719,22 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
     );
     f.check(rig.upstream.dns_queries().len() == asked, "14 the TCP query reached the guest's server", asked);
 
+    // 16. A credential in a query string: flows.jsonl drops queries, but
+    // mitmdump logs each flow's URL whole to proxy.log, whose tail `ppp
+    // diagnose` shows (and its github-issue format is made to be pasted).
+    let (body, code) = curl(
+        red,
+        &["--cacert", ca, "--resolve", &resolve("echo.test", 443), "https://echo.test/q?access_token=SEKRETQUERY"],
+    );
+    assert_eq!(code, "200", "{body}");
+    wait_until("the flow in proxy.log", netns::DEADLINE, || {
+        std::fs::read_to_string(d.dirs().proxy_log()).is_ok_and(|l| l.contains("/q?"))
+    });
+    for format in ["table", "github-issue"] {
+        let shown = d.ok(&["diagnose", "-o", format]);
+        f.check(!shown.contains("SEKRETQUERY"), "16 a query string in `ppp diagnose`", format);
+    }
+
     // 15. HTTP/2 connection coalescing: a connection made for the service
     // (its first stream gets the key) carries streams for other hosts.
     let out = red.run(&[

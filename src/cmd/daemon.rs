@@ -407,9 +407,9 @@ fn last_line(path: &std::path::Path) -> Result<Option<String>> {
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes)?;
     let text = String::from_utf8_lossy(&bytes);
-    // proxy.log holds what the guest sent (a refused Host, a DNS name):
-    // shown on the user's terminal, so never as it is.
-    Ok(text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| crate::output::printable(l).into_owned()))
+    // proxy.log holds what the guest sent (a refused Host, a DNS name) and
+    // URLs with their queries: shown on the user's terminal, so never as is.
+    Ok(text.lines().rev().find(|l| !l.trim().is_empty()).map(crate::diagnose::shown_log_line))
 }
 
 #[cfg(test)]
