@@ -308,6 +308,9 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
         exists: false,
         lines: Vec::new(),
     });
+    // Kept as the guest sent them: every format escapes them on the way
+    // out (`output::print`, `output::json`, the issue body file), and a CI
+    // job reading `-o json` gets the real values.
     let flows =
         section(&mut errors, "flows", || policy::flowlog::tail(&dirs.flows_log(), FLOWS, None)).unwrap_or_default();
     if let Some(e) = &store.error {
@@ -736,8 +739,36 @@ pub fn log_tail(path: &Path, n: usize) -> Result<LogTail> {
         lines.remove(0);
     }
     let skip = lines.len().saturating_sub(n);
-    tail.lines = lines[skip..].iter().map(|l| (*l).to_owned()).collect();
+    // proxy.log holds what the guest sent (a refused Host, a DNS name), and
+    // these lines reach the user's terminal: never as they are.
+    tail.lines = lines[skip..].iter().map(|l| shown_log_line(l)).collect();
     Ok(tail)
+}
+
+/// A `proxy.log` line as ppp shows it: through [`crate::output::printable`]
+/// (it holds what the guest sent: a refused Host, a DNS name), and with the
+/// query string of every URL in it cut to `?…`. mitmdump logs each flow's
+/// URL whole, and a query often carries a credential (`?access_token=…`, a
+/// presigned URL's signature) that a pasted report must not.
+pub fn shown_log_line(line: &str) -> String {
+    let line = crate::output::printable(line);
+    if !line.contains("://") || !line.contains('?') {
+        return line.into_owned();
+    }
+    let mut out = String::with_capacity(line.len());
+    for (i, word) in line.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        match word.find('?') {
+            Some(q) if word.contains("://") => {
+                out.push_str(&word[..q]);
+                out.push_str("?\u{2026}");
+            }
+            _ => out.push_str(word),
+        }
+    }
+    out
 }
 
 /// Replaces stored secret values, and text shaped like an API key, with
@@ -1183,6 +1214,13 @@ mod tests {
         assert_eq!(t.lines, ["line 7", "line 8", "line 9"]);
         let t = log_tail(&p, 100).unwrap();
         assert_eq!(t.lines.len(), 10, "the cut first line is dropped");
+        // A URL's query is cut: it often carries a credential.
+        std::fs::write(&p, "10.0.0.1:5: GET https://198.18.0.10/q?access_token=SEKRET HTTP/2.0\n").unwrap();
+        assert_eq!(log_tail(&p, 3).unwrap().lines, ["10.0.0.1:5: GET https://198.18.0.10/q?\u{2026} HTTP/2.0"]);
+        // What the guest sent is in proxy.log; never on the terminal as is.
+        std::fs::write(&p, "ppp: [red] denied HTTP evil\u{1b}]0;pwned\u{7}\u{202e}.test: blocked\n").unwrap();
+        let t = log_tail(&p, 3).unwrap();
+        assert!(!t.lines[0].chars().any(crate::output::hides_text) && t.lines[0].contains("pwned"), "{:?}", t.lines);
     }
 
     #[test]

@@ -7,27 +7,51 @@ use std::io::Write;
 
 use anyhow::Result;
 
-/// `text` with each control character shown as `\u{..}`. For text a guest
-/// chose (a host, a path, a method) on its way to the user's terminal: an
-/// escape sequence in it could retitle the terminal, move the cursor or
-/// repaint lines, and so change what the user reads before answering.
+/// Whether `c` may not reach the user's terminal as it is: a control
+/// character (C0, DEL, C1), or one that reorders or hides text: the
+/// bidirectional marks, embeddings, overrides and isolates
+/// (`\u{202e}moc.elgoog` reads as `google.com` on a terminal that does
+/// bidi), zero-width and other invisible format characters (two different
+/// hosts that look the same), and the line and paragraph separators.
+#[must_use]
+pub fn hides_text(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{61c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
+/// `text` with each character [`hides_text`] says may not reach a terminal
+/// shown as `\u{..}`. For text a guest chose (a host, a path, a method) on
+/// its way to the user's terminal: an escape sequence in it could retitle
+/// the terminal, move the cursor or repaint lines, and a bidi override
+/// could reorder it, and so change what the user reads before answering.
 #[must_use]
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().any(char::is_control) {
-        text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    if text.chars().any(hides_text) {
+        text.chars().map(|c| if hides_text(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
     } else {
         std::borrow::Cow::Borrowed(text)
     }
 }
 
-/// `text` for the user's terminal: every control character but newline
-/// and tab shown as `\u{..}`. [`print`] and [`println`] pass everything
-/// through it, so text a guest chose (a Host header in `proxy.log`, a name
-/// in `flows.jsonl`) cannot reach the terminal as an escape sequence
-/// through any command, present or future. ppp itself prints none.
+/// `text` for the user's terminal: every character [`hides_text`] names
+/// but newline and tab shown as `\u{..}`. [`print`] and [`println`] pass
+/// everything through it, so text a guest chose (a Host header in
+/// `proxy.log`, a name in `flows.jsonl`) cannot reach the terminal as an
+/// escape sequence or a bidi override through any command, present or
+/// future. ppp itself prints none.
 #[must_use]
 pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    let unsafe_char = |c: char| hides_text(c) && c != '\n' && c != '\t';
     if text.chars().any(unsafe_char) {
         text.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
     } else {
@@ -35,16 +59,17 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// JSON text with every control character left in it escaped: JSON itself
-/// escapes only those below U+0020, and DEL and the C1 controls
-/// (U+0080..U+009F, a CSI among them) would reach a terminal that reads the
-/// text raw. Escaped this way it is still JSON, with the same value.
+/// JSON text with every character [`hides_text`] names escaped (newlines
+/// between tokens aside): JSON itself escapes only those below U+0020, and
+/// DEL, the C1 controls (U+0080..U+009F, a CSI among them) and bidi
+/// overrides would reach a terminal that reads the text raw. Escaped this
+/// way it is still JSON, with the same value.
 fn json_controls_escaped(text: String) -> String {
-    if !text.chars().any(|c| c.is_control() && c != '\n') {
+    if !text.chars().any(|c| hides_text(c) && c != '\n') {
         return text;
     }
     text.chars().fold(String::with_capacity(text.len()), |mut out, c| {
-        if c.is_control() && c != '\n' {
+        if hides_text(c) && c != '\n' {
             let _ = write!(out, "\\u{:04x}", u32::from(c));
         } else {
             out.push(c);
@@ -148,6 +173,24 @@ mod tests {
         let p = printable("/\u{1b}]0;ok\u{7}\r\n\u{9b}2J");
         assert!(!p.chars().any(char::is_control), "{p}");
         assert_eq!(p, "/\\u{1b}]0;ok\\u{7}\\u{d}\\u{a}\\u{9b}2J");
+    }
+
+    /// Bidirectional overrides and isolates reorder what a terminal (and a
+    /// browser) shows: `\u{202e}moc.elgoog` reads as `google.com`; zero-width
+    /// and invisible characters make two different hosts look the same.
+    #[test]
+    fn printable_text_has_no_reordering_or_invisible_characters() {
+        use super::{json_line, printable};
+        for c in ['\u{202e}', '\u{2066}', '\u{200f}', '\u{061c}', '\u{200b}', '\u{feff}', '\u{2028}', '\u{ad}'] {
+            let host = format!("{c}moc.elgoog");
+            let p = printable(&host);
+            assert!(!p.contains(c), "{c:?} kept: {p}");
+            assert!(p.ends_with("moc.elgoog"), "{p}");
+            let j = json_line(&host).unwrap();
+            assert!(!j.contains(c), "{c:?} kept in JSON: {j}");
+            assert_eq!(serde_json::from_str::<String>(&j).unwrap(), host);
+        }
+        assert_eq!(printable("b\u{fc}cher.example/\u{65e5}\u{672c}"), "b\u{fc}cher.example/\u{65e5}\u{672c}");
     }
 
     #[test]

@@ -229,10 +229,12 @@ fn follow_ends_quietly_on_a_closed_pipe() {
 fn a_guests_escape_sequences_never_reach_the_terminal() {
     let w = World::new();
     let log = log_path(&w);
-    let mut evil = flow("red", "evil\u{1b}]0;pwned\u{7}.example", "/x\u{1b}[2J\u{1b}[1A\r\n\u{9b}31m");
+    let mut evil = flow("red", "evil\u{1b}]0;pwned\u{7}.example", "/x\u{1b}[2J\u{1b}[1A\r\n\u{9b}31m\u{202e}");
     evil["method"] = json!("GET\u{1b}[8m");
     append(&log, &evil);
-    let raw = |s: &str| s.chars().filter(|c| c.is_control() && *c != '\n').collect::<String>();
+    // A bidi override reorders what follows: this host reads `google.com`.
+    append(&log, &flow("red", "\u{202e}moc.elgoog\u{2066}", "/\u{200b}"));
+    let raw = |s: &str| s.chars().filter(|c| ppp::output::hides_text(*c) && *c != '\n').collect::<String>();
     for args in [&["policy", "log"][..], &["policy", "log", "-q"], &["policy", "log", "red"]] {
         let out = w.ppp(args).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);

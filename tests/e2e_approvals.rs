@@ -382,3 +382,61 @@ fn a_raw_tcp_stream_is_held_at_its_start() {
     let out = c.wait_with_output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains("got:hello"), "{}", describe(&out));
 }
+
+/// The read loop waits while a request is held: headers an `ask` default
+/// holds, then a chunked body pushed behind them as fast as the tunnel
+/// takes it. mitmproxy queues, without a limit, what a paused layer's
+/// connection reads; so while the user has not answered mitmdump must not
+/// read the body at all, and TCP backpressure must keep it in the guest.
+/// On d08a563 without the wait in `drain_writers`, the guest's 256 MiB all
+/// went into mitmdump's queue.
+#[test]
+fn a_body_pushed_behind_held_headers_stays_in_the_guest() {
+    /// What the guest tries to push, and what may leave it while held.
+    const TOTAL: u64 = 256 << 20;
+    const BOUND: u64 = 32 << 20;
+    netns::require_env();
+    let rig = rig();
+    let (red, d) = (&rig.guests[0], &rig.daemon);
+    let status: Value = serde_json::from_str(&d.ok(&["daemon", "status", "--json"])).unwrap();
+    let mitm = u32::try_from(status["mitmdump_pid"].as_i64().expect("mitmdump pid")).unwrap();
+    netns::reset_peak(mitm);
+    let (before, _) = netns::memory_kib(mitm);
+    let mut c = Command::new("ip")
+        .args(["netns", "exec", &red.ns])
+        .arg(netns::venv_python())
+        .arg(netns::flood_script())
+        .args(["held", &PUBLIC_IP.to_string(), "held.test", &TOTAL.to_string(), "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let p = held(d, "red", "held.test", Some("/held-body"));
+    assert_eq!(p["method"], "POST");
+    let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let pushed: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let (_, peak) = netns::memory_kib(mitm);
+    let sent = pushed["sent"].as_u64().unwrap();
+    let grew = peak.saturating_sub(before) * 1024;
+    eprintln!("while held: {} KiB left the guest, mitmdump's peak grew by {} KiB", sent >> 10, grew >> 10);
+    assert!(
+        pushed["stalled"] == true && sent < BOUND,
+        "the guest pushed {} MiB of body behind held headers ({pushed}); mitmdump's peak grew by {} MiB",
+        sent >> 20,
+        grew >> 20
+    );
+    assert!(grew < BOUND, "mitmdump's peak grew by {} MiB while the request was held", grew >> 20);
+    assert!(pending(d).iter().any(|q| q["id"] == p["id"]), "still held");
+    assert_eq!(upstream_saw(&rig, "/held-body"), 0);
+
+    // Denied: refused without the body ever going anywhere.
+    d.ok(&["policy", "approval", "deny", p["id"].as_str().unwrap()]);
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let reply: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    assert!(!reply["reply"].as_str().unwrap().contains(" 200"), "{reply}");
+    let _ = c.wait();
+    assert_eq!(upstream_saw(&rig, "/held-body"), 0, "the held body reached upstream");
+}

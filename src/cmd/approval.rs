@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use crate::cli::{ApprovalAnswerArgs, ApprovalCommand};
 use crate::dirs::Dirs;
 use crate::error::fail;
-use crate::policy::{self, GlobalFile, Resource, Rule, Source, Verdict};
+use crate::policy::{self, GlobalFile, Resource, ResourceKind, Rule, Source, Verdict};
 use crate::proxy::approvals::Pending;
 use crate::{output, proxy, state};
 use anyhow::Result;
@@ -105,9 +105,7 @@ fn answer(dirs: &Dirs, verdict: Verdict, args: &ApprovalAnswerArgs) -> Result<Ex
 /// Write the lasting answer as a rule for exactly the held target (host
 /// and port) and reload; returns its short id.
 fn write_rule(dirs: &Dirs, verdict: Verdict, p: &Pending, global: bool) -> Result<String> {
-    let resource = Resource::parse(&p.target()).map_err(|e| {
-        fail(format!("cannot write a rule for `{}`: {e}", p.target())).hint("answer it with --once instead")
-    })?;
+    let resource = lasting_resource(&p.target())?;
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let add = |rules: &mut Vec<Rule>| -> uuid::Uuid {
         if let Some(r) = rules.iter().find(|r| r.decision == verdict && r.resource == resource) {
@@ -134,4 +132,41 @@ fn write_rule(dirs: &Dirs, verdict: Verdict, p: &Pending, global: bool) -> Resul
     drop(lock);
     proxy::reload_or_warn(dirs);
     Ok(id.to_string()[..8].to_owned())
+}
+
+/// The resource of a lasting answer: exactly the held host or address and
+/// its port. The host is the guest's text, and rule syntax in it (`**`, a
+/// `*` label, a regex metacharacter) would make the rule cover far more
+/// than the request the user answered: such a target is refused.
+fn lasting_resource(target: &str) -> Result<Resource> {
+    let refused =
+        |why: String| fail(format!("cannot write a rule for `{target}`: {why}")).hint("answer it with --once instead");
+    let resource = Resource::parse(target).map_err(|e| refused(e.to_string()))?;
+    if !matches!(resource.kind(), ResourceKind::Host | ResourceKind::Ip) {
+        return Err(
+            refused("it is not one host or address, so a rule would cover more than this request".into()).into()
+        );
+    }
+    Ok(resource)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The guest chooses the held host: rule syntax in it must not turn
+    /// one answer into a rule for everything.
+    #[test]
+    fn a_lasting_answer_covers_exactly_the_held_target() {
+        for t in
+            ["**:443", "*.evil.test:443", "api-*.evil.test:80", "x.evil.test|.*:443", "(.*):443", "a?.evil.test:80"]
+        {
+            let e = super::lasting_resource(t).expect_err(t);
+            assert!(
+                format!("{e:#}").contains("not one host or address") || format!("{e:#}").contains("cannot write"),
+                "{t}: {e:#}"
+            );
+        }
+        for t in ["held.test:80", "10.9.0.5:5432", "[2001:db8::1]:443"] {
+            assert!(super::lasting_resource(t).is_ok(), "{t}");
+        }
+    }
 }

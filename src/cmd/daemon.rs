@@ -407,7 +407,9 @@ fn last_line(path: &std::path::Path) -> Result<Option<String>> {
     let mut bytes = Vec::new();
     f.read_to_end(&mut bytes)?;
     let text = String::from_utf8_lossy(&bytes);
-    Ok(text.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned))
+    // proxy.log holds what the guest sent (a refused Host, a DNS name) and
+    // URLs with their queries: shown on the user's terminal, so never as is.
+    Ok(text.lines().rev().find(|l| !l.trim().is_empty()).map(crate::diagnose::shown_log_line))
 }
 
 #[cfg(test)]
@@ -434,5 +436,8 @@ mod tests {
         body.push_str("\nfirst\nlast line\n\n");
         std::fs::write(&p, body).unwrap();
         assert_eq!(last_line(&p).unwrap().as_deref(), Some("last line"));
+        std::fs::write(&p, "ppp: [red] denied HTTP evil\u{1b}]0;pwned\u{7}.test: blocked\n").unwrap();
+        let l = last_line(&p).unwrap().unwrap();
+        assert!(!l.chars().any(crate::output::hides_text) && l.contains("pwned"), "{l:?}");
     }
 }

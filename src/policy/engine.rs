@@ -336,7 +336,8 @@ impl Engine {
 /// (RFC 1918, ULA), link-local (with the cloud metadata address
 /// 169.254.169.254), CGNAT, benchmarking, documentation, reserved,
 /// multicast and broadcast, and the IPv6 special ranges. IPv4-mapped IPv6
-/// is judged as the IPv4 address. Wider than Python's `not is_global` where
+/// and NAT64's `64:ff9b::/96` are judged as the IPv4 address they carry;
+/// IPv4-compatible `::/96` is internal. Wider than Python's `not is_global` where
 /// they differ (all of `192.0.0.0/24` and `2001::/23`), never narrower.
 #[must_use]
 pub fn is_internal(ip: IpAddr) -> bool {
@@ -358,7 +359,15 @@ pub fn is_internal(ip: IpAddr) -> bool {
         }
         IpAddr::V6(v6) => {
             let s = v6.segments();
-            v6.is_loopback()
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                // NAT64's well-known prefix reaches the IPv4 address it
+                // carries.
+                let o = v6.octets();
+                return is_internal(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
+            }
+            // IPv4-compatible (deprecated; `sit0` tunnels it), `::` and `::1`.
+            s[..6] == [0; 6]
+                || v6.is_loopback()
                 || v6.is_unspecified()
                 || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
                 || (s[0] == 0x100 && s[1] == 0 && s[2] == 0 && s[3] == 0)
@@ -734,6 +743,27 @@ mod tests {
         }
     }
 
+    /// An IPv4 address inside IPv6 that a host's network turns back into
+    /// IPv4: NAT64's well-known prefix (`64:ff9b::/96`, DNS64 answers and
+    /// the NAT gateway of an IPv6-only cloud subnet) reaches the embedded
+    /// address, so `64:ff9b::a9fe:a9fe` is the metadata service there; and
+    /// the deprecated IPv4-compatible `::/96` goes out through `sit0`'s
+    /// automatic tunnel. NAT64 is judged by the address it carries;
+    /// `::/96`, which nothing legitimate uses, is internal whatever it
+    /// carries.
+    #[test]
+    fn ipv4_embedded_in_nat64_or_compatible_ipv6_is_judged_as_ipv4() {
+        for ip in ["64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b::7f00:1", "::a00:1", "::a9fe:a9fe", "::5db8:d822"] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        // A public address through NAT64 is what an IPv6-only host uses.
+        assert!(!is_internal("64:ff9b::5db8:d822".parse().unwrap()));
+        let e = Engine::build(Verdict::Allow, vec![], vec![]).unwrap();
+        let (d, r) = e.decide_flow(&flow(Some("meta.test"), "64:ff9b::a9fe:a9fe", 80));
+        assert_eq!(d.verdict, Verdict::Deny, "{r:?}");
+        assert_eq!(e.decide_flow(&flow(None, "64:ff9b::a00:1", 80)).0.verdict, Verdict::Deny);
+    }
+
     fn flow<'a>(host: Option<&'a str>, ip: &str, port: u16) -> Flow<'a> {
         Flow { host, ip: Some(ip.parse().unwrap()), port, resolved: Some(true), ..Flow::default() }
     }
@@ -784,6 +814,41 @@ mod tests {
         let mut own = flow(None, "93.184.216.34", 80);
         own.local = true;
         assert_eq!(e.decide_flow(&own).1, Some(Refusal::Internal(ip("93.184.216.34"))));
+    }
+
+    /// Under an `ask` default nothing internal is ever left to the user: a
+    /// flow that would be held is one an approval could let through, so
+    /// every way of naming an internal address (no name, a literal in the
+    /// name, a name resolving there, the host's own address, IPv4-mapped
+    /// IPv6) is refused before it could be held. Only an address rule opens
+    /// one.
+    #[test]
+    fn an_approval_can_never_open_an_internal_address_under_ask() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let e = Engine::build(Verdict::Ask, vec![allow("10.9.0.5"), allow("named.test")], vec![]).unwrap();
+        for addr in ["127.0.0.1", "169.254.169.254", "10.1.2.3", "100.64.0.1", "fd00::1", "::ffff:10.1.2.3", "::1"] {
+            let want = ip(addr).to_canonical();
+            let (d, r) = e.decide_flow(&flow(None, addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Internal(want))), "{addr} unnamed");
+            // A name no rule covers (the default would ask) resolving there.
+            let (d, r) = e.decide_flow(&flow(Some("new.test"), addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Rebinding(want))), "{addr} named");
+            // A name a rule allows resolving there: still the address's call.
+            let (d, r) = e.decide_flow(&flow(Some("named.test"), addr, 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Rebinding(want))), "{addr} allowed name");
+            // The address as the name, sent to a public address that asks.
+            let (d, r) = e.decide_flow(&flow(Some(addr), "93.184.216.34", 80));
+            assert_eq!((d.verdict, r), (Verdict::Deny, Some(Refusal::Internal(want))), "{addr} as Host");
+        }
+        // The host's own public address counts as internal too.
+        let mut own = flow(None, "93.184.216.34", 80);
+        own.local = true;
+        assert_eq!(e.decide_flow(&own).1, Some(Refusal::Internal(ip("93.184.216.34"))));
+        // A public address is what the default asks about, and an address
+        // rule still opens its internal address without asking.
+        assert_eq!(e.decide_flow(&flow(None, "93.184.216.34", 80)).0.verdict, Verdict::Ask);
+        assert_eq!(e.decide_flow(&flow(Some("new.test"), "93.184.216.34", 80)).0.verdict, Verdict::Ask);
+        assert_eq!(e.decide_flow(&flow(None, "10.9.0.5", 80)).0.verdict, Verdict::Allow);
     }
 
     #[test]

@@ -20,6 +20,17 @@ usage:
                                      EXPECT were closed by the other side;
                                      prints how many stayed open, then
                                      closes them and makes one HTTP request
+  flood.py held IP HOST TOTAL STALL  a POST to IP:80 with Host HOST and a
+                                     chunked body of up to TOTAL bytes, sent
+                                     as fast as the connection takes it;
+                                     prints {"sent", "stalled"} once TOTAL
+                                     went or a send blocked STALL seconds,
+                                     then {"reply"}: the status line, or
+                                     "closed"
+  flood.py h2 IP CA SNI AUTH...      one HTTP/2 connection over TLS to
+                                     IP:443 with SNI SNI, one GET per AUTH
+                                     (its :authority), in turn, to /h2-<i>;
+                                     prints each stream's status and body
 """
 
 import base64
@@ -193,6 +204,79 @@ def conns(ip, port, n, expect):
         answer += chunk
     s.close()
     return {"failed": failed, "closed": closed, "held": held, "after": answer.split(b"\r\n", 1)[0].decode()}
+def held(ip, host, total, stall):
+    """Headers an `ask` default holds, then the body behind them, pushed
+    while the user has not answered: what mitmdump reads of it meanwhile it
+    would have to keep."""
+    s = socket.create_connection((ip, 80), timeout=30)
+    s.sendall(f"POST /held-body HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    size = 1 << 20
+    chunk = b"%x\r\n" % size + bytes(size) + b"\r\n"
+    s.settimeout(stall)
+    sent, stalled = 0, False
+    while sent < total:
+        try:
+            s.sendall(chunk)
+        except TimeoutError:
+            stalled = True
+            break
+        sent += size
+    print(json.dumps({"sent": sent, "stalled": stalled}), flush=True)
+    s.settimeout(120)
+    got = b""
+    try:
+        while b"\r\n" not in got:
+            more = s.recv(4096)
+            if not more:
+                break
+            got += more
+    except OSError:
+        pass
+    return {"reply": got.split(b"\r\n", 1)[0].decode("latin-1") if b"\r\n" in got else "closed"}
+
+
+def h2(ip, ca, sni, auths):
+    """HTTP/2 connection coalescing, as the guest would try it: the first
+    stream names the host the connection was made for, the next ones
+    another host on the same connection."""
+    import ssl
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.set_alpn_protocols(["h2"])
+    s = ctx.wrap_socket(socket.create_connection((ip, 443), timeout=30), server_hostname=sni)
+    if s.selected_alpn_protocol() != "h2":
+        raise SystemExit(f"no h2: {s.selected_alpn_protocol()}")
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    s.sendall(c.data_to_send())
+    out = []
+    for i, auth in enumerate(auths):
+        sid = 2 * i + 1
+        headers = [(":method", "GET"), (":scheme", "https"), (":authority", auth), (":path", f"/h2-{i}")]
+        c.send_headers(sid, headers, end_stream=True)
+        s.sendall(c.data_to_send())
+        status, body, done = None, b"", False
+        while not done:
+            data = s.recv(65536)
+            if not data:
+                break
+            for ev in c.receive_data(data):
+                if getattr(ev, "stream_id", None) != sid:
+                    continue
+                if isinstance(ev, h2.events.ResponseReceived):
+                    status = dict(ev.headers)[b":status"].decode()
+                elif isinstance(ev, h2.events.DataReceived):
+                    body += ev.data
+                    c.acknowledge_received_data(ev.flow_controlled_length, sid)
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    done = True
+            s.sendall(c.data_to_send())
+        out.append({"authority": auth, "status": status, "body": body.decode("utf-8", "replace")})
+    return out
 
 
 def main():
@@ -207,6 +291,10 @@ def main():
         out = udp(args[0], int(args[1]), float(args[2]), int(args[3]))
     elif cmd == "conns":
         out = conns(args[0], int(args[1]), int(args[2]), int(args[3]))
+    elif cmd == "h2":
+        out = h2(args[0], args[1], args[2], args[3:])
+    elif cmd == "held":
+        out = held(args[0], args[1], int(args[2]), float(args[3]))
     else:
         raise SystemExit(__doc__)
     print(json.dumps(out))
