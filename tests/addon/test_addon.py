@@ -219,6 +219,20 @@ class Base(unittest.TestCase):
         self.addon.server_connect(server_hooks.ServerConnectionHookData(client=c, server=s))
         return s.error
 
+    def decide_fails(self) -> list[bool]:
+        """From now on every `decide` fails while the returned flag's [0]
+        is true (set it False to bring the daemon back)."""
+        real = self.addon.daemon.ask
+        down = [True]
+
+        def flaky(req: dict[str, Any]) -> dict[str, Any]:
+            if down[0] and req["op"] == "decide":
+                raise A.DaemonError("down")
+            return real(req)
+
+        self.addon.daemon.ask = flaky  # type: ignore[method-assign]
+        return down
+
     def count_daemon_calls(self) -> list[str]:
         """From now on, record the op of every request the addon sends."""
         calls: list[str] = []
@@ -1023,15 +1037,7 @@ class Live(Base):
         self.assertLessEqual(calls.count("generation"), 1, calls)
 
     def test_a_daemon_failure_is_not_cached(self) -> None:
-        real = self.addon.daemon.ask
-        down = [True]
-
-        def flaky(req: dict[str, Any]) -> dict[str, Any]:
-            if down[0] and req["op"] == "decide":
-                raise A.DaemonError("down")
-            return real(req)
-
-        self.addon.daemon.ask = flaky  # type: ignore[method-assign]
+        down = self.decide_fails()
         f = self.run_http(http_flow(51820, "c.allowed.test"))
         self.assertEqual(f.response.status_code, 403)
         self.assertIn("daemon did not answer", f.response.text)
@@ -1466,15 +1472,7 @@ class OffLoopTest(Base):
         self.assertEqual((self.addon._asking, self.addon._asking_total), ({}, 0))
 
     def test_a_daemon_failure_in_the_thread_denies_and_is_not_cached(self) -> None:
-        real = self.addon.daemon.ask
-        down = [True]
-
-        def flaky(req: dict[str, Any]) -> dict[str, Any]:
-            if down[0] and req["op"] == "decide":
-                raise A.DaemonError("down")
-            return real(req)
-
-        self.addon.daemon.ask = flaky  # type: ignore[method-assign]
+        down = self.decide_fails()
         f = http_flow(51820, "flaky.allowed.test")
         asyncio.run(self.addon.requestheaders(f))
         self.assertEqual(f.response.status_code, 403)
