@@ -455,7 +455,13 @@ fn build_failure(dirs: &Dirs, rec: &Record, r: &Recipe, output: &str, code: i32,
         .lines()
         .rev()
         .find(|l| l.trim_start().starts_with("Error:"))
-        .map_or_else(|| format!("podman build exited with status {code}"), |l| shorten(l.trim(), 200));
+        // `Error: building at STEP "RUN …": while running runtime: exit
+        // status 1` names the step again; the reason is what follows.
+        .map(|l| {
+            let l = l.trim().trim_start_matches("Error:").trim();
+            l.strip_prefix("building at STEP").and_then(|r| r.split_once("\": ")).map_or(l, |(_, why)| why).to_owned()
+        })
+        .map_or_else(|| format!("podman build exited with status {code}"), |l| shorten(&l, 200));
     let refused = refused_hosts(dirs, &rec.name, since);
     let mut msg = format!("building the {} image failed", r.agent);
     if let Some(at) = &at {
