@@ -280,3 +280,30 @@ fn a_build_the_policy_refuses_a_host_to_names_the_fix_and_changes_nothing() {
     assert!(rig.mirror.requests().iter().any(|r| r["path"] == "/tool.tgz"));
     assert_eq!(record(&env, "red")["image_origin"], "built");
 }
+
+#[test]
+fn setup_builds_images_ahead_in_one_vm_it_then_removes() {
+    let rig = rig();
+    let env = &rig.env;
+    let out = env.run(&["setup", "--build-images", "opencode,claude"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("building the opencode image") && err.contains("building the claude image"), "{}", describe(&out));
+    let archives: Vec<PathBuf> =
+        cache_files(env).into_iter().filter(|p| p.to_string_lossy().ends_with(".oci.tar")).collect();
+    assert_eq!(archives.len(), 2, "{archives:?}");
+    assert!(env.ls().is_empty(), "the build's sandbox is gone: {:?}", env.ls());
+    assert_eq!(env.podman(&["machine", "list", "--format", "json"]), serde_json::json!([]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for agent in ["opencode", "claude"] {
+        let row = text.lines().find(|l| l.contains(&format!("image {agent}"))).unwrap_or_default();
+        assert!(row.contains("cached"), "{agent}: {text}");
+    }
+    // Asked again, nothing is built.
+    let out = env.run(&["setup", "--build-images", "opencode"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is cached already"), "{}", describe(&out));
+    // And a sandbox loads it.
+    let out = create(env, "red");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(builds(env, "red").is_empty());
+    assert_eq!(record(env, "red")["image_origin"], "cached");
+}
