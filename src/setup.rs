@@ -326,9 +326,13 @@ fn build_check(agent: &str, r: &image::Recipe, state: &image::Cached, global: Op
             return Check::new(name, Level::Ok, format!("{what}; cached ({} MiB)", bytes.div_ceil(1 << 20))).optional();
         }
         image::Cached::Corrupt(why) => {
-            return Check::new(name, Level::Note, format!("{what}; the cached copy is unusable ({why}), so the next sandbox builds it again"))
-                .hint(build_hint)
-                .optional();
+            return Check::new(
+                name,
+                Level::Note,
+                format!("{what}; the cached copy is unusable ({why}), so the next sandbox builds it again"),
+            )
+            .hint(build_hint)
+            .optional();
         }
         image::Cached::Missing => {}
     }
@@ -340,7 +344,11 @@ fn build_check(agent: &str, r: &image::Recipe, state: &image::Cached, global: Op
             image::BUILD_HOSTS
                 .iter()
                 .copied()
-                .filter(|h| !engine.as_ref().is_some_and(|e| e.decide(None, Some(h), None, 443).verdict == policy::Verdict::Allow))
+                .filter(|h| {
+                    !engine
+                        .as_ref()
+                        .is_some_and(|e| e.decide(None, Some(h), None, 443).verdict == policy::Verdict::Allow)
+                })
                 .collect()
         }
         _ => Vec::new(),

@@ -200,7 +200,12 @@ fn podman_missing_old_and_current() {
     let (status, detail) = row(&out, "image opencode");
     assert_eq!(status, "note", "{out}");
     assert!(detail.starts_with("localhost/ppp/opencode:"), "{detail}");
-    assert!(detail.ends_with("from ppp's embedded assets/opencode.Containerfile; not built yet: the first sandbox builds it in its VM"), "{detail}");
+    assert!(
+        detail.ends_with(
+            "from ppp's embedded assets/opencode.Containerfile; not built yet: the first sandbox builds it in its VM"
+        ),
+        "{detail}"
+    );
     assert!(out.contains("hint: image opencode: `ppp setup --build-images opencode` builds it now"), "{out}");
     assert_eq!(row(&out, "image gemini").0, "note");
 }
@@ -250,7 +255,10 @@ fn image_overrides_are_reported() {
     let (_, out, _) = s.setup(&[]);
     let (status, detail) = row(&out, "image codex");
     assert_eq!(status, "problem", "{out}");
-    assert!(detail.contains("the policy denies registry-1.docker.io") && detail.contains("registry.npmjs.org"), "{detail}");
+    assert!(
+        detail.contains("the policy denies registry-1.docker.io") && detail.contains("registry.npmjs.org"),
+        "{detail}"
+    );
     assert!(out.contains("`ppp policy allow network deb.debian.org`"), "{out}");
 }
 

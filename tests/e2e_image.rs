@@ -45,7 +45,7 @@ esac
 "#;
 
 /// npm as the build runs it: HTTPS to the registry, trusting only what
-/// NODE_EXTRA_CA_CERTS names beyond the image's own (empty) store, as Node
+/// `NODE_EXTRA_CA_CERTS` names beyond the image's own (empty) store, as Node
 /// does.
 const NPM: &str = r#"#!/bin/sh
 case "$1" in
@@ -129,8 +129,15 @@ fn the_first_create_builds_and_later_ones_load_from_the_cache() {
     eprintln!("the first create said:\n{err}");
     assert!(err.contains("building the opencode image localhost/ppp/opencode:"), "{err}");
     let steps = ppp::assets::get("opencode.Containerfile").map(|t| String::from_utf8(t).unwrap()).unwrap();
-    let total = steps.lines().skip_while(|l| !l.starts_with("FROM ")).filter(|l| l.split(' ').next().is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_uppercase()))).count();
-    assert!(err.contains(&format!("STEP 1/{total}: FROM docker.io/library/node:22-bookworm-slim (")), "each step is shown: {err}");
+    let total = steps
+        .lines()
+        .skip_while(|l| !l.starts_with("FROM "))
+        .filter(|l| l.split(' ').next().is_some_and(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_uppercase())))
+        .count();
+    assert!(
+        err.contains(&format!("STEP 1/{total}: FROM docker.io/library/node:22-bookworm-slim (")),
+        "each step is shown: {err}"
+    );
     assert!(err.contains(": RUN apt-get update"), "each step is shown: {err}");
     assert!(err.contains(" in)"), "with the time elapsed: {err}");
     let built = builds(env, "first");
@@ -155,13 +162,16 @@ fn the_first_create_builds_and_later_ones_load_from_the_cache() {
     assert!(!files.iter().any(|f| f.file_name().unwrap().to_string_lossy().starts_with(".tmp-")), "{files:?}");
     let log = std::fs::read_to_string(env.dirs().sandbox_machine_log("first")).unwrap();
     assert!(log.contains("STEP 2/") && log.contains("Successfully tagged"), "the build's log: {log}");
-    assert_eq!((record(env, "first")["image"].as_str(), record(env, "first")["image_origin"].as_str()), (Some(tag.as_str()), Some("built")));
+    assert_eq!(
+        (record(env, "first")["image"].as_str(), record(env, "first")["image_origin"].as_str()),
+        (Some(tag.as_str()), Some("built"))
+    );
     let d = diagnosed(env, "first");
     assert_eq!((d["image"].as_str(), d["image_origin"].as_str()), (Some(tag.as_str()), Some("built")), "{d}");
     env.ok(&["rm", "-f", "first"]);
 
     // Second create: loaded from the cache, no build, no fetch.
-    let fetches = rig.mirror.requests().len();
+    let requests_before = rig.mirror.requests().len();
     let n = env.calls().len();
     let out = create(env, "second");
     assert!(out.status.success(), "{}", describe(&out));
@@ -171,7 +181,7 @@ fn the_first_create_builds_and_later_ones_load_from_the_cache() {
     let calls = env.calls()[n..].join("\n");
     assert!(!calls.contains("podman build"), "{calls}");
     assert!(calls.contains("podman load --input /tmp/ppp/image.oci.tar"), "{calls}");
-    assert_eq!(rig.mirror.requests().len(), fetches, "nothing was fetched for the image");
+    assert_eq!(rig.mirror.requests().len(), requests_before, "nothing was fetched for the image");
     assert_eq!(record(env, "second")["image_origin"], "cached");
     assert_eq!(diagnosed(env, "second")["image_origin"], "cached");
     // The agent runs in that image.
@@ -287,7 +297,11 @@ fn setup_builds_images_ahead_in_one_vm_it_then_removes() {
     let env = &rig.env;
     let out = env.run(&["setup", "--build-images", "opencode,claude"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("building the opencode image") && err.contains("building the claude image"), "{}", describe(&out));
+    assert!(
+        err.contains("building the opencode image") && err.contains("building the claude image"),
+        "{}",
+        describe(&out)
+    );
     let archives: Vec<PathBuf> =
         cache_files(env).into_iter().filter(|p| p.to_string_lossy().ends_with(".oci.tar")).collect();
     assert_eq!(archives.len(), 2, "{archives:?}");
@@ -306,4 +320,17 @@ fn setup_builds_images_ahead_in_one_vm_it_then_removes() {
     assert!(out.status.success(), "{}", describe(&out));
     assert!(builds(env, "red").is_empty());
     assert_eq!(record(env, "red")["image_origin"], "cached");
+
+    // A VM an agent has used never feeds the cache: its image gone and the
+    // cache emptied, a reattach builds again for itself only.
+    let tag = record(env, "red")["image"].as_str().unwrap().to_owned();
+    env.ok(&["exec", "red", "--", "podman", "rmi", &tag]);
+    std::fs::remove_dir_all(env.dirs().image_cache()).unwrap();
+    env.ok(&["stop", "red"]);
+    let out = env.run(&["run", "--name", "red", "opencode", &env.ws()]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert_eq!(builds(env, "red").len(), 1, "built again in the VM");
+    assert_eq!(record(env, "red")["image_origin"], "built");
+    let kept: Vec<PathBuf> = cache_files(env).into_iter().filter(|p| !p.to_string_lossy().ends_with(".lock")).collect();
+    assert!(kept.is_empty(), "a used VM's build is not cached: {kept:?}");
 }

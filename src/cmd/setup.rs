@@ -13,17 +13,17 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 
 use super::Ctx;
+use crate::agent::{self, Agent};
 use crate::cli::SetupArgs;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec;
-use crate::policy::{self, GlobalFile, Preset, Source};
-use crate::setup::{self, Check, Fix, Level, Report, Trust};
-use crate::agent::{self, Agent};
 use crate::podman::Podman;
+use crate::policy::{self, GlobalFile, Preset, Source};
 use crate::sandbox::image;
 use crate::sandbox::lifecycle::{self, Ui};
 use crate::sandbox::request::{Request, Spec};
+use crate::setup::{self, Check, Fix, Level, Report, Trust};
 use crate::{output, proxy, state};
 
 /// How fixes are handled.
@@ -104,10 +104,15 @@ fn build_images(dirs: &Dirs, names: &[String], ui: Ui) -> Result<()> {
     for a in agents {
         match image::choose(a, |k| std::env::var(k).ok())? {
             image::Choice::Given { image, var } => {
-                crate::progress::Progress::detect(ui.quiet).note(&format!("{} runs `{image}` ({var}); ppp builds nothing for it", a.name));
+                crate::progress::Progress::detect(ui.quiet)
+                    .note(&format!("{} runs `{image}` ({var}); ppp builds nothing for it", a.name));
             }
             image::Choice::Build(r) => match image::verify(dirs, &r) {
-                image::Cached::Valid { .. } => crate::progress::Progress::detect(ui.quiet).note(&format!("the {} image {} is cached already", a.name, r.tag())),
+                image::Cached::Valid { .. } => crate::progress::Progress::detect(ui.quiet).note(&format!(
+                    "the {} image {} is cached already",
+                    a.name,
+                    r.tag()
+                )),
                 _ => todo.push((a, r)),
             },
         }

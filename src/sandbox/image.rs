@@ -18,6 +18,7 @@
 //! could have tampered with its podman, and the cache feeds every later
 //! sandbox.
 
+use std::fmt::Write as _;
 use std::io::{Read as _, Seek as _, Write as _};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -126,7 +127,6 @@ impl Recipe {
         h.update(format!("--volume {GUEST_CA_BUNDLE}:{BUILD_CA}:ro\n\n").as_bytes());
         h.update(&containerfile);
         let hash = h.finalize().iter().fold(String::new(), |mut s, b| {
-            use std::fmt::Write as _;
             let _ = write!(s, "{b:02x}");
             s
         });
@@ -187,7 +187,9 @@ pub enum Cached {
     Missing,
     /// The archive and its digest file agree (size only, or size and
     /// digest after [`verify`]).
-    Valid { bytes: u64 },
+    Valid {
+        bytes: u64,
+    },
     /// An archive that must not be loaded, and why.
     Corrupt(String),
 }
@@ -221,12 +223,18 @@ fn check_cache(dirs: &Dirs, r: &Recipe, digest: bool) -> Cached {
         return Cached::Corrupt(format!("`{}` is missing or unreadable", sum.display()));
     };
     if meta.len() != size {
-        return Cached::Corrupt(format!("`{}` has {} bytes, not the {size} it was saved with", archive.display(), meta.len()));
+        return Cached::Corrupt(format!(
+            "`{}` has {} bytes, not the {size} it was saved with",
+            archive.display(),
+            meta.len()
+        ));
     }
     if digest {
         match sha256_file(&archive) {
             Ok(got) if got == want => {}
-            Ok(got) => return Cached::Corrupt(format!("`{}` has digest sha256:{got}, not sha256:{want}", archive.display())),
+            Ok(got) => {
+                return Cached::Corrupt(format!("`{}` has digest sha256:{got}, not sha256:{want}", archive.display()));
+            }
             Err(e) => return Cached::Corrupt(format!("`{}` cannot be read: {e:#}", archive.display())),
         }
     }
@@ -245,7 +253,6 @@ fn sha256_file(path: &Path) -> Result<String> {
         h.update(&buf[..n]);
     }
     Ok(h.finalize().iter().fold(String::new(), |mut s, b| {
-        use std::fmt::Write as _;
         let _ = write!(s, "{b:02x}");
         s
     }))
@@ -385,8 +392,12 @@ fn build(dirs: &Dirs, podman: &Podman, rec: &Record, r: &Recipe, ui: Ui) -> Resu
     let from = std::fs::metadata(&log_path).map_or(0, |m| m.len());
     let started_at = OffsetDateTime::now_utc();
     let started = Instant::now();
-    let step = progress::Progress::detect(ui.quiet)
-        .start(&format!("building the {} image {} from {}", r.agent, r.tag(), r.source));
+    let step = progress::Progress::detect(ui.quiet).start(&format!(
+        "building the {} image {} from {}",
+        r.agent,
+        r.tag(),
+        r.source
+    ));
     let worker = std::thread::spawn(move || exec::run_to_log(&inv, &log));
     let mut seen = 0usize;
     let mut show = |done: bool| {
@@ -449,8 +460,15 @@ fn shorten(text: &str, max: usize) -> String {
 /// The error of a failed build: the step it failed at, podman's reason,
 /// and the hosts the policy refused meanwhile with the line that allows
 /// each.
-fn build_failure(dirs: &Dirs, rec: &Record, r: &Recipe, output: &str, code: i32, since: OffsetDateTime) -> anyhow::Error {
-    let at = output.lines().filter_map(step_line).last().map(|s| shorten(s, 120));
+fn build_failure(
+    dirs: &Dirs,
+    rec: &Record,
+    r: &Recipe,
+    output: &str,
+    code: i32,
+    since: OffsetDateTime,
+) -> anyhow::Error {
+    let at = output.lines().rev().find_map(step_line).map(|s| shorten(s, 120));
     let why = output
         .lines()
         .rev()
@@ -465,9 +483,9 @@ fn build_failure(dirs: &Dirs, rec: &Record, r: &Recipe, output: &str, code: i32,
     let refused = refused_hosts(dirs, &rec.name, since);
     let mut msg = format!("building the {} image failed", r.agent);
     if let Some(at) = &at {
-        msg.push_str(&format!(" at {at}"));
+        let _ = write!(msg, " at {at}");
     }
-    msg.push_str(&format!(": {why}"));
+    let _ = write!(msg, ": {why}");
     let log = dirs.sandbox_machine_log(&rec.name);
     let hint = if refused.is_empty() {
         format!(
@@ -477,9 +495,13 @@ fn build_failure(dirs: &Dirs, rec: &Record, r: &Recipe, output: &str, code: i32,
         )
     } else {
         let list: Vec<String> = refused.iter().map(|h| format!("`{h}`")).collect();
-        msg.push_str(&format!("; the policy refused {} during the build", list.join(", ")));
+        let _ = write!(msg, "; the policy refused {} during the build", list.join(", "));
         let allow: Vec<String> = refused.iter().map(|h| format!("`ppp policy allow network {h}`")).collect();
-        format!("allow what the build needs with {}, then create the sandbox again (log: `{}`)", allow.join(" and "), log.display())
+        format!(
+            "allow what the build needs with {}, then create the sandbox again (log: `{}`)",
+            allow.join(" and "),
+            log.display()
+        )
     };
     fail(msg).hint(hint).into()
 }
@@ -545,6 +567,15 @@ fn plain_target(host: &str) -> bool {
         })
 }
 
+/// A temp file removed when dropped (forgotten once it is renamed).
+struct Staged<'a>(&'a Path);
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
 /// Save the image built in the VM to the host's cache: the archive is
 /// copied to a temp file, checked against the size bound, digested, moved
 /// into place, and only then is its digest file written.
@@ -563,12 +594,6 @@ fn save(dirs: &Dirs, podman: &Podman, rec: &Record, r: &Recipe, ui: Ui) -> Resul
     ui.timed(&format!("saving the {} image to `{}`", r.agent, cache.display()), || {
         let _lock = state::Lock::acquire(&dirs.image_archive_lock(r.agent, r.short()))?;
         // Removed on every way out but the rename.
-        struct Staged<'a>(&'a Path);
-        impl Drop for Staged<'_> {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_file(self.0);
-            }
-        }
         let staged = Staged(&tmp);
         let saved = run_logged(
             dirs,
