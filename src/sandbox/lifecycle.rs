@@ -157,8 +157,10 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
         interrupt.check()?;
         provision(dirs, podman, &claim.record, req.image.to_pull(), ui)?;
         interrupt.check()?;
-        // No agent has run in this VM yet, so a build here may be cached.
-        let (image, origin) = super::image::ensure(dirs, podman, &claim.record, &req.image, true, ui)?;
+        // No agent has run in this VM yet, so a build here may be cached;
+        // a template's disk comes from a sandbox an agent has used.
+        let pristine = req.template.is_none();
+        let (image, origin) = super::image::ensure(dirs, podman, &claim.record, &req.image, pristine, ui)?;
         let origin = origin.or(req.template.as_ref().map(|_| super::ImageOrigin::Template));
         let record = set_image(dirs, &name, &image, origin)?;
         interrupt.check()?;
