@@ -84,9 +84,11 @@ pub trait Extension {
 pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Extension], ui: Ui) -> Result<Record> {
     // A saved template's disk, or (a tag ppp does not know) an image
     // reference passed to podman as it is. Resolved before anything is made.
+    let mut from_saved = false;
     let image = match &req.template {
         Some(t) => {
             let (disk, saved) = crate::template::resolve(dirs, t)?;
+            from_saved = saved.is_some();
             if let Some(from) = saved.as_ref().and_then(|s| s.agent.as_deref()).filter(|a| *a != req.agent.name) {
                 // It works (provisioning pulls what is missing), but the
                 // point of a template, an image already in place, is lost.
@@ -158,8 +160,9 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
         provision(dirs, podman, &claim.record, req.image.to_pull(), ui)?;
         interrupt.check()?;
         // No agent has run in this VM yet, so a build here may be cached;
-        // a template's disk comes from a sandbox an agent has used.
-        let pristine = req.template.is_none();
+        // a saved template's disk comes from a sandbox an agent has used (a
+        // machine image given as `-t` is as fresh as podman's own).
+        let pristine = !from_saved;
         let (image, origin) = super::image::ensure(dirs, podman, &claim.record, &req.image, pristine, ui)?;
         let origin = origin.or(req.template.as_ref().map(|_| super::ImageOrigin::Template));
         let record = set_image(dirs, &name, &image, origin)?;
