@@ -334,3 +334,25 @@ fn setup_builds_images_ahead_in_one_vm_it_then_removes() {
     let kept: Vec<PathBuf> = cache_files(env).into_iter().filter(|p| !p.to_string_lossy().ends_with(".lock")).collect();
     assert!(kept.is_empty(), "a used VM's build is not cached: {kept:?}");
 }
+
+/// podman before 5.5 has no `machine cp`: the archive goes out over ssh's
+/// standard output and back in over its standard input, checked the same.
+#[test]
+fn a_podman_without_machine_cp_still_caches() {
+    let mut rig = rig();
+    rig.env.extra.push(("FAKE_PODMAN_VERSION".into(), "5.4.2".into()));
+    let env = &rig.env;
+    let out = create(env, "old");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(builds(env, "old").len(), 1);
+    let calls = env.calls().join("\n");
+    assert!(calls.contains("cat /tmp/ppp/image.oci.tar"), "{calls}");
+    assert!(!calls.contains("machine cp"), "{calls}");
+    let sum = std::fs::read_to_string(format!("{}.sha256", archive(env).display())).unwrap();
+    assert!(sum.ends_with(&format!(" {}\n", std::fs::metadata(archive(env)).unwrap().len())), "{sum}");
+    env.ok(&["rm", "-f", "old"]);
+    let out = create(env, "again");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(builds(env, "again").is_empty(), "loaded, not built");
+    assert_eq!(record(env, "again")["image_origin"], "cached");
+}

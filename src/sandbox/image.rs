@@ -20,6 +20,7 @@
 
 use std::fmt::Write as _;
 use std::io::{Read as _, Seek as _, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -567,6 +568,26 @@ fn plain_target(host: &str) -> bool {
         })
 }
 
+/// `cat` the VM's archive into `dst` over ssh.
+fn cat_out(dirs: &Dirs, podman: &Podman, rec: &Record, dst: &Path) -> Result<()> {
+    let inv = podman.ssh(&rec.machine_name, &["cat", &guest_archive()]).timeout(COPY_TIMEOUT);
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dst)
+        .with_context(|| format!("could not create `{}`", dst.display()))?;
+    let log = open_log(dirs, &rec.name)?;
+    let _ = writeln!(&log, "$ {inv} > {}", dst.display());
+    let code = exec::run_to_file(&inv, &out, &log)?;
+    if code != 0 {
+        return Err(fail(format!("copying the image out of the VM failed (`{inv}` exited with status {code})"))
+            .hint(format!("see `{}`", dirs.sandbox_machine_log(&rec.name).display()))
+            .into());
+    }
+    Ok(())
+}
+
 /// A temp file removed when dropped (forgotten once it is renamed).
 struct Staged<'a>(&'a Path);
 
@@ -584,13 +605,9 @@ fn save(dirs: &Dirs, podman: &Podman, rec: &Record, r: &Recipe, ui: Ui) -> Resul
     let cache = dirs.image_cache();
     state::create_private_dir(&cache)?;
     let tmp = cache.join(format!(".tmp-{}-{}.oci.tar", r.agent, uuid::Uuid::new_v4().simple()));
-    let Some(copy_out) = podman.copy_out(machine, &guest_archive(), &tmp) else {
-        ui.note(&format!(
-            "podman {} cannot copy files out of a machine (5.5 can), so the {} image is not cached",
-            podman.version, r.agent
-        ));
-        return Ok(());
-    };
+    // Before podman 5.5 (no `machine cp`) the archive comes out as ssh's
+    // standard output, the way `copy_in` sends files in.
+    let copy_out = podman.copy_out(machine, &guest_archive(), &tmp);
     ui.timed(&format!("saving the {} image to `{}`", r.agent, cache.display()), || {
         let _lock = state::Lock::acquire(&dirs.image_archive_lock(r.agent, r.short()))?;
         // Removed on every way out but the rename.
@@ -603,7 +620,12 @@ fn save(dirs: &Dirs, podman: &Podman, rec: &Record, r: &Recipe, ui: Ui) -> Resul
                 .timeout(COPY_TIMEOUT),
             "saving the image in the VM",
         )
-        .and_then(|()| run_logged(dirs, &rec.name, &copy_out.timeout(COPY_TIMEOUT), "copying the image out of the VM"));
+        .and_then(|()| match &copy_out {
+            Some(inv) => {
+                run_logged(dirs, &rec.name, &inv.clone().timeout(COPY_TIMEOUT), "copying the image out of the VM")
+            }
+            None => cat_out(dirs, podman, rec, &tmp),
+        });
         let _ = exec::run(&podman.ssh(machine, &["rm", "-f", &guest_archive()]));
         saved?;
         let bytes = std::fs::metadata(staged.0).with_context(|| format!("could not read `{}`", tmp.display()))?.len();
