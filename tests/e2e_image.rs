@@ -289,6 +289,24 @@ fn a_build_the_policy_refuses_a_host_to_names_the_fix_and_changes_nothing() {
     assert!(out.status.success(), "{}", describe(&out));
     assert!(rig.mirror.requests().iter().any(|r| r["path"] == "/tool.tgz"));
     assert_eq!(record(&env, "red")["image_origin"], "built");
+    let first_tag = record(&env, "red")["image"].as_str().unwrap().to_owned();
+    env.ok(&["rm", "-f", "red"]);
+
+    // The same Containerfile is loaded from the cache; a changed one (a
+    // new ppp's, or the user's edit) is a new image, built.
+    let out = create(&env, "blue");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(builds(&env, "blue").is_empty());
+    assert_eq!(record(&env, "blue")["image"], first_tag.as_str());
+    env.ok(&["rm", "-f", "blue"]);
+    let mut text = std::fs::read_to_string(&cf).unwrap();
+    text.push_str("LABEL changed=yes\n");
+    std::fs::write(&cf, text).unwrap();
+    let out = create(&env, "green");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(builds(&env, "green").len(), 1, "a changed Containerfile builds");
+    let tag = record(&env, "green")["image"].as_str().unwrap().to_owned();
+    assert!(tag != first_tag && tag.starts_with("localhost/ppp/opencode:"), "{tag} vs {first_tag}");
 }
 
 #[test]
