@@ -64,6 +64,9 @@ const COPY_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// The largest archive the host keeps: the guest writes it, and the host's
 /// disk is not the guest's to fill. Agent images are well under 2 GiB.
 pub const MAX_ARCHIVE_BYTES: u64 = 8 << 30;
+/// How much of the build's output is read at a time, and how much of its
+/// end a failure looks at for the failing step.
+const SHOW_CHUNK: u64 = 256 * 1024;
 /// How many of the sandbox's last flows a failed build looks through for
 /// refusals.
 const REFUSAL_FLOWS: usize = 2000;
@@ -400,20 +403,36 @@ fn build(dirs: &Dirs, podman: &Podman, rec: &Record, r: &Recipe, ui: Ui) -> Resu
         r.source
     ));
     let worker = std::thread::spawn(move || exec::run_to_log(&inv, &log));
-    let mut seen = 0usize;
+    // Read as it grows, a bounded chunk at a time: the guest writes this
+    // output, and ppp's memory must not follow it.
+    let mut pos = from;
+    let mut partial = String::new();
+    let mut last_step: Option<String> = None;
     let mut show = |done: bool| {
-        let text = read_from(&log_path, from);
-        // A line still being written waits for its newline.
-        let complete = if done { text.as_str() } else { text.rsplit_once('\n').map_or("", |(a, _)| a) };
-        let steps: Vec<&str> = complete.lines().filter_map(step_line).collect();
-        for s in steps.iter().skip(seen) {
-            step.println(&format!(
-                "ppp:   {} ({} in)",
-                crate::output::printable(&shorten(s, 100)),
-                progress::elapsed_text(started.elapsed())
-            ));
+        loop {
+            let (chunk, read) = read_chunk(&log_path, pos, SHOW_CHUNK);
+            pos += read;
+            partial.push_str(&chunk);
+            let cut = if done && read == 0 { partial.len() } else { partial.rfind('\n').map_or(0, |i| i + 1) };
+            for line in partial[..cut].lines() {
+                if let Some(s) = step_line(line) {
+                    last_step = Some(shorten(s, 120));
+                    step.println(&format!(
+                        "ppp:   {} ({} in)",
+                        crate::output::printable(&shorten(s, 100)),
+                        progress::elapsed_text(started.elapsed())
+                    ));
+                }
+            }
+            partial.drain(..cut);
+            // A line without end is kept only up to a bound.
+            if u64::try_from(partial.len()).unwrap_or(u64::MAX) > SHOW_CHUNK {
+                partial.clear();
+            }
+            if read == 0 || (!done && read < SHOW_CHUNK) {
+                break;
+            }
         }
-        seen = seen.max(steps.len());
     };
     while !worker.is_finished() {
         show(false);
@@ -426,18 +445,25 @@ fn build(dirs: &Dirs, podman: &Podman, rec: &Record, r: &Recipe, ui: Ui) -> Resu
         return Ok(());
     }
     drop(step);
-    Err(build_failure(dirs, rec, r, &read_from(&log_path, from), code, started_at))
+    let failure = BuildEnd { output: read_tail(&log_path, from, SHOW_CHUNK), step: last_step, code, since: started_at };
+    Err(build_failure(dirs, rec, r, &failure))
 }
 
-/// What was appended to `path` after byte `from`.
-fn read_from(path: &Path, from: u64) -> String {
-    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+/// At most `max` bytes of `path` from byte `from`, and how many were read.
+fn read_chunk(path: &Path, from: u64, max: u64) -> (String, u64) {
+    let Ok(mut f) = std::fs::File::open(path) else { return (String::new(), 0) };
     if f.seek(std::io::SeekFrom::Start(from)).is_err() {
-        return String::new();
+        return (String::new(), 0);
     }
     let mut bytes = Vec::new();
-    let _ = f.read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
+    let _ = f.take(max).read_to_end(&mut bytes);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes.len() as u64)
+}
+
+/// The last `max` bytes of what was appended to `path` after byte `from`.
+fn read_tail(path: &Path, from: u64, max: u64) -> String {
+    let len = std::fs::metadata(path).map_or(from, |m| m.len());
+    read_chunk(path, from.max(len.saturating_sub(max)), max).0
 }
 
 /// `STEP 3/7: RUN apt-get …` from one line of podman's build output.
@@ -458,18 +484,20 @@ fn shorten(text: &str, max: usize) -> String {
     s
 }
 
+/// What a failed build left: the end of its output, the last step it
+/// started, its exit code, when it started.
+struct BuildEnd {
+    output: String,
+    step: Option<String>,
+    code: i32,
+    since: OffsetDateTime,
+}
+
 /// The error of a failed build: the step it failed at, podman's reason,
 /// and the hosts the policy refused meanwhile with the line that allows
 /// each.
-fn build_failure(
-    dirs: &Dirs,
-    rec: &Record,
-    r: &Recipe,
-    output: &str,
-    code: i32,
-    since: OffsetDateTime,
-) -> anyhow::Error {
-    let at = output.lines().rev().find_map(step_line).map(|s| shorten(s, 120));
+fn build_failure(dirs: &Dirs, rec: &Record, r: &Recipe, f: &BuildEnd) -> anyhow::Error {
+    let (output, code, since, at) = (f.output.as_str(), f.code, f.since, &f.step);
     let why = output
         .lines()
         .rev()
