@@ -3,7 +3,7 @@
 # production; Debian/Ubuntu work too) as root, through
 #
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh up \
-#       --wg-conf - --image IMAGE_REF  < wg0.conf
+#       --wg-conf - [--image IMAGE_REF]  < wg0.conf
 #   podman machine ssh NAME -- sudo bash /tmp/ppp/provision.sh verify \
 #       [--denied-url URL --denied-connect-to HOST:PORT:IP:PORT] --salt SALT
 #
@@ -65,7 +65,7 @@ say() { printf 'ppp-provision: %s\n' "$*"; }
 # The usage text on stderr, then exit ${1:-2}.
 usage() {
   cat >&2 <<'EOF'
-usage: provision.sh up --wg-conf PATH|- --image IMAGE_REF
+usage: provision.sh up --wg-conf PATH|- [--image IMAGE_REF]
        provision.sh verify [--denied-url URL [--denied-connect-to HOST:PORT:IP:PORT]]
                            --salt SALT
 EOF
@@ -343,7 +343,6 @@ cmd_up() {
     esac
   done
   [ -n "$wg_conf" ] || usage_error "up needs --wg-conf"
-  [ -n "$image" ] || usage_error "up needs --image"
   trap 'die "command failed (exit $?): $BASH_COMMAND"' ERR
   [ "$(id -u)" -eq 0 ] || die "must run as root (ppp runs it with sudo)"
   TMP=$(mktemp -d /tmp/ppp-provision.XXXXXX)
@@ -495,10 +494,14 @@ nameserver $TUNNEL_DNS
   [ -d "$(dirname "$SYSCTL_CONF")" ] || mkdir -m 0755 "$(dirname "$SYSCTL_CONF")"
   write_file "$SYSCTL_CONF" $'# written by ppp: the tunnel is IPv4-only\nnet.ipv6.conf.all.disable_ipv6 = 1\nnet.ipv6.conf.default.disable_ipv6 = 1\n' 0644
 
-  # 9. The agent image, pulled once (per image ref) as the ssh user, whose
-  # rootless podman runs the agent.
-  step 9 "agent image $image"
-  if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$image" ]; then
+  # 9. The agent image the user named (PPP_<AGENT>_IMAGE), pulled once (per
+  # image ref) as the ssh user, whose rootless podman runs the agent.
+  # Without --image ppp builds its own image after this script, through
+  # the tunnel it has just made (or loads it from the host's cache).
+  step 9 "agent image ${image:-built by ppp}"
+  if [ -z "$image" ]; then
+    say "built or loaded by ppp after provisioning"
+  elif [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$image" ]; then
     say "already pulled (marker $MARKER)"
   else
     have podman || die "podman is not installed in the guest"

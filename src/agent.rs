@@ -8,7 +8,6 @@
 use anyhow::Result;
 
 use crate::error::fail;
-use crate::versions;
 
 /// What an agent's key variables are set to inside the sandbox.
 pub const PLACEHOLDER: &str = "ppp-proxy-managed";
@@ -80,17 +79,26 @@ pub fn find(name: &str) -> Result<&'static Agent> {
 }
 
 impl Agent {
-    /// The image: `PPP_<AGENT>_IMAGE` when set (a mirror, or a local build),
-    /// else the ref pinned in versions.env.
-    pub fn image(&self, var: impl Fn(&str) -> Option<String>) -> String {
-        var(&self.image_var()).filter(|v| !v.trim().is_empty()).unwrap_or_else(|| {
-            versions::agent_image(self.name).map_or_else(|| format!("ppp/{}:latest", self.name), str::to_owned)
-        })
+    /// The image the user named in `PPP_<AGENT>_IMAGE` (a mirror, or their
+    /// own build), which wins over the one ppp builds; `None` when unset.
+    pub fn image_override(&self, var: impl Fn(&str) -> Option<String>) -> Option<String> {
+        var(&self.image_var()).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
     }
 
     /// `PPP_OPENCODE_IMAGE` for opencode.
     pub fn image_var(&self) -> String {
         format!("PPP_{}_IMAGE", self.name.to_ascii_uppercase())
+    }
+
+    /// `PPP_OPENCODE_CONTAINERFILE` for opencode: a Containerfile ppp
+    /// builds the agent's image from instead of its embedded one.
+    pub fn containerfile_var(&self) -> String {
+        format!("PPP_{}_CONTAINERFILE", self.name.to_ascii_uppercase())
+    }
+
+    /// The Containerfile ppp embeds for this agent (`assets/<agent>.Containerfile`).
+    pub fn embedded_containerfile(&self) -> Vec<u8> {
+        crate::assets::get(self.containerfile).unwrap_or_default()
     }
 
     /// The container's environment: placeholders for the agent's key
@@ -115,7 +123,6 @@ mod tests {
         assert_eq!(names, ["opencode", "claude", "codex", "gemini"]);
         for a in AGENTS {
             assert!(!a.command.is_empty() && !a.key_vars.is_empty(), "{}", a.name);
-            assert!(versions::agent_image(a.name).is_some(), "{} has a pinned image", a.name);
             assert!(crate::assets::get(a.containerfile).is_some(), "{} is embedded", a.containerfile);
         }
         let err = find("copilot").unwrap_err().to_string();
@@ -146,10 +153,12 @@ mod tests {
     fn image_override_and_env() {
         let oc = find("opencode").unwrap();
         assert_eq!(oc.image_var(), "PPP_OPENCODE_IMAGE");
-        assert_eq!(oc.image(|_| None), versions::agent_image("opencode").unwrap());
+        assert_eq!(oc.containerfile_var(), "PPP_OPENCODE_CONTAINERFILE");
+        assert_eq!(oc.image_override(|_| None), None);
+        assert_eq!(oc.image_override(|_| Some("  ".into())), None, "blank is unset");
         assert_eq!(
-            oc.image(|k| (k == "PPP_OPENCODE_IMAGE").then(|| "localhost/oc:dev".to_owned())),
-            "localhost/oc:dev"
+            oc.image_override(|k| (k == "PPP_OPENCODE_IMAGE").then(|| "localhost/oc:dev".to_owned())).as_deref(),
+            Some("localhost/oc:dev")
         );
         let env = find("claude").unwrap().container_env(&[("JIRA_TOKEN".into(), "PPP_JIRA".into())]);
         assert_eq!(

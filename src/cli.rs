@@ -438,6 +438,10 @@ pub struct SetupArgs {
     /// Also import API keys found in environment variables
     #[arg(long)]
     pub import_secrets: bool,
+
+    /// Build the agents' images now (all, or the agents named, comma-separated) in a VM of their own and cache them
+    #[arg(long, value_name = "AGENT", num_args = 0.., value_delimiter = ',')]
+    pub build_images: Option<Vec<String>>,
 }
 
 /// `ppp reset`.

@@ -163,6 +163,15 @@ pub struct Sandbox {
     /// `running`, `starting`, `stopped`, `missing` (podman has no such
     /// machine) or `unknown` (podman did not answer).
     pub machine_state: String,
+    /// The image the agent container runs (null: not recorded yet, or a
+    /// record older than issue 24).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Where that image came from: `built` (in this VM), `cached` (loaded
+    /// from the host's image cache), `pulled` (`PPP_<AGENT>_IMAGE`) or
+    /// `template` (the template's disk held it).
+    #[serde(default)]
+    pub image_origin: Option<String>,
     pub port: u16,
     /// Whether the port registry gives this port to this sandbox.
     pub registered: bool,
@@ -675,6 +684,8 @@ fn merge(
                 agent: r.agent,
                 workspace: r.workspace,
                 machine_name: r.machine_name,
+                image: r.image,
+                image_origin: r.image_origin.map(|o| o.to_string()),
                 port: r.port,
             }
         })

@@ -218,6 +218,26 @@ impl Dirs {
     pub fn templates(&self) -> PathBuf {
         self.cache.join("templates")
     }
+    /// `$PPP_CACHE/images`: agent images ppp built, saved as OCI archives
+    /// so later sandboxes load them instead of building again.
+    pub fn image_cache(&self) -> PathBuf {
+        self.cache.join("images")
+    }
+    /// `$PPP_CACHE/images/<agent>-<hash>.oci.tar`: one built image.
+    pub fn image_archive(&self, agent: &str, hash: &str) -> PathBuf {
+        self.image_cache().join(format!("{agent}-{hash}.oci.tar"))
+    }
+    /// `$PPP_CACHE/images/<agent>-<hash>.oci.tar.sha256`: the archive's
+    /// digest and size, written after the archive; an archive without a
+    /// matching one is never loaded.
+    pub fn image_archive_sum(&self, agent: &str, hash: &str) -> PathBuf {
+        self.image_cache().join(format!("{agent}-{hash}.oci.tar.sha256"))
+    }
+    /// `$PPP_CACHE/images/<agent>-<hash>.lock`: held while the archive is
+    /// written, checked or read, so two sandboxes never see half of one.
+    pub fn image_archive_lock(&self, agent: &str, hash: &str) -> PathBuf {
+        self.image_cache().join(format!("{agent}-{hash}.lock"))
+    }
 }
 
 impl Dirs {

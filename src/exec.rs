@@ -227,6 +227,21 @@ pub fn run_to_log(inv: &Invocation, log: &std::fs::File) -> Result<i32, ExecErro
     wait_with_timeout(&mut child, inv.timeout, &command)
 }
 
+/// Run `inv` with its stdout written to `out` (a file being copied out of
+/// a machine over ssh, where podman has no `machine cp`) and its stderr
+/// appended to `log`; returns the exit code as [`run_to_log`] does.
+pub fn run_to_file(inv: &Invocation, out: &std::fs::File, log: &std::fs::File) -> Result<i32, ExecError> {
+    tracing::debug!("running `{inv}`");
+    let command = inv.to_string();
+    let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
+    let (out, err) = (io(out)?, io(log)?);
+    let mut child = spawn_retrying(|| {
+        inv.command().stdin(inv.stdin_stdio()?).stdout(out.try_clone()?).stderr(err.try_clone()?).spawn()
+    })
+    .map_err(|source| spawn_error(inv, &command, source))?;
+    wait_with_timeout(&mut child, inv.timeout, &command)
+}
+
 /// Run `inv` on this terminal (standard input, output and error inherited)
 /// and return its exit code. While it runs, Ctrl-C is left to the child:
 /// the terminal sends SIGINT to the whole foreground process group, and ppp

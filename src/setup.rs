@@ -19,6 +19,7 @@ use crate::dirs::Dirs;
 use crate::exec::{self, Invocation};
 use crate::policy::{self, Preset};
 use crate::proxy::mitmdump;
+use crate::sandbox::image;
 use crate::secret::{self, Backend, Kind, Scope, Settings, Store};
 use crate::{agent, env, podman, versions};
 
@@ -261,9 +262,16 @@ pub fn detect(dirs: &Dirs, opts: &Options) -> Report {
     checks.push(policy_check(dirs));
     let global = policy::load_global(&dirs.global_policy()).ok().flatten();
     for a in agent::AGENTS {
-        let image = a.image(|k| std::env::var(k).ok());
-        let overridden = std::env::var(a.image_var()).is_ok_and(|v| !v.trim().is_empty());
-        checks.push(image_check(a.name, &image, overridden.then(|| a.image_var()), global.as_ref()));
+        checks.push(match image::choose(a, |k| std::env::var(k).ok()) {
+            Ok(image::Choice::Given { image, var }) => image_check(a.name, &image, Some(var), global.as_ref()),
+            Ok(image::Choice::Build(r)) => {
+                let state = image::cache_state(dirs, &r);
+                build_check(a.name, &r, &state, global.as_ref())
+            }
+            Err(e) => Check::new(format!("image {}", a.name), Level::Problem, format!("{e:#}"))
+                .hint(format!("fix or unset {}", a.containerfile_var()))
+                .optional(),
+        });
     }
     Report { checks }
 }
@@ -303,6 +311,61 @@ fn image_check(agent: &str, image: &str, var: Option<String>, global: Option<&po
         .hint(format!("`ppp policy allow network {registry}` (and its blob storage host, if it redirects)"))
         .optional()
     }
+}
+
+/// An agent's image row when ppp builds it: whether the host's cache has
+/// it (the next sandbox loads it) or the first sandbox will build it, and
+/// whether the policy lets that build fetch what ppp's Containerfiles
+/// need. Optional: only the agents a user runs matter.
+fn build_check(agent: &str, r: &image::Recipe, state: &image::Cached, global: Option<&policy::GlobalFile>) -> Check {
+    let name = format!("image {agent}");
+    let what = format!("{} from {}", r.tag(), r.source);
+    let build_hint = format!("`ppp setup --build-images {agent}` builds it now, in a VM of its own");
+    match state {
+        image::Cached::Valid { bytes } => {
+            return Check::new(name, Level::Ok, format!("{what}; cached ({} MiB)", bytes.div_ceil(1 << 20))).optional();
+        }
+        image::Cached::Corrupt(why) => {
+            return Check::new(
+                name,
+                Level::Note,
+                format!("{what}; the cached copy is unusable ({why}), so the next sandbox builds it again"),
+            )
+            .hint(build_hint)
+            .optional();
+        }
+        image::Cached::Missing => {}
+    }
+    // A Containerfile of the user's fetches from hosts ppp cannot know.
+    let embedded = r.source.starts_with("ppp's embedded");
+    let denied: Vec<&str> = match global {
+        Some(g) if embedded => {
+            let engine = policy::Engine::build(g.default, g.rules.clone(), Vec::new()).ok();
+            image::BUILD_HOSTS
+                .iter()
+                .copied()
+                .filter(|h| {
+                    !engine
+                        .as_ref()
+                        .is_some_and(|e| e.decide(None, Some(h), None, 443).verdict == policy::Verdict::Allow)
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    if denied.is_empty() {
+        return Check::new(name, Level::Note, format!("{what}; not built yet: the first sandbox builds it in its VM"))
+            .hint(build_hint)
+            .optional();
+    }
+    let allow: Vec<String> = denied.iter().map(|h| format!("`ppp policy allow network {h}`")).collect();
+    Check::new(
+        name,
+        Level::Problem,
+        format!("{what}; not built yet, and the policy denies {}, which the build needs", denied.join(", ")),
+    )
+    .hint(format!("{}, then {build_hint}", allow.join(", ")))
+    .optional()
 }
 
 /// The machine row: whether podman answers `machine info` (it refuses

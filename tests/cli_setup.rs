@@ -195,11 +195,18 @@ fn podman_missing_old_and_current() {
     assert_eq!(row(&out, "api keys"), ("note".into(), "none stored".into()));
     assert_eq!(row(&out, "mitmproxy ca").0, "fixable");
     assert_eq!(row(&out, "policy"), ("fixable".into(), "no global policy: every connection is denied".into()));
-    // With no policy yet, the image rows say where the image comes from.
-    assert_eq!(
-        row(&out, "image opencode"),
-        ("note".into(), "ghcr.io/ppp-sandbox/opencode:0.1.0; pulled in the VM at the first run".into())
+    // With no policy yet, the image rows say where the image comes from:
+    // ppp builds it (issue 24: nothing publishes one).
+    let (status, detail) = row(&out, "image opencode");
+    assert_eq!(status, "note", "{out}");
+    assert!(detail.starts_with("localhost/ppp/opencode:"), "{detail}");
+    assert!(
+        detail.ends_with(
+            "from ppp's embedded assets/opencode.Containerfile; not built yet: the first sandbox builds it in its VM"
+        ),
+        "{detail}"
     );
+    assert!(out.contains("hint: image opencode: `ppp setup --build-images opencode` builds it now"), "{out}");
     assert_eq!(row(&out, "image gemini").0, "note");
 }
 
@@ -238,9 +245,21 @@ fn image_overrides_are_reported() {
     assert_eq!(row(&out, "image claude").0, "problem", "{out}");
     assert!(out.contains("the policy denies localhost, so the VM cannot pull it"), "{out}");
     assert!(out.contains("`ppp policy allow network localhost`"), "{out}");
+    // `balanced` allows what ppp's own builds fetch.
     let (status, detail) = row(&out, "image codex");
-    assert!(detail.starts_with("ghcr.io/ppp-sandbox/codex:0.1.0"), "{detail}");
-    assert!(status == "ok" || status == "problem", "{status}");
+    assert!(detail.starts_with("localhost/ppp/codex:"), "{detail}");
+    assert_eq!(status, "note", "{out}");
+    // A policy that refuses them is a problem naming each, with its fix.
+    let switched = s.ppp(&["policy", "init", "deny-all", "--force"]).output().unwrap();
+    assert!(switched.status.success(), "{switched:?}");
+    let (_, out, _) = s.setup(&[]);
+    let (status, detail) = row(&out, "image codex");
+    assert_eq!(status, "problem", "{out}");
+    assert!(
+        detail.contains("the policy denies registry-1.docker.io") && detail.contains("registry.npmjs.org"),
+        "{detail}"
+    );
+    assert!(out.contains("`ppp policy allow network deb.debian.org`"), "{out}");
 }
 
 #[test]

@@ -13,11 +13,16 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 
 use super::Ctx;
+use crate::agent::{self, Agent};
 use crate::cli::SetupArgs;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec;
+use crate::podman::Podman;
 use crate::policy::{self, GlobalFile, Preset, Source};
+use crate::sandbox::image;
+use crate::sandbox::lifecycle::{self, Ui};
+use crate::sandbox::request::{Request, Spec};
 use crate::setup::{self, Check, Fix, Level, Report, Trust};
 use crate::{output, proxy, state};
 
@@ -43,6 +48,9 @@ pub fn run(args: &SetupArgs, ctx: &Ctx) -> Result<ExitCode> {
         Mode::Report
     };
     let opts = setup::Options { import_secrets: args.import_secrets };
+    if let Some(agents) = &args.build_images {
+        build_images(dirs, agents, ctx.ui())?;
+    }
     let report = setup::detect(dirs, &opts);
     output::print(&report.table())?;
     let fixable: Vec<&Check> = report.checks.iter().filter(|c| c.level == Level::Fixable && c.fix.is_some()).collect();
@@ -78,6 +86,55 @@ pub fn run(args: &SetupArgs, ctx: &Ctx) -> Result<ExitCode> {
     output::println("")?;
     output::print(&after.table())?;
     finish(&after)
+}
+
+/// The sandbox `--build-images` builds in; removed when it is done.
+const BUILD_SANDBOX: &str = "image-build";
+
+/// `--build-images`: build the images of `names` (every agent when empty)
+/// that ppp builds and the cache lacks, all in one new sandbox VM (no
+/// agent ever runs there, so its builds may be cached), then remove it.
+fn build_images(dirs: &Dirs, names: &[String], ui: Ui) -> Result<()> {
+    let agents: Vec<&'static Agent> = if names.is_empty() {
+        agent::AGENTS.iter().collect()
+    } else {
+        names.iter().map(|n| agent::find(n)).collect::<Result<_>>()?
+    };
+    let mut todo = Vec::new();
+    for a in agents {
+        match image::choose(a, |k| std::env::var(k).ok())? {
+            image::Choice::Given { image, var } => {
+                crate::progress::Progress::detect(ui.quiet)
+                    .note(&format!("{} runs `{image}` ({var}); ppp builds nothing for it", a.name));
+            }
+            image::Choice::Build(r) => match image::verify(dirs, &r) {
+                image::Cached::Valid { .. } => crate::progress::Progress::detect(ui.quiet).note(&format!(
+                    "the {} image {} is cached already",
+                    a.name,
+                    r.tag()
+                )),
+                _ => todo.push((a, r)),
+            },
+        }
+    }
+    let Some((first, _)) = todo.first() else { return Ok(()) };
+    let podman = Podman::detect()?;
+    // The VM needs a workspace; an empty one shows it nothing of the host.
+    let ws = tempfile::tempdir().context("could not make an empty workspace for the image build")?;
+    let req = Request::new(&Spec {
+        agent: first.name.to_owned(),
+        paths: vec![ws.path().to_owned()],
+        name: Some(BUILD_SANDBOX.to_owned()),
+        ..Spec::default()
+    })?;
+    // Creating it builds (and caches) the first agent's image.
+    let rec = lifecycle::create(dirs, &podman, &req, &[], ui)?;
+    let built = todo.iter().skip(1).try_for_each(|(_, r)| {
+        image::ensure(dirs, &podman, &rec, &image::Choice::Build(r.clone()), true, ui).map(drop)
+    });
+    let removed = lifecycle::remove(dirs, Some(&podman), BUILD_SANDBOX, true, ui);
+    built?;
+    removed
 }
 
 /// Print what is left to do and pick the exit code.

@@ -56,9 +56,11 @@ pub(crate) const BALANCED: &[(&str, &[&str])] = &[
         ],
     ),
     ("code hosts", &["github.com", "**.github.com", "*.githubusercontent.com", "gitlab.com", "bitbucket.org"]),
-    // The VM pulls the agent's image through the proxy: ppp's own images
-    // are on ghcr.io (blobs from pkg-containers.githubusercontent.com, a
-    // code host above), and Docker Hub is podman's default for short names.
+    // The VM fetches images through the proxy: the base image of ppp's own
+    // agent images is on Docker Hub (podman's default for short names too),
+    // and ghcr.io serves blobs from pkg-containers.githubusercontent.com,
+    // a code host above. Nothing publishes ppp's agent images: ppp builds
+    // them (docs/images.md).
     (
         "container registries",
         &["ghcr.io", "registry-1.docker.io", "auth.docker.io", "production.cloudflare.docker.com"],

@@ -59,6 +59,8 @@ pub(super) fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim
         machine_name: super::machine_name(&name),
         published: Vec::new(),
         clone: req.clone.then(|| clone_path(&req.workspace[0].display().to_string())),
+        image: None,
+        image_origin: None,
     };
     state::create_private_dir(&dirs.sandbox(&name))?;
     // The port is saved before the record: a crash in between leaves a

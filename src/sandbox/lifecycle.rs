@@ -84,9 +84,11 @@ pub trait Extension {
 pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Extension], ui: Ui) -> Result<Record> {
     // A saved template's disk, or (a tag ppp does not know) an image
     // reference passed to podman as it is. Resolved before anything is made.
+    let mut from_saved = false;
     let image = match &req.template {
         Some(t) => {
             let (disk, saved) = crate::template::resolve(dirs, t)?;
+            from_saved = saved.is_some();
             if let Some(from) = saved.as_ref().and_then(|s| s.agent.as_deref()).filter(|a| *a != req.agent.name) {
                 // It works (provisioning pulls what is missing), but the
                 // point of a template, an image already in place, is lost.
@@ -155,16 +157,24 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
         interrupt.check()?;
         machine::start(dirs, podman, &name, machine_name, ui)?;
         interrupt.check()?;
-        provision(dirs, podman, &claim.record, &req.image, ui)?;
+        provision(dirs, podman, &claim.record, req.image.to_pull(), ui)?;
+        interrupt.check()?;
+        // No agent has run in this VM yet, so a build here may be cached;
+        // a saved template's disk comes from a sandbox an agent has used (a
+        // machine image given as `-t` is as fresh as podman's own).
+        let pristine = !from_saved;
+        let (image, origin) = super::image::ensure(dirs, podman, &claim.record, &req.image, pristine, ui)?;
+        let origin = origin.or(req.template.as_ref().map(|_| super::ImageOrigin::Template));
+        let record = set_image(dirs, &name, &image, origin)?;
         interrupt.check()?;
         if let Some(guest) = &claim.record.clone {
             clone_into(dirs, podman, &claim.record, &req.workspace[0], guest, ui)?;
         }
         interrupt.check()?;
-        verify(dirs, podman, &claim.record, ui)?;
+        verify(dirs, podman, &record, ui)?;
         for e in extensions {
             interrupt.check()?;
-            ui.timed(&format!("applying {}", e.describe()), || e.apply(dirs, podman, &claim.record))?;
+            ui.timed(&format!("applying {}", e.describe()), || e.apply(dirs, podman, &record))?;
         }
         interrupt.check()?;
         set_status(dirs, &name, Status::Running)
@@ -283,8 +293,11 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
         machine::ensure_can_start(podman, &rec.machine_name, &all)?;
         machine::start(dirs, podman, name, &rec.machine_name, ui)?;
     }
-    let image = agent::find(&rec.agent)?.image(|k| std::env::var(k).ok());
-    provision(dirs, podman, &rec, &image, ui)?;
+    let choice = super::image::choose(agent::find(&rec.agent)?, |k| std::env::var(k).ok())?;
+    provision(dirs, podman, &rec, choice.to_pull(), ui)?;
+    // An agent has run here: a build is used, never cached for others.
+    let (image, origin) = super::image::ensure(dirs, podman, &rec, &choice, false, ui)?;
+    let rec = set_image(dirs, name, &image, origin)?;
     verify(dirs, podman, &rec, ui)?;
     set_status(dirs, name, Status::Running)
 }
@@ -355,6 +368,19 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
 
 fn unknown(name: &str) -> anyhow::Error {
     fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2).into()
+}
+
+/// Under `state.lock`: record the image a sandbox's agent runs and where
+/// it came from (`None`: it was in the VM already, so the origin stays).
+fn set_image(dirs: &Dirs, name: &str, image: &str, origin: Option<super::ImageOrigin>) -> Result<Record> {
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    if rec.image.as_deref() != Some(image) || origin.is_some() {
+        rec.image_origin = origin;
+    }
+    rec.image = Some(image.to_owned());
+    super::save_locked(dirs, &rec)?;
+    Ok(rec)
 }
 
 /// Under `state.lock`: set a sandbox's status.

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 mod claim;
+pub mod image;
 pub mod lifecycle;
 pub mod machine;
 pub mod names;
@@ -130,6 +131,38 @@ pub struct Record {
     /// host repository has a remote `sandbox-<name>` pointing at it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone: Option<String>,
+    /// The image the agent container runs, set once provisioning has it
+    /// in the VM (`None` in a record older than issue 24, or mid-create).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Where that image came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_origin: Option<ImageOrigin>,
+}
+
+/// How the agent's image reached a sandbox's VM (`ppp diagnose` shows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageOrigin {
+    /// `PPP_<AGENT>_IMAGE` named it; provisioning pulled it.
+    Pulled,
+    /// Built in this VM from the agent's Containerfile.
+    Built,
+    /// Loaded from the host's image cache, without a network fetch.
+    Cached,
+    /// Already in the VM: the template's disk held it.
+    Template,
+}
+
+impl std::fmt::Display for ImageOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Pulled => "pulled",
+            Self::Built => "built",
+            Self::Cached => "cached",
+            Self::Template => "template",
+        })
+    }
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference

@@ -19,7 +19,7 @@ use crate::proxy;
 use crate::state;
 
 /// Where provisioning files go inside the VM.
-pub(super) const GUEST_DIR: &str = "/tmp/ppp";
+pub(crate) const GUEST_DIR: &str = "/tmp/ppp";
 /// The CA bundle provision.sh exports for containers (their own trust store
 /// does not know mitmproxy's CA).
 pub(super) const GUEST_CA_BUNDLE: &str = "/var/lib/ppp/ca-bundle.pem";
@@ -29,8 +29,11 @@ const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// input; its output goes to the sandbox's machine.log. The config, which
 /// holds the guest's WireGuard key, is never staged in a file in the VM:
 /// provision.sh keeps it on tmpfs only (ADR 0018).
-pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
-    ui.timed(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name), || {
+/// `pull`: the image provision.sh pulls, when the user named one; ppp's
+/// own images are built or loaded afterwards ([`super::image`]).
+pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, pull: Option<&str>, ui: Ui) -> Result<()> {
+    let what = if pull.is_some() { "WireGuard, kill switch, CA, agent image" } else { "WireGuard, kill switch, CA" };
+    ui.timed(&format!("provisioning `{}` ({what})", rec.name), || {
         let machine = &rec.machine_name;
         let script = dirs.sandbox(&rec.name).join("provision.sh");
         state::write_atomic(&script, &crate::assets::provision())?;
@@ -53,8 +56,12 @@ pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui
         let text = std::fs::read_to_string(&wg0).with_context(|| format!("could not read `{}`", wg0.display()))?;
         let guest_conf = dirs.sandbox_guest_wg_conf(&rec.name);
         state::write_atomic_mode(&guest_conf, proxy::endpoint::rewrite(&text, &endpoint.host).as_bytes(), 0o600)?;
+        let mut args = vec!["--wg-conf", "-"];
+        if let Some(image) = pull {
+            args.extend(["--image", image]);
+        }
         let up = podman
-            .ssh(machine, &provision_argv("up", &["--wg-conf", "-", "--image", image]))
+            .ssh(machine, &provision_argv("up", &args))
             .stdin(Stdin::File(guest_conf.clone()))
             .timeout(PROVISION_TIMEOUT);
         let log = open_log(dirs, &rec.name)?;

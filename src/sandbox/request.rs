@@ -43,7 +43,8 @@ pub struct Request {
     pub cpus: u32,
     pub memory_mib: u64,
     pub disk_gib: u64,
-    pub image: String,
+    /// The agent's image: the one `PPP_<AGENT>_IMAGE` names, or a build.
+    pub image: super::image::Choice,
     pub template: Option<String>,
     /// `--clone`: clone the (single) workspace repository into the VM
     /// instead of mounting it.
@@ -126,7 +127,7 @@ impl Request {
                 .code(2)
                 .into());
         }
-        let image = agent.image(|k| std::env::var(k).ok());
+        let image = super::image::choose(agent, |k| std::env::var(k).ok())?;
         Ok(Request {
             agent,
             workspace,

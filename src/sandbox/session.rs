@@ -115,7 +115,12 @@ pub fn run_agent(
     quiet: bool,
 ) -> Result<i32> {
     let agent = agent::find(&rec.agent)?;
-    let image = agent.image(|k| std::env::var(k).ok());
+    // What provisioning put in the VM; a record older than issue 24 has
+    // none, and gets what ppp would choose now.
+    let image = match &rec.image {
+        Some(i) => i.clone(),
+        None => super::image::choose(agent, |k| std::env::var(k).ok())?.image(),
+    };
     let mut rec = rec;
     loop {
         let env = custom_env(dirs, &rec.name);

@@ -69,6 +69,8 @@ impl World {
             machine_name: ppp::sandbox::machine_name(name),
             published: Vec::new(),
             clone: None,
+            image: None,
+            image_origin: None,
         };
         ppp::sandbox::save_locked(&dirs, &rec).unwrap();
         dirs
