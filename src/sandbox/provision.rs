@@ -30,6 +30,7 @@ const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// holds the guest's WireGuard key, is never staged in a file in the VM:
 /// provision.sh keeps it on tmpfs only (ADR 0018).
 pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, image: &str, ui: Ui) -> Result<()> {
+    let podman = &crate::sandbox::podman_for(podman, dirs, rec);
     ui.timed(&format!("provisioning `{}` (WireGuard, kill switch, CA, agent image)", rec.name), || {
         let machine = &rec.machine_name;
         let script = dirs.sandbox(&rec.name).join("provision.sh");

@@ -116,6 +116,7 @@ pub fn run_agent(
 ) -> Result<i32> {
     let agent = agent::find(&rec.agent)?;
     let image = agent.image(|k| std::env::var(k).ok());
+    let podman = &super::podman_for(podman, dirs, &rec);
     let mut rec = rec;
     loop {
         let env = custom_env(dirs, &rec.name);

@@ -69,6 +69,7 @@ impl World {
             machine_name: ppp::sandbox::machine_name(name),
             published: Vec::new(),
             clone: None,
+            podman_run: None,
         };
         ppp::sandbox::save_locked(&dirs, &rec).unwrap();
         dirs
