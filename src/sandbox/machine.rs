@@ -154,6 +154,9 @@ pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home
         .filter(|r| r.name != name)
         .filter(|r| listing.machine_of(r).is_ok_and(|m| m.is_some_and(|m| m.running || m.starting)))
         .collect();
+    // The pre-check of a new sandbox runs before it has a name.
+    let name = if name.is_empty() { "the new sandbox" } else { name };
+    let shown = if name == "the new sandbox" { name.to_owned() } else { format!("sandbox `{name}`") };
     let names = || running.iter().map(|r| format!("`{}`", r.name)).collect::<Vec<_>>().join(", ");
     let stop_hint = || match running.first() {
         Some(r) => format!("stop one first: `ppp stop {}`", r.name),
@@ -176,7 +179,8 @@ pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home
         let committed: u64 = running.iter().map(|r| r.memory).sum();
         if committed + memory_mib > host.total_mib {
             return Err(fail(format!(
-                "sandbox `{name}` needs {memory_mib} MiB of memory; with the {committed} MiB of the {} running                  ({}), that is {} MiB, more than this host has ({} MiB)",
+                "{shown} needs {memory_mib} MiB of memory; with the {committed} MiB of the {} running \
+                 ({}), that is {} MiB, more than this host has ({} MiB)",
                 running.len(),
                 names(),
                 committed + memory_mib,
@@ -187,7 +191,8 @@ pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home
         }
         if memory_mib > host.available_mib {
             return Err(fail(format!(
-                "sandbox `{name}` needs {memory_mib} MiB of memory and this host has {} MiB available now                  (of {} MiB)",
+                "{shown} needs {memory_mib} MiB of memory and this host has {} MiB available now \
+                 (of {} MiB)",
                 host.available_mib, host.total_mib
             ))
             .hint(if running.is_empty() {

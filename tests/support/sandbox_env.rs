@@ -198,7 +198,8 @@ impl Env {
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             // The fake's own short-lived calls (`machine list`…) are not
             // machines; its holders and everything under them are.
-            if text.contains(&format!("{fake}/machines/")) {
+            // (Machines of a sandbox's own podman home are under `homes/`.)
+            if text.contains(&format!("{fake}/machines/")) || text.contains(&format!("{fake}/homes/")) {
                 found.push(format!("process {}: {text}", e.file_name().to_string_lossy()));
             }
         }
