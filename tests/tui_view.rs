@@ -75,7 +75,7 @@ fn press(app: &mut App, c: char) {
 }
 
 fn draw(app: &App) -> Terminal<TestBackend> {
-    let mut t = Terminal::new(TestBackend::new(100, 16)).unwrap();
+    let mut t = Terminal::new(TestBackend::new(112, 16)).unwrap();
     t.draw(|f| view::render(f, app)).unwrap();
     t
 }
