@@ -344,7 +344,7 @@ fn a_sandbox_identity_cannot_be_reused() {
     // (overlays, /tmp, /home, /var/lib/ppp; its "disk") holds it.
     let disk = Command::new("grep")
         .args(["-rlF", wg0_field(&red, "PrivateKey")])
-        .arg(env.root().join("fake/machines/ppp-red"))
+        .arg(env.machine_dir("ppp-red"))
         .output()
         .unwrap();
     assert_eq!(disk.status.code(), Some(1), "the key is on the machine's disk: {}", describe(&disk));
@@ -387,8 +387,9 @@ fn a_sandbox_identity_cannot_be_reused() {
     assert_eq!(env.denied_status("blue"), "403");
 }
 
-/// `podman ARGS` (the fake) run directly, with no ppp in between.
-fn podman_raw(env: &Env, args: &[&str]) -> Output {
+/// `podman ARGS` (the fake) run directly, with no ppp in between, in
+/// sandbox `sandbox`'s podman home.
+fn podman_raw(env: &Env, sandbox: &str, args: &[&str]) -> Output {
     Command::new("ip")
         .args(["netns", "exec", &env.topo.host_ns()])
         .arg(sandbox_env::fake_podman())
@@ -397,6 +398,7 @@ fn podman_raw(env: &Env, args: &[&str]) -> Output {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("FAKE_PODMAN_ROOT", env.root().join("fake"))
         .env("FAKE_PODMAN_IMAGES", env.root().join("images"))
+        .envs(env.home_vars(sandbox))
         .output()
         .unwrap()
 }
@@ -413,9 +415,9 @@ fn a_machine_booted_without_ppp_is_closed() {
     setup_policy(&env, "red");
     env.ok(&["create", "--name", "red", "opencode", &env.ws()]);
     env.ok(&["stop", "red"]);
-    let out = podman_raw(&env, &["machine", "start", "ppp-red"]);
+    let out = podman_raw(&env, "red", &["machine", "start", "ppp-red"]);
     assert!(out.status.success(), "{}", describe(&out));
-    let ssh = |script: &str| podman_raw(&env, &["machine", "ssh", "ppp-red", "--", script]);
+    let ssh = |script: &str| podman_raw(&env, "red", &["machine", "ssh", "ppp-red", "--", script]);
     let text = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
 
     // In force from boot, before anyone ran anything.

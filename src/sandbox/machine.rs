@@ -166,6 +166,14 @@ pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home
     if let Some(cap) = config.sandboxes.max_running
         && running.len() >= usize::try_from(cap).unwrap_or(usize::MAX)
     {
+        if running.is_empty() {
+            return Err(fail(format!(
+                "`sandboxes.max_running` in `{}` is 0: no sandbox may run",
+                dirs.config_file().display()
+            ))
+            .hint("raise `sandboxes.max_running`, or remove it")
+            .into());
+        }
         return Err(fail(format!(
             "{} sandbox(es) are running ({}), and `sandboxes.max_running` in `{}` allows {cap}",
             running.len(),
