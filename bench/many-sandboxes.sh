@@ -38,9 +38,7 @@ ip netns add "$ns"
 ip netns exec "$ns" ip link set lo up
 # The upstream: an address routed only inside the namespace.
 up_ip=198.18.0.10
-ip -n "$ns" link add up0 type dummy
-ip -n "$ns" addr add "$up_ip/32" dev up0
-ip -n "$ns" link set up0 up
+ip -n "$ns" addr add "$up_ip/32" dev lo
 cat >"$work/upstream.py" <<'PY'
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):

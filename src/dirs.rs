@@ -139,8 +139,11 @@ impl Dirs {
             .chain_update([0])
             .chain_update(name.as_bytes())
             .finalize();
-        let leaf: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
-        let leaf = format!("ppp-{leaf}");
+        let leaf = digest.iter().take(5).fold(String::from("ppp-"), |mut s, b| {
+            use std::fmt::Write as _;
+            let _ = write!(s, "{b:02x}");
+            s
+        });
         let machine_len = crate::podman::socket_suffix_len(&format!("ppp-{name}"));
         let fits = |base: &Path| base.join(&leaf).as_os_str().len() + machine_len <= crate::podman::SUN_PATH_MAX;
         match runtime_base.filter(|b| b.is_absolute() && fits(b)) {

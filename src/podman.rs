@@ -600,13 +600,11 @@ mod tests {
     fn every_invocation_carries_its_home() {
         let home = Home::Own(OwnHome { config: "/d/c".into(), data: "/d/d".into(), runtime: "/r/x".into() });
         let p = podman("6.0.1", "qemu").in_home(home.clone());
-        let want: Vec<(std::ffi::OsString, std::ffi::OsString)> = home
-            .env(std::env::consts::OS)
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into_os_string()))
-            .collect();
+        let want: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+            home.env(std::env::consts::OS).into_iter().map(|(k, v)| (k.into(), v.into_os_string())).collect();
         assert_eq!(want.len(), 3);
-        let spec = InitSpec { name: "ppp-a".into(), cpus: 1, memory_mib: 2048, disk_gib: 10, image: None, volumes: vec![] };
+        let spec =
+            InitSpec { name: "ppp-a".into(), cpus: 1, memory_mib: 2048, disk_gib: 10, image: None, volumes: vec![] };
         for inv in [
             p.init(&spec),
             p.start("ppp-a"),
@@ -624,10 +622,7 @@ mod tests {
         assert_eq!(linux, ["XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"]);
         let mac: Vec<_> = home.env("macos").into_iter().map(|(k, _)| k).collect();
         assert_eq!(mac, ["XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR"]);
-        assert_eq!(
-            home.machine_config_dir("qemu").unwrap(),
-            Path::new("/d/c/containers/podman/machine/qemu")
-        );
+        assert_eq!(home.machine_config_dir("qemu").unwrap(), Path::new("/d/c/containers/podman/machine/qemu"));
         assert!(Home::User.machine_config_dir("qemu").is_none());
     }
 

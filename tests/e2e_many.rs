@@ -36,8 +36,22 @@ fn status(env: &Env, sandbox: &str, url: &str, header: &str) -> String {
     let host = url.trim_start_matches("https://").split('/').next().unwrap();
     let resolve = format!("{host}:443:{}", netns::UPSTREAM_IP);
     env.ok(&[
-        "exec", sandbox, "--", "curl", "-s", "-m", "15", "-o", "/dev/null", "-w", "%{http_code}", "--resolve", &resolve,
-        "-H", header, url,
+        "exec",
+        sandbox,
+        "--",
+        "curl",
+        "-s",
+        "-m",
+        "15",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--resolve",
+        &resolve,
+        "-H",
+        header,
+        url,
     ])
 }
 
@@ -165,9 +179,7 @@ fn three_sandboxes_run_at_once_each_with_its_own_policy_and_secrets() {
     assert_eq!(status(&env, "green", "https://api.anthropic.com/green-api", "x-api-key: ppp-proxy-managed"), "200");
     let a = seen(&env, "/green-api").unwrap().to_string();
     assert!(!a.contains(KEY_RED) && !a.contains(KEY_GREEN), "red's key is red's alone: {a}");
-    for p in ["/blue-call"] {
-        assert!(seen(&env, p).is_none(), "{p} was refused, yet reached upstream");
-    }
+    assert!(seen(&env, "/blue-call").is_none(), "blue's call was refused, yet reached upstream");
     // Each flow is its own sandbox's, with its own decision.
     let decision = |sandbox: &str, path: &str| {
         flows(&env)
@@ -219,7 +231,7 @@ fn three_sandboxes_run_at_once_each_with_its_own_policy_and_secrets() {
 }
 
 /// `sandboxes.max_running` caps running sandboxes, and a start that would
-/// give the VMs more memory than the host has (MemTotal) is refused; both
+/// give the VMs more memory than the host has (`MemTotal`) is refused; both
 /// before anything is made, with the running ones named in the hint.
 #[test]
 fn starts_past_the_bounds_are_refused_before_anything_is_made() {
@@ -247,7 +259,13 @@ fn starts_past_the_bounds_are_refused_before_anything_is_made() {
     // Memory: a's and the new one's more than the host has.
     std::fs::write(env.dirs().config_file(), "").unwrap();
     env.ok(&["rm", "-f", "c"]);
-    let total = std::fs::read_to_string("/proc/meminfo").unwrap().lines().next().unwrap().split_whitespace().nth(1)
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
         .unwrap()
         .parse::<u64>()
         .unwrap()
@@ -257,7 +275,10 @@ fn starts_past_the_bounds_are_refused_before_anything_is_made() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains(&format!("error: the new sandbox needs {} MiB of memory; with the 1536 MiB of the 1 running (`a`)", total - 1024)),
+        err.contains(&format!(
+            "error: the new sandbox needs {} MiB of memory; with the 1536 MiB of the 1 running (`a`)",
+            total - 1024
+        )),
         "{err}"
     );
     assert!(err.contains(&format!("more than this host has ({total} MiB)")), "{err}");

@@ -488,7 +488,13 @@ fn sixteen_parallel_creates_get_distinct_names_ports_and_addresses() {
     env.ok(&["policy", "init", "deny-all"]);
     // ppp refuses to give the VMs more memory than the host has: at the
     // smallest size, as many as this host holds, up to 16.
-    let total = std::fs::read_to_string("/proc/meminfo").unwrap().lines().next().unwrap().split_whitespace().nth(1)
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
         .unwrap()
         .parse::<u64>()
         .unwrap()

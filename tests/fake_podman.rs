@@ -529,7 +529,7 @@ fn injected_failures_and_a_missing_root_fail_loudly() {
 /// machines under the XDG dirs podman runs with): machines made with other
 /// `XDG_CONFIG_HOME`/`XDG_DATA_HOME` are neither listed nor counted, each
 /// home keeps its own config and image cache, and a running machine's
-/// sockets are bound under its `XDG_RUNTIME_DIR`, so one past sun_path fails.
+/// sockets are bound under its `XDG_RUNTIME_DIR`, so one past `sun_path` fails.
 #[test]
 fn one_running_machine_per_podman_home() {
     let f = Fake::new();
@@ -562,7 +562,11 @@ fn one_running_machine_per_podman_home() {
     let out = at(&b, &["machine", "start", "mb2"]);
     assert!(stderr(&out).contains("mb already starting or running: only one VM can be active"), "{}", describe(&out));
     let names = |out: String| -> Vec<String> {
-        serde_json::from_str::<Vec<Value>>(&out).unwrap().iter().map(|m| m["Name"].as_str().unwrap().to_owned()).collect()
+        serde_json::from_str::<Vec<Value>>(&out)
+            .unwrap()
+            .iter()
+            .map(|m| m["Name"].as_str().unwrap().to_owned())
+            .collect()
     };
     assert_eq!(names(ok(&a, &["machine", "list", "--format", "json"])), ["ma"]);
     assert_eq!(names(ok(&b, &["machine", "list", "--format", "json"])), ["mb", "mb2"]);

@@ -1,6 +1,7 @@
 //! `ppp ls`: sandboxes from their `sandbox.json`, with the live machine
 //! state merged in from `podman machine list` when podman is available.
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -76,7 +77,7 @@ pub fn merge(records: Vec<Record>, listing: Option<&machine::Listing>) -> Vec<Ro
     records
         .into_iter()
         .map(|record| {
-            let found = listing.map(|l| l.machine_of(&record).map(|m| m.cloned()));
+            let found = listing.map(|l| l.machine_of(&record).map(Option::<&Machine>::cloned));
             let (state, machine) = match found {
                 None | Some(Err(())) => (record.status.to_string(), None),
                 Some(Ok(Some(m))) => (m.state().to_owned(), Some(m)),
@@ -92,7 +93,7 @@ pub fn merge(records: Vec<Record>, listing: Option<&machine::Listing>) -> Vec<Ro
 
 /// Memory as `ppp ls` shows it: GiB when whole, else MiB.
 pub fn memory(mib: u64) -> String {
-    if mib % 1024 == 0 { format!("{}G", mib / 1024) } else { format!("{mib}M") }
+    if mib.is_multiple_of(1024) { format!("{}G", mib / 1024) } else { format!("{mib}M") }
 }
 
 /// The table `ppp ls` prints.
@@ -123,7 +124,7 @@ pub fn render(rows: &[Row]) -> String {
     if running.len() > 1 {
         let mib: u64 = running.iter().map(|r| r.record.memory).sum();
         let cpus: u32 = running.iter().map(|r| r.record.cpus).sum();
-        out.push_str(&format!("{} running: {cpus} CPUs, {} of memory\n", running.len(), memory(mib)));
+        let _ = writeln!(out, "{} running: {cpus} CPUs, {} of memory", running.len(), memory(mib));
     }
     out
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -90,14 +90,12 @@ pub fn list_homes(
     let own: Vec<&Record> = records.iter().filter(|r| r.podman_run.is_some()).collect();
     let mut listing = Listing::default();
     // Eight at a time: `machine list` is quick, but each is a process.
-    let mut results: Vec<(Option<String>, Result<Vec<Machine>, String>)> = Vec::new();
+    let mut results: Vec<Answer> = Vec::new();
     std::thread::scope(|s| {
         let user = with_user.then(|| s.spawn(|| ask(&Home::User)));
         for chunk in own.chunks(8) {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|r| (r.name.clone(), s.spawn(|| ask(&super::home(dirs, r)))))
-                .collect();
+            let handles: Vec<_> =
+                chunk.iter().map(|r| (r.name.clone(), s.spawn(|| ask(&super::home(dirs, r))))).collect();
             for (name, h) in handles {
                 results.push((Some(name), h.join().unwrap_or_else(|_| Err("listing panicked".to_owned()))));
             }
@@ -125,6 +123,9 @@ pub fn list_homes(
     listing
 }
 
+/// Whose home (`None`: the user's) and what podman said of it.
+type Answer = (Option<String>, Result<Vec<Machine>, String>);
+
 /// Held from the check that a sandbox may start until its machine is up,
 /// so two starts at once cannot both fit under the bounds.
 pub fn start_lock(dirs: &Dirs) -> Result<state::Lock> {
@@ -144,10 +145,10 @@ pub fn start_lock(dirs: &Dirs) -> Result<state::Lock> {
 pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home: bool) -> Result<()> {
     let records = super::load_all(dirs)?;
     let listing = list_all(&podman.program, dirs, &records, None);
-    if let Some(e) = listing.errors.get("") {
-        if !own_home {
-            return Err(fail(format!("podman could not list the machines in your podman home: {e}")).into());
-        }
+    if let Some(e) = listing.errors.get("")
+        && !own_home
+    {
+        return Err(fail(format!("podman could not list the machines in your podman home: {e}")).into());
     }
     let running: Vec<&Record> = records
         .iter()
@@ -213,9 +214,7 @@ pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home
     }
     if !own_home && !podman.allows_many_running() {
         let machine = super::machine_name(name);
-        if let Some(other) =
-            listing.user.iter().flatten().find(|m| m.name != machine && (m.running || m.starting))
-        {
+        if let Some(other) = listing.user.iter().flatten().find(|m| m.name != machine && (m.running || m.starting)) {
             return Err(one_vm_error(podman, &other.name));
         }
     }
@@ -244,9 +243,8 @@ pub fn prepare_home(home: &Home) -> Result<()> {
         state::create_private_dir(d)?;
     }
     state::create_private_dir(&h.runtime)?;
-    let meta = std::fs::symlink_metadata(&h.runtime)
-        .with_context(|| format!("could not read `{}`", h.runtime.display()))?;
-    use std::os::unix::fs::MetadataExt as _;
+    let meta =
+        std::fs::symlink_metadata(&h.runtime).with_context(|| format!("could not read `{}`", h.runtime.display()))?;
     if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
         return Err(fail(format!(
             "`{}` (the sandbox machine's socket directory) is not a directory of yours alone",
@@ -290,7 +288,7 @@ pub fn keep_image(dirs: &Dirs, podman: &Podman) -> Result<()> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| is_image(p))
-        .max_by_key(|p| p.metadata().map(|m| m.len()).unwrap_or(0))
+        .max_by_key(|p| p.metadata().map_or(0, |m| m.len()))
     else {
         return Ok(());
     };

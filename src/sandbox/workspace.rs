@@ -53,12 +53,11 @@ pub fn clone_url(podman: &Podman, machine: &str, guest: &str) -> String {
     // ext:: splits on spaces; `%` starts its placeholders.
     let esc = |s: &str| s.replace('%', "%%").replace(' ', "\\ ");
     // git runs it outside ppp, so the machine's podman home goes in the URL.
-    let home: String = podman
-        .home
-        .env(std::env::consts::OS)
-        .iter()
-        .map(|(k, v)| format!("{k}={} ", esc(&v.display().to_string())))
-        .collect();
+    let home = podman.home.env(std::env::consts::OS).iter().fold(String::new(), |mut s, (k, v)| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{k}={} ", esc(&v.display().to_string()));
+        s
+    });
     let env = if home.is_empty() { String::new() } else { format!("env {home}") };
     format!(
         "ext::{env}{} machine ssh {} -- %S {}",

@@ -180,4 +180,3 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
     let daemon_running = daemon.as_ref().is_some_and(|d| d.running);
     Snapshot { sandboxes, flows, daemon_running, warnings }
 }
-

@@ -166,10 +166,9 @@ fn session(term: &mut Terminal, dirs: &Dirs, name: &str, what: Session) -> Resul
     // Said on the normal screen so the user knows how to come back.
     println!("ppp: {label} in `{name}`; exit it to return to the dashboard");
     let code = match what {
-        Session::Shell => exec::run_attached(
-            &podman.shell(&rec.machine_name).stdin(Stdin::Inherit),
-        )
-        .map_err(anyhow::Error::new),
+        Session::Shell => {
+            exec::run_attached(&podman.shell(&rec.machine_name).stdin(Stdin::Inherit)).map_err(anyhow::Error::new)
+        }
         // As `ppp run --name` runs it, restarts for kits included.
         Session::Agent => sandbox::session::run_agent(dirs, &podman, rec, &[], true, false),
     };

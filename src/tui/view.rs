@@ -111,8 +111,19 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
         };
         frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: false }), table_area);
     } else {
-        let header = Row::new(["NAME", "AGENT", "STATUS", "CPUS", "MEMORY", "TUNNEL", "INNER IP", "PORTS", "DENIALS", "WORKSPACE"])
-            .style(Style::new().add_modifier(Modifier::BOLD));
+        let header = Row::new([
+            "NAME",
+            "AGENT",
+            "STATUS",
+            "CPUS",
+            "MEMORY",
+            "TUNNEL",
+            "INNER IP",
+            "PORTS",
+            "DENIALS",
+            "WORKSPACE",
+        ])
+        .style(Style::new().add_modifier(Modifier::BOLD));
         let rows = snap.sandboxes.iter().map(|s| {
             let status_style = match s.state.as_str() {
                 "running" => Style::new().fg(Color::Green),
