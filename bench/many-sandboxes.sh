@@ -71,8 +71,9 @@ rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; 
 "$ppp" policy init deny-all >/dev/null
 "$ppp" policy allow network "$up_ip" >/dev/null
 ip netns exec "$ns" "$ppp" daemon start -d >/dev/null
-daemon_pid=$(cat "$PPP_DATA/daemon.pid")
-mitm_pid() { cat "$PPP_DATA/proxy.pid"; }
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]] or 0)" "$PPP_DATA/daemon.json" "$1"; }
+daemon_pid=$(field pid)
+mitm_pid() { field mitmdump_pid; }
 
 printf 'sandbox  create (ms)  daemon RSS (MiB)  mitmdump RSS (MiB)\n'
 d0=$(rss_kib "$daemon_pid"); m0=$(rss_kib "$(mitm_pid)")
