@@ -19,6 +19,24 @@ pub struct Config {
     pub log: Levels,
     #[serde(default, skip_serializing_if = "Wireguard::is_default")]
     pub wireguard: Wireguard,
+    #[serde(default, skip_serializing_if = "Sandboxes::is_default")]
+    pub sandboxes: Sandboxes,
+}
+
+/// Bounds on sandboxes as a whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sandboxes {
+    /// The most sandboxes that may run at once; a start past it is refused
+    /// (`run`, `create`). Unset, only the host's memory bounds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+}
+
+impl Sandboxes {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Where the guests' WireGuard traffic arrives.

@@ -144,6 +144,10 @@ pub struct Machines {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Machine {
     pub name: String,
+    /// The podman home it is in: `user` (the user's own) or `own` (a
+    /// sandbox's, under ppp's data directory).
+    #[serde(default)]
+    pub home: String,
     /// `running`, `starting` or `stopped`.
     pub state: String,
     pub vm_type: Option<String>,
@@ -310,7 +314,25 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
     let status = section(&mut errors, "daemon", || crate::cmd::daemon::status_report(dirs));
     let registry = section(&mut errors, "port_registry", || PortRegistry::load(dirs)).unwrap_or_default();
     let records = section(&mut errors, "sandboxes", || sandbox::load_all(dirs)).unwrap_or_default();
-    let sandboxes = merge(records, &machines, &registry, status.as_ref());
+    // Each sandbox's own home, listed after the user's (each bounded).
+    let mut machines = machines;
+    let own = program.as_ref().map(|p| crate::sandbox::machine::list_homes(p, dirs, &records, Some(timeout), false));
+    if let Some(own) = &own {
+        for (_, m) in own.all() {
+            machines.list.push(Machine {
+                home: "own".to_owned(),
+                state: m.state().to_owned(),
+                name: m.name.clone(),
+                vm_type: m.vm_type.clone(),
+                last_up: m.last_up.clone(),
+            });
+        }
+        for (name, e) in &own.errors {
+            let line = format!("sandbox `{name}`'s podman home: {e}");
+            machines.error = Some(machines.error.take().map_or(line.clone(), |prev| format!("{prev}; {line}")));
+        }
+    }
+    let sandboxes = merge(records, &machines, own.as_ref(), &registry, status.as_ref());
     let policy = section(&mut errors, "policy", || policy_summary(dirs));
     let proxy_log = section(&mut errors, "proxy_log", || log_tail(&dirs.proxy_log(), LOG_LINES)).unwrap_or(LogTail {
         path: dirs.proxy_log().display().to_string(),
@@ -458,7 +480,7 @@ fn machines_probe(program: Option<PathBuf>, timeout: Duration) -> Machines {
             list: Vec::new(),
         };
     };
-    match exec::run(&podman::machine_list(program).timeout(timeout)) {
+    match exec::run(&podman::machine_list(program, &podman::Home::User).timeout(timeout)) {
         Ok(o) => match podman::parse_machine_list(&o.stdout) {
             Ok(list) => Machines {
                 probe: probe::OK.to_owned(),
@@ -466,6 +488,7 @@ fn machines_probe(program: Option<PathBuf>, timeout: Duration) -> Machines {
                 list: list
                     .into_iter()
                     .map(|m| Machine {
+                        home: "user".to_owned(),
                         state: m.state().to_owned(),
                         name: m.name,
                         vm_type: m.vm_type,
@@ -652,14 +675,25 @@ fn secrets(dirs: &Dirs) -> Secrets {
 fn merge(
     records: Vec<sandbox::Record>,
     machines: &Machines,
+    own: Option<&crate::sandbox::machine::Listing>,
     registry: &PortRegistry,
     status: Option<&crate::cmd::daemon::Status>,
 ) -> Vec<Sandbox> {
     records
         .into_iter()
         .map(|r| {
-            let machine_state = if machines.probe == probe::OK {
-                machines.list.iter().find(|m| m.name == r.machine_name).map_or("missing", |m| m.state.as_str())
+            let machine_state = if r.podman_run.is_some() {
+                match own.map(|l| l.machine_of(&r)) {
+                    Some(Ok(Some(m))) => m.state(),
+                    Some(Ok(None)) => "missing",
+                    Some(Err(())) | None => "unknown",
+                }
+            } else if machines.probe == probe::OK {
+                machines
+                    .list
+                    .iter()
+                    .find(|m| m.home == "user" && m.name == r.machine_name)
+                    .map_or("missing", |m| m.state.as_str())
             } else {
                 "unknown"
             }

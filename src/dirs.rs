@@ -110,6 +110,62 @@ impl Dirs {
     pub fn sandbox_disk_lock(&self, name: &str) -> PathBuf {
         self.sandbox(name).join("disk.lock")
     }
+    /// `$PPP_DATA/sandboxes/<name>/podman`: the sandbox's own podman home
+    /// (its machine's config and data; sockets are in `run`, see
+    /// [`Dirs::podman_runtime`]).
+    pub fn sandbox_podman(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("podman")
+    }
+    /// The podman home of sandbox `name` whose sockets are in `runtime`
+    /// (recorded when it was made, see [`Dirs::podman_runtime`]).
+    pub fn podman_home(&self, name: &str, runtime: &Path) -> crate::podman::OwnHome {
+        crate::podman::OwnHome {
+            config: self.sandbox_podman(name).join("config"),
+            data: self.sandbox_podman(name).join("data"),
+            runtime: runtime.to_owned(),
+        }
+    }
+    /// Where a new sandbox's machine keeps its sockets: `ppp-<10 hex>`
+    /// (a digest of the data root and the name, so two ppp data roots never
+    /// share one) in `runtime_base` (`$XDG_RUNTIME_DIR`, else `/tmp`). Not
+    /// under the data root, which may be long: podman appends up to
+    /// [`crate::podman::socket_suffix_len`] bytes, and a socket's path may
+    /// not pass [`crate::podman::SUN_PATH_MAX`]; where the base is too long
+    /// for that, `/tmp` (always short enough for a valid name) is used.
+    pub fn podman_runtime(&self, name: &str, runtime_base: Option<&Path>) -> PathBuf {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::new()
+            .chain_update(self.data.as_os_str().as_encoded_bytes())
+            .chain_update([0])
+            .chain_update(name.as_bytes())
+            .finalize();
+        let leaf = digest.iter().take(5).fold(String::from("ppp-"), |mut s, b| {
+            use std::fmt::Write as _;
+            let _ = write!(s, "{b:02x}");
+            s
+        });
+        let machine_len = crate::podman::socket_suffix_len(&format!("ppp-{name}"));
+        let fits = |base: &Path| base.join(&leaf).as_os_str().len() + machine_len <= crate::podman::SUN_PATH_MAX;
+        match runtime_base.filter(|b| b.is_absolute() && fits(b)) {
+            Some(base) => base.join(leaf),
+            None => Path::new("/tmp").join(leaf),
+        }
+    }
+    /// The runtime base [`Dirs::podman_runtime`] starts from: podman's own
+    /// choice on Linux (`$XDG_RUNTIME_DIR`, private to the user); on macOS
+    /// `$TMPDIR` is long (`/var/folders/…`), so none.
+    pub fn runtime_base() -> Option<PathBuf> {
+        if cfg!(target_os = "linux") {
+            std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()).map(PathBuf::from)
+        } else {
+            None
+        }
+    }
+    /// `$PPP_CACHE/machine-images`: machine images podman fetched once,
+    /// passed to every later `machine init --image`.
+    pub fn machine_images(&self) -> PathBuf {
+        self.cache.join("machine-images")
+    }
     /// `$PPP_DATA/port-registry.json`: WireGuard port to sandbox.
     pub fn port_registry(&self) -> PathBuf {
         self.data.join("port-registry.json")
@@ -117,6 +173,11 @@ impl Dirs {
     /// `$PPP_DATA/state.lock`: held by every state mutation.
     pub fn state_lock(&self) -> PathBuf {
         self.data.join("state.lock")
+    }
+    /// `$PPP_DATA/start.lock`: held from the check that a sandbox may start
+    /// (memory, the cap) until its machine is up.
+    pub fn start_lock(&self) -> PathBuf {
+        self.data.join("start.lock")
     }
     /// `$PPP_DATA/flows.jsonl`: one JSON object per proxied flow.
     pub fn flows_log(&self) -> PathBuf {
@@ -386,6 +447,30 @@ mod tests {
         // A sibling whose name merely starts like a root is not inside it.
         std::fs::create_dir_all(t.path().join("cache2")).unwrap();
         dirs.check_workspace(&t.path().join("cache2")).unwrap();
+    }
+
+    /// A sandbox's sockets fit `sun_path` whatever the data root's length,
+    /// the longest name included; two data roots never share a directory.
+    #[test]
+    fn podman_sockets_fit_with_a_long_data_root() {
+        let long = format!("/{}", "d".repeat(200));
+        let a = Dirs { config: "/c".into(), data: long.clone().into(), cache: "/k".into() };
+        let b = Dirs { config: "/c".into(), data: "/other".into(), cache: "/k".into() };
+        let name = "n".repeat(crate::sandbox::MAX_NAME_LEN);
+        let machine = crate::sandbox::machine_name(&name);
+        for base in [None, Some(Path::new("/run/user/1000")), Some(Path::new(long.as_str()))] {
+            let rt = a.podman_runtime(&name, base);
+            assert!(
+                rt.as_os_str().len() + crate::podman::socket_suffix_len(&machine) <= crate::podman::SUN_PATH_MAX,
+                "{}",
+                rt.display()
+            );
+            assert!(!rt.starts_with(&long), "{}", rt.display());
+        }
+        assert!(a.podman_runtime("x", Some(Path::new("/run/user/1000"))).starts_with("/run/user/1000"));
+        assert_ne!(a.podman_runtime("x", None), b.podman_runtime("x", None));
+        assert_ne!(a.podman_runtime("x", None), a.podman_runtime("y", None));
+        assert!(a.podman_home("x", Path::new("/r")).config.starts_with(a.sandbox("x")));
     }
 
     #[test]

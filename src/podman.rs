@@ -133,13 +133,93 @@ pub fn find_helper(name: &str, podman: &Path) -> Option<PathBuf> {
         .or_else(|| exec::find_on_path(name))
 }
 
-/// The podman ppp talks to: its program, version and machine provider.
+/// Where a podman keeps its machines. Podman finds its machines (and
+/// refuses a second running one, `checkExclusiveActiveVM`) in the
+/// directories its environment names, so a home is a set of variables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Home {
+    /// The user's own: podman runs with ppp's environment as it is. Where
+    /// sandboxes made before ppp gave each its own home live.
+    #[default]
+    User,
+    /// A home ppp made for one sandbox (see [`crate::dirs::Dirs::podman_home`]).
+    Own(OwnHome),
+}
+
+/// The directories of a podman home of ppp's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnHome {
+    /// `XDG_CONFIG_HOME`: machine configs (`containers/podman/machine/<provider>`).
+    pub config: PathBuf,
+    /// `XDG_DATA_HOME`: disks, ssh keys, podman's image cache.
+    pub data: PathBuf,
+    /// Sockets (gvproxy, qmp, ready, API): `XDG_RUNTIME_DIR` on Linux,
+    /// `TMPDIR` on macOS. Short, for the 108-byte (104 on macOS) limit of a
+    /// Unix socket's path.
+    pub runtime: PathBuf,
+}
+
+/// The longest path a Unix socket may have (without its NUL): 108 bytes of
+/// `sun_path` on Linux, 104 on macOS and the BSDs.
+pub const SUN_PATH_MAX: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
+
+/// The most podman adds to its runtime directory for a socket of a machine
+/// named `machine`: `podman/<machine>-gvproxy.sock` and
+/// `podman/qmp_<machine>.sock` (pkg/machine/vmconfigs/sockets.go,
+/// qemu/command/command.go).
+pub fn socket_suffix_len(machine: &str) -> usize {
+    "/podman/".len() + machine.len() + "-gvproxy.sock".len().max("qmp_.sock".len())
+}
+
+impl Home {
+    /// The variables podman runs with in this home, for the OS `os`
+    /// (`std::env::consts::OS`). Podman reads `XDG_CONFIG_HOME` and
+    /// `XDG_DATA_HOME` on Linux and macOS (containers/storage's homedir);
+    /// its runtime directory is `XDG_RUNTIME_DIR` on Linux and `TMPDIR` on
+    /// macOS and FreeBSD (pkg/machine/env/dir_*.go).
+    pub fn env(&self, os: &str) -> Vec<(&'static str, PathBuf)> {
+        let Home::Own(h) = self else { return Vec::new() };
+        let runtime = if os == "linux" { "XDG_RUNTIME_DIR" } else { "TMPDIR" };
+        vec![("XDG_CONFIG_HOME", h.config.clone()), ("XDG_DATA_HOME", h.data.clone()), (runtime, h.runtime.clone())]
+    }
+
+    /// How `ppp ls` names it.
+    pub fn describe(&self) -> String {
+        match self {
+            Home::User => "user".to_owned(),
+            Home::Own(_) => "own".to_owned(),
+        }
+    }
+
+    /// Podman's machine config directory in this home for `provider`, if
+    /// it is one of ppp's (the user's depends on variables ppp does not set).
+    pub fn machine_config_dir(&self, provider: &str) -> Option<PathBuf> {
+        match self {
+            Home::User => None,
+            Home::Own(h) => Some(h.config.join("containers/podman/machine").join(provider)),
+        }
+    }
+
+    /// Podman's image cache in this home for `provider` (ppp's homes only).
+    pub fn image_cache_dir(&self, provider: &str) -> Option<PathBuf> {
+        match self {
+            Home::User => None,
+            Home::Own(h) => Some(h.data.join("containers/podman/machine").join(provider).join("cache")),
+        }
+    }
+}
+
+/// The podman ppp talks to: its program, version and machine provider, and
+/// the home every invocation built from it runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Podman {
     pub program: PathBuf,
     pub version: Version,
     /// `qemu`, `applehv`, `libkrun`, `hyperv` or `wsl`.
     pub provider: String,
+    /// Where its machines are: every invocation carries this home's
+    /// variables (see [`Podman::in_home`]).
+    pub home: Home,
 }
 
 impl Podman {
@@ -174,7 +254,7 @@ impl Podman {
             if as_root { err.context(root_refusal()) } else { err }
         })?;
         let provider = parse_provider(&info.stdout).unwrap_or_else(|| default_provider().to_owned());
-        Ok(Podman { program, version, provider })
+        Ok(Podman { program, version, provider, home: Home::User })
     }
 
     /// Fails when the program the provider runs VMs with is not installed.
@@ -208,8 +288,16 @@ impl Podman {
         self.version.at_least(5, 5)
     }
 
+    /// The same podman in `home`: what every command for one sandbox's
+    /// machine is built from.
+    #[must_use]
+    pub fn in_home(&self, home: Home) -> Podman {
+        Podman { home, ..self.clone() }
+    }
+
+    /// Every invocation starts here, so each carries its home's variables.
     fn inv(&self) -> Invocation {
-        Invocation::new(&self.program)
+        in_home(Invocation::new(&self.program), &self.home)
     }
 
     /// `podman machine init NAME …`.
@@ -252,14 +340,19 @@ impl Podman {
         self.inv().args(["machine", "rm", "-f", name]).timeout(STOP_TIMEOUT)
     }
 
-    /// `podman machine list --format json`.
+    /// `podman machine list --format json`, in this podman's home.
     pub fn list(&self) -> Invocation {
-        machine_list(self.program.clone())
+        machine_list(self.program.clone(), &self.home)
     }
 
     /// `podman machine inspect NAME`.
     pub fn inspect(&self, name: &str) -> Invocation {
         self.inv().args(["machine", "inspect", name]).timeout(QUERY_TIMEOUT)
+    }
+
+    /// `podman machine ssh NAME`: a login shell in the machine.
+    pub fn shell(&self, name: &str) -> Invocation {
+        self.inv().args(["machine", "ssh", name])
     }
 
     /// `podman machine ssh NAME -- ARGV…`, with every argument quoted for
@@ -327,9 +420,14 @@ pub fn shell_quote(arg: &str) -> String {
     if safe { arg.to_owned() } else { format!("'{}'", arg.replace('\'', r"'\''")) }
 }
 
-/// `podman machine list --format json`.
-pub fn machine_list(program: PathBuf) -> Invocation {
-    Invocation::new(program).args(["machine", "list", "--format", "json"]).timeout(LIST_TIMEOUT)
+/// `podman machine list --format json` in `home`.
+pub fn machine_list(program: PathBuf, home: &Home) -> Invocation {
+    in_home(Invocation::new(program), home).args(["machine", "list", "--format", "json"]).timeout(LIST_TIMEOUT)
+}
+
+/// `inv` with `home`'s variables.
+fn in_home(inv: Invocation, home: &Home) -> Invocation {
+    home.env(std::env::consts::OS).into_iter().fold(inv, |inv, (k, v)| inv.env(k, v))
 }
 
 /// `podman --version`.
@@ -485,13 +583,47 @@ mod tests {
             program: "/usr/bin/podman".into(),
             version: Version::parse(version).unwrap(),
             provider: provider.into(),
+            home: Home::User,
         }
     }
 
     #[test]
     fn builds_list_invocation() {
-        let inv = machine_list("/usr/bin/podman".into());
+        let inv = machine_list("/usr/bin/podman".into(), &Home::User);
         assert_eq!(inv.to_string(), "podman machine list --format json");
+        assert!(inv.env.is_empty(), "the user's home is podman's environment as it is");
+    }
+
+    /// Every invocation from a podman in a home of ppp's carries that home,
+    /// and the variables are the ones podman reads on each OS.
+    #[test]
+    fn every_invocation_carries_its_home() {
+        let home = Home::Own(OwnHome { config: "/d/c".into(), data: "/d/d".into(), runtime: "/r/x".into() });
+        let p = podman("6.0.1", "qemu").in_home(home.clone());
+        let want: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+            home.env(std::env::consts::OS).into_iter().map(|(k, v)| (k.into(), v.into_os_string())).collect();
+        assert_eq!(want.len(), 3);
+        let spec =
+            InitSpec { name: "ppp-a".into(), cpus: 1, memory_mib: 2048, disk_gib: 10, image: None, volumes: vec![] };
+        for inv in [
+            p.init(&spec),
+            p.start("ppp-a"),
+            p.stop("ppp-a"),
+            p.rm("ppp-a"),
+            p.list(),
+            p.inspect("ppp-a"),
+            p.ssh("ppp-a", &["true"]),
+            p.copy_in(Path::new("/x"), "ppp-a", "/y"),
+            p.copy_out("ppp-a", "/y", Path::new("/x")).unwrap(),
+        ] {
+            assert_eq!(inv.env, want, "{inv}");
+        }
+        let linux: Vec<_> = home.env("linux").into_iter().map(|(k, _)| k).collect();
+        assert_eq!(linux, ["XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"]);
+        let mac: Vec<_> = home.env("macos").into_iter().map(|(k, _)| k).collect();
+        assert_eq!(mac, ["XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR"]);
+        assert_eq!(home.machine_config_dir("qemu").unwrap(), Path::new("/d/c/containers/podman/machine/qemu"));
+        assert!(Home::User.machine_config_dir("qemu").is_none());
     }
 
     #[test]

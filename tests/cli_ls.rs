@@ -18,9 +18,9 @@ fn lists_records_without_podman() {
     let out = ok(&mut w.ppp(["ls"]));
     assert_eq!(
         out,
-        "NAME      AGENT     STATUS   PORTS  WORKSPACE\n\
-         blue-owl  opencode  stopped  -      /src/blue-owl\n\
-         red-fox   opencode  running  -      /src/red-fox\n"
+        "NAME      AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  WORKSPACE\n\
+         blue-owl  opencode  stopped  2     4G      -      user    /src/blue-owl\n\
+         red-fox   opencode  running  2     4G      -      user    /src/red-fox\n"
     );
     assert_eq!(ok(&mut w.ppp(["ls", "-q"])), "blue-owl\nred-fox\n");
     let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();
@@ -55,10 +55,10 @@ fi"#,
     let out = ok(&mut w.ppp(["ls"]));
     assert_eq!(
         out,
-        "NAME      AGENT     STATUS   PORTS  WORKSPACE\n\
-         blue-owl  opencode  running  -      /src/blue-owl\n\
-         gone      opencode  missing  -      /src/gone\n\
-         red-fox   opencode  stopped  -      /src/red-fox\n"
+        "NAME      AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  WORKSPACE\n\
+         blue-owl  opencode  running  2     4G      -      user    /src/blue-owl\n\
+         gone      opencode  missing  2     4G      -      user    /src/gone\n\
+         red-fox   opencode  stopped  2     4G      -      user    /src/red-fox\n"
     );
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "machine list --format json\n");
     let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();

@@ -103,7 +103,14 @@ fn each_missing_prerequisite_fails_first_with_its_fix_and_leaves_nothing() {
         let registry = std::fs::read_to_string(w.data().join("port-registry.json")).unwrap_or_default();
         assert!(!registry.contains("opencode") && !registry.contains("\"5"), "{what}: a port was claimed: {registry}");
         assert!(!w.data().join("daemon.json").exists() || !daemon_running(&w), "{what}: a daemon was started");
-        let machines = std::fs::read_dir(fake_root.join("machines")).map_or(0, Iterator::count);
+        // In the default podman home, or in a sandbox's own (`homes/`).
+        let homes: Vec<std::path::PathBuf> = std::fs::read_dir(fake_root.join("homes"))
+            .map(|d| d.flatten().map(|h| h.path().join("machines")).collect())
+            .unwrap_or_default();
+        let machines: usize = std::iter::once(fake_root.join("machines"))
+            .chain(homes)
+            .map(|d| std::fs::read_dir(d).map_or(0, Iterator::count))
+            .sum();
         assert_eq!(machines, 0, "{what}: a machine was made");
     }
     // And with everything in place the same command gets past all of it

@@ -399,12 +399,14 @@ fn a_sandbox_being_saved_cannot_start_or_be_saved_again() {
 
 /// A template saved from another agent's sandbox is used, with a warning
 /// that the agent's image will be pulled after all. (Here the create then
-/// stops early: `machine list` says another machine runs.)
+/// stops early: `sandboxes.max_running` is 0.)
 #[test]
 fn a_template_from_another_agent_warns() {
     let t = T::new();
     ok(&mut t.ppp(&["template", "save", "red", "base"]));
-    let busy = t.podman_answering("machine list", r#"[{"Name":"other","Running":true}]"#);
+    let busy = t.podman_answering("machine list", "[]");
+    std::fs::create_dir_all(t.w.config()).unwrap();
+    std::fs::write(t.w.config().join("config.yaml"), "sandboxes:\n  max_running: 0\n").unwrap();
     let ws = t.w.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     for (agent, warned) in [("claude", true), ("opencode", false)] {
@@ -412,7 +414,7 @@ fn a_template_from_another_agent_warns() {
         c.env("PPP_PODMAN", &busy);
         let (code, _, err) = output(&mut c);
         assert_ne!(code, 0, "{err}");
-        assert!(err.contains("stop the running one first"), "{err}");
+        assert!(err.contains("`sandboxes.max_running`") && err.contains("is 0: no sandbox may run"), "{err}");
         let warning =
             "warning: template `base` was saved from a sandbox running opencode, not claude; its image will be pulled";
         assert_eq!(err.contains(warning), warned, "{agent}: {err}");

@@ -59,7 +59,8 @@ fn the_dashboard_shows_a_sandbox_helps_and_gives_the_terminal_back() {
         .count();
     assert!(denials >= 1, "{flows}");
     let deny_row =
-        regex::Regex::new(&format!(r"red\s+opencode\s+running\s+\w+\s+10\.0\.0\.2\s+-\s+{denials}\s")).unwrap();
+        regex::Regex::new(&format!(r"red\s+opencode\s+running\s+\d+\s+\w+\s+\w+\s+10\.0\.0\.2\s+-\s+{denials}\s"))
+            .unwrap();
     let screen = tmux.wait_for("the sandbox row with its denials", |s| deny_row.is_match(s));
     assert!(screen.contains("1 sandbox · daemon running"), "{screen}");
     assert!(tmux.alternate_on(), "the dashboard draws on the alternate screen");

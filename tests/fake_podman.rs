@@ -524,3 +524,71 @@ fn injected_failures_and_a_missing_root_fail_loudly() {
     assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("FAKE_PODMAN_ROOT is not set"), "{}", stderr(&out));
 }
+
+/// Podman's one-machine rule is per home (`checkExclusiveActiveVM` lists the
+/// machines under the XDG dirs podman runs with): machines made with other
+/// `XDG_CONFIG_HOME`/`XDG_DATA_HOME` are neither listed nor counted, each
+/// home keeps its own config and image cache, and a running machine's
+/// sockets are bound under its `XDG_RUNTIME_DIR`, so one past `sun_path` fails.
+#[test]
+fn one_running_machine_per_podman_home() {
+    let f = Fake::new();
+    let home = |n: &str| {
+        let d = f.topo.path().join(format!("h{n}"));
+        std::fs::create_dir_all(d.join("run")).unwrap();
+        d
+    };
+    let at = |h: &Path, args: &[&str]| -> Output {
+        f.command(args)
+            .env("XDG_CONFIG_HOME", h.join("config"))
+            .env("XDG_DATA_HOME", h.join("data"))
+            .env("XDG_RUNTIME_DIR", h.join("run"))
+            .output()
+            .unwrap()
+    };
+    let ok = |h: &Path, args: &[&str]| {
+        let out = at(h, args);
+        assert!(out.status.success(), "podman {args:?} in {}: {}", h.display(), describe(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (a, b) = (home("a"), home("b"));
+    // The default home has one running; each of the others runs its own.
+    f.up("m0");
+    ok(&a, &["machine", "init", "ma"]);
+    ok(&b, &["machine", "init", "mb"]);
+    ok(&b, &["machine", "init", "mb2"]);
+    ok(&a, &["machine", "start", "ma"]);
+    ok(&b, &["machine", "start", "mb"]);
+    let out = at(&b, &["machine", "start", "mb2"]);
+    assert!(stderr(&out).contains("mb already starting or running: only one VM can be active"), "{}", describe(&out));
+    let names = |out: String| -> Vec<String> {
+        serde_json::from_str::<Vec<Value>>(&out)
+            .unwrap()
+            .iter()
+            .map(|m| m["Name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(ok(&a, &["machine", "list", "--format", "json"])), ["ma"]);
+    assert_eq!(names(ok(&b, &["machine", "list", "--format", "json"])), ["mb", "mb2"]);
+    assert_eq!(names(f.ok(&["machine", "list", "--format", "json"])), ["m0"]);
+    assert!(a.join("config/containers/podman/machine/qemu/ma.json").is_file(), "configs live in the home");
+    assert!(a.join("run/podman/ma-gvproxy.sock").exists(), "sockets in the home's runtime dir");
+    // Each home downloads podman's image once.
+    let pulls = std::fs::read_to_string(f.root.join("pulls.log")).unwrap();
+    assert_eq!(pulls.lines().count(), 3, "{pulls}");
+    // Both machines are really up, each with its own address.
+    assert!(at(&a, &["machine", "ssh", "ma", "--", "hostname"]).status.success());
+    let out = at(&a, &["machine", "ssh", "mb", "--", "hostname"]);
+    assert!(!out.status.success(), "another home's machine is not there");
+    ok(&a, &["machine", "rm", "-f", "ma"]);
+    ok(&b, &["machine", "rm", "-f", "mb"]);
+    ok(&b, &["machine", "rm", "-f", "mb2"]);
+    assert!(!a.join("run/podman/ma-gvproxy.sock").exists());
+    // A runtime dir too long for a socket fails at start, as gvproxy would.
+    let long = f.topo.path().join("l".repeat(90));
+    std::fs::create_dir_all(long.join("run")).unwrap();
+    ok(&long, &["machine", "init", "ml"]);
+    let out = at(&long, &["machine", "start", "ml"]);
+    assert!(!out.status.success() && stderr(&out).contains("cannot bind"), "{}", describe(&out));
+    ok(&long, &["machine", "rm", "-f", "ml"]);
+}

@@ -15,6 +15,8 @@ use ratatui::style::Color;
 fn sandbox(name: &str, state: &str, port: u8, tunnel: Link, denials: usize) -> Sandbox {
     Sandbox {
         name: name.into(),
+        cpus: 2,
+        memory_mib: 4096,
         agent: "opencode".into(),
         state: state.into(),
         ports: if name == "blue" { "127.0.0.1:18080->3000/tcp".into() } else { "-".into() },
@@ -73,7 +75,7 @@ fn press(app: &mut App, c: char) {
 }
 
 fn draw(app: &App) -> Terminal<TestBackend> {
-    let mut t = Terminal::new(TestBackend::new(100, 16)).unwrap();
+    let mut t = Terminal::new(TestBackend::new(112, 16)).unwrap();
     t.draw(|f| view::render(f, app)).unwrap();
     t
 }

@@ -50,7 +50,7 @@ pub fn run(args: &CpArgs, ctx: &Ctx) -> Result<ExitCode> {
     };
     let rec = sandbox::load(dirs, name)?
         .ok_or_else(|| fail(format!("no sandbox named `{name}`")).hint("list sandboxes with `ppp ls`").code(2))?;
-    let podman = Podman::detect()?;
+    let podman = sandbox::podman_for(&Podman::detect()?, dirs, &rec);
     match (&src, &dst) {
         (Side::Host(from), Side::Sandbox { path, .. }) => {
             let from = if args.follow_link {

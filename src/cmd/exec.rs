@@ -22,7 +22,7 @@ pub fn run(args: &ExecArgs, ctx: &Ctx) -> Result<ExitCode> {
         fail(format!("no sandbox named `{}`", args.sandbox)).hint("list sandboxes with `ppp ls`").code(2)
     })?;
     let env = collect_env(&args.env, &args.env_file, |k| std::env::var(k).ok())?;
-    let podman = Podman::detect()?;
+    let podman = sandbox::podman_for(&Podman::detect()?, dirs, &rec);
     let running = machine::list(&podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);
     if !running {
         return Err(fail(format!("sandbox `{}` is not running", rec.name))

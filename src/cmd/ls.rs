@@ -1,6 +1,7 @@
 //! `ppp ls`: sandboxes from their `sandbox.json`, with the live machine
 //! state merged in from `podman machine list` when podman is available.
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -8,8 +9,9 @@ use serde::Serialize;
 
 use super::Ctx;
 use crate::cli::LsArgs;
+use crate::dirs::Dirs;
 use crate::podman::{self, Machine};
-use crate::sandbox::{self, Record};
+use crate::sandbox::{self, Record, machine};
 
 /// One sandbox as `ppp ls --json` prints it.
 #[derive(Debug, Serialize)]
@@ -21,6 +23,10 @@ pub struct Row {
     pub state: String,
     /// What podman said about the machine, if it was asked.
     pub machine: Option<Machine>,
+    /// The podman home the machine lives in: `own` (the sandbox's, under
+    /// ppp's data directory) or `user` (the user's own, where an earlier
+    /// ppp made it).
+    pub home: String,
 }
 
 /// Run `ppp ls`.
@@ -36,8 +42,8 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
         crate::output::print(&names)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let machines = if records.is_empty() { None } else { machines() };
-    let rows = merge(records, machines.as_deref());
+    let listing = if records.is_empty() { None } else { listing(dirs, &records, &mut |w| eprintln!("warning: {w}")) };
+    let rows = merge(records, listing.as_ref());
     if args.json {
         crate::output::json(&rows)?;
     } else {
@@ -46,44 +52,48 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Ask podman for its machines. `None` when podman is absent or fails; a
-/// failure is reported on stderr but does not fail `ls`, whose records are
-/// still worth showing.
-fn machines() -> Option<Vec<Machine>> {
-    let program = podman::program()?;
-    let out = match crate::exec::run(&podman::machine_list(program)) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("warning: {e}; showing recorded states");
-            return None;
-        }
+/// Ask podman for the machines in every home ppp uses. `None` when podman
+/// is absent; a home podman fails for is reported through `warn` but does
+/// not fail `ls`, whose records are still worth showing.
+pub fn listing(dirs: &Dirs, records: &[Record], warn: &mut dyn FnMut(String)) -> Option<machine::Listing> {
+    let Some(program) = podman::program() else {
+        warn("podman was not found; showing recorded states".to_owned());
+        return None;
     };
-    match podman::parse_machine_list(&out.stdout) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            eprintln!("warning: could not parse `podman machine list` output: {e}; showing recorded states");
-            None
+    let listing = machine::list_all(&program, dirs, records, None);
+    for (home, e) in &listing.errors {
+        // The user's home matters only when a sandbox lives there.
+        if !home.is_empty() || records.iter().any(|r| r.podman_run.is_none()) {
+            let whose = if home.is_empty() { "your podman home".to_owned() } else { format!("`{home}`'s podman home") };
+            warn(format!("{e} ({whose}); showing recorded states"));
         }
     }
+    Some(listing)
 }
 
-/// Join records with machines by machine name. Machines ppp did not create
-/// are ignored.
-pub fn merge(records: Vec<Record>, machines: Option<&[Machine]>) -> Vec<Row> {
+/// Join records with the machines of their homes. Machines ppp did not
+/// create are ignored.
+pub fn merge(records: Vec<Record>, listing: Option<&machine::Listing>) -> Vec<Row> {
     records
         .into_iter()
         .map(|record| {
-            let machine = machines.and_then(|ms| ms.iter().find(|m| m.name == record.machine_name).cloned());
-            let state = match (machines, &machine) {
-                (None, _) => record.status.to_string(),
-                (Some(_), Some(m)) => m.state().to_owned(),
+            let found = listing.map(|l| l.machine_of(&record).map(Option::<&Machine>::cloned));
+            let (state, machine) = match found {
+                None | Some(Err(())) => (record.status.to_string(), None),
+                Some(Ok(Some(m))) => (m.state().to_owned(), Some(m)),
                 // Between the claim and `machine init` there is no machine yet.
-                (Some(_), None) if record.status == sandbox::Status::Creating => "creating".to_owned(),
-                (Some(_), None) => "missing".to_owned(),
+                Some(Ok(None)) if record.status == sandbox::Status::Creating => ("creating".to_owned(), None),
+                Some(Ok(None)) => ("missing".to_owned(), None),
             };
-            Row { record, state, machine }
+            let home = if record.podman_run.is_some() { "own" } else { "user" }.to_owned();
+            Row { record, state, machine, home }
         })
         .collect()
+}
+
+/// Memory as `ppp ls` shows it: GiB when whole, else MiB.
+pub fn memory(mib: u64) -> String {
+    if mib.is_multiple_of(1024) { format!("{}G", mib / 1024) } else { format!("{mib}M") }
 }
 
 /// The table `ppp ls` prints.
@@ -96,8 +106,25 @@ pub fn render(rows: &[Row]) -> String {
             } else {
                 r.record.published.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
             };
-            vec![r.record.name.clone(), r.record.agent.clone(), r.state.clone(), ports, r.record.workspace.join(",")]
+            vec![
+                r.record.name.clone(),
+                r.record.agent.clone(),
+                r.state.clone(),
+                r.record.cpus.to_string(),
+                memory(r.record.memory),
+                ports,
+                r.home.clone(),
+                r.record.workspace.join(","),
+            ]
         })
         .collect();
-    crate::output::table(&["NAME", "AGENT", "STATUS", "PORTS", "WORKSPACE"], &body)
+    let mut out =
+        crate::output::table(&["NAME", "AGENT", "STATUS", "CPUS", "MEMORY", "PORTS", "PODMAN", "WORKSPACE"], &body);
+    let running: Vec<&Row> = rows.iter().filter(|r| r.state == "running" || r.state == "starting").collect();
+    if running.len() > 1 {
+        let mib: u64 = running.iter().map(|r| r.record.memory).sum();
+        let cpus: u32 = running.iter().map(|r| r.record.cpus).sum();
+        let _ = writeln!(out, "{} running: {cpus} CPUs, {} of memory", running.len(), memory(mib));
+    }
+    out
 }

@@ -44,6 +44,19 @@ pub fn run(args: &ResetArgs, ctx: &Ctx) -> Result<ExitCode> {
             eprintln!("warning: {e:#}");
         }
     }
+    // Each sandbox went with its own podman home. A `ppp-` machine still in
+    // the user's own home is named by no record here (another data
+    // directory's, or one made by hand): said, not touched.
+    if let Some(p) = &podman
+        && let Ok(left) = sandbox::machine::list(p)
+    {
+        for m in left.iter().filter(|m| m.name.starts_with(sandbox::MACHINE_PREFIX)) {
+            eprintln!(
+                "note: machine `{}` in your podman home belongs to no sandbox here; `podman machine rm {}` removes it",
+                m.name, m.name
+            );
+        }
+    }
     supervisor::stop(dirs, Duration::from_secs(30))?;
     if !args.preserve_secrets {
         // Before the files go: the index says which keychain entries exist.
@@ -54,6 +67,7 @@ pub fn run(args: &ResetArgs, ctx: &Ctx) -> Result<ExitCode> {
     let mut doomed: Vec<PathBuf> = vec![
         dirs.sandboxes(),
         dirs.templates(),
+        dirs.machine_images(),
         dirs.kits(),
         dirs.global_policy(),
         dirs.port_registry(),

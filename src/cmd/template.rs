@@ -42,7 +42,7 @@ fn save(dirs: &Dirs, ctx: &Ctx, name: &str, tag: &str, out: Option<&Path>, force
     // From before the stop until the copy is whole: nothing may start the
     // machine (`ppp run --name` refuses meanwhile) or save it twice at once.
     let _disk = machine::disk_lease(dirs, name)?;
-    let podman = Podman::detect()?;
+    let podman = sandbox::podman_for(&Podman::detect()?, dirs, &rec);
     let running = machine::list(&podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
     if running {
         // A running machine's disk changes under qemu-img: stop it first.

@@ -71,6 +71,8 @@ impl lifecycle::Extension for Loaded {
 
 /// Apply `kit` to the sandbox `rec` on its running machine.
 pub fn apply(dirs: &Dirs, podman: &Podman, rec: &Record, loaded: &Loaded) -> Result<Record> {
+    // Every podman call for the sandbox runs in its podman home.
+    let podman = &crate::sandbox::podman_for(podman, dirs, rec);
     let kit = &loaded.kit;
     check_secrets(dirs, Some(&rec.name), &[loaded])?;
     let running = crate::sandbox::machine::list(podman)?.into_iter().any(|m| m.name == rec.machine_name && m.running);

@@ -61,6 +61,7 @@ pub(super) fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim
         clone: req.clone.then(|| clone_path(&req.workspace[0].display().to_string())),
         image: None,
         image_origin: None,
+        podman_run: Some(dirs.podman_runtime(&name, Dirs::runtime_base().as_deref())),
     };
     state::create_private_dir(&dirs.sandbox(&name))?;
     // The port is saved before the record: a crash in between leaves a
@@ -78,6 +79,7 @@ pub(super) fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim
 /// the directory is not a sandbox.
 pub(super) fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine: bool, started_daemon: bool) {
     let name = &claim.record.name;
+    let podman = &super::podman_for(podman, dirs, &claim.record);
     if made_machine && let Err(e) = exec::run(&podman.rm(&claim.record.machine_name)) {
         eprintln!("warning: could not remove machine `{}`: {e}", claim.record.machine_name);
     }
@@ -94,6 +96,15 @@ pub(super) fn rollback(dirs: &Dirs, podman: &Podman, claim: &Claim, made_machine
     }
 }
 
+fn remove_tree(p: &std::path::Path) -> Result<()> {
+    match std::fs::remove_dir_all(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("could not remove `{}`", p.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// What [`forget`] leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Keep {
@@ -107,6 +118,12 @@ pub(super) enum Keep {
 /// Under `state.lock`: free the port, then remove the sandbox's files.
 pub(super) fn forget(dirs: &Dirs, name: &str, keep: Keep) -> Result<()> {
     let lock = state::Lock::acquire(&dirs.state_lock())?;
+    // The machine's own podman home goes with it (its machine was removed
+    // first); the user's podman home is never touched.
+    if let Some(run) = super::load(dirs, name)?.and_then(|r| r.podman_run) {
+        remove_tree(&run)?;
+    }
+    remove_tree(&dirs.sandbox_podman(name))?;
     let mut registry = PortRegistry::load(dirs)?;
     let keys = registry.port_of(name).map(|port| proxy::mitmdump::key_file(&dirs.wg(), port, registry.claim_of(port)));
     if registry.free(name).is_some() {

@@ -102,11 +102,15 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
         None => None,
     };
     // Checked before anything is created: the machine would not start
-    // without its hypervisor, nor while another runs, and the daemon not
-    // without mitmproxy (installed now if missing, which needs Python).
+    // without its hypervisor, nor past the bounds on running sandboxes
+    // (checked again, under the start lock, just before it starts), and the
+    // daemon not without mitmproxy (installed now if missing, which needs
+    // Python).
     podman.check_hypervisor()?;
+    // The user's own podman home: a machine there already named like the
+    // new sandbox's is not ppp's to take.
     let all = machine::list(podman)?;
-    machine::ensure_can_start(podman, "", &all)?;
+    machine::admit(dirs, podman, "", req.memory_mib, true)?;
     if !supervisor::is_running(dirs)? {
         proxy::mitmdump::ensure(dirs, |msg| ui.note(msg)).context("the sandbox's proxy needs mitmproxy")?;
     }
@@ -115,6 +119,8 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
     }
     let claim = claim(dirs, req, &all)?;
     let name = claim.record.name.clone();
+    // From here on every podman call is in the sandbox's own home.
+    let podman = &super::podman_for(podman, dirs, &claim.record);
     ui.note(&format!("creating sandbox `{name}` (WireGuard port {})", claim.record.port));
     let mut made_machine = false;
     let mut started_daemon = false;
@@ -126,6 +132,11 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
         interrupt.check()?;
         wait_for_wg0(dirs, &name, claim.record.port)?;
         let machine_name = &claim.record.machine_name;
+        machine::prepare_home(&podman.home)?;
+        // The image ppp keeps (fetched by the first sandbox's init), unless
+        // a template gives its own.
+        let fetches = image.is_none() && machine::cached_image(dirs, podman).is_none();
+        let image = image.or_else(|| machine::cached_image(dirs, podman));
         let spec = InitSpec {
             name: machine_name.clone(),
             cpus: req.cpus,
@@ -154,8 +165,15 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
             machine::run_logged(dirs, &name, &podman.init(&spec), "podman machine init")
         })?;
         made_machine = true;
+        if fetches && let Err(e) = machine::keep_image(dirs, podman) {
+            eprintln!("warning: could not keep the machine image for the next sandboxes: {e:#}");
+        }
         interrupt.check()?;
-        machine::start(dirs, podman, &name, machine_name, ui)?;
+        {
+            let _start = machine::start_lock(dirs)?;
+            machine::admit(dirs, podman, &name, req.memory_mib, true)?;
+            machine::start(dirs, podman, &name, machine_name, ui)?;
+        }
         interrupt.check()?;
         provision(dirs, podman, &claim.record, req.image.to_pull(), ui)?;
         interrupt.check()?;
@@ -280,6 +298,7 @@ fn wait_for_wg0(dirs: &Dirs, name: &str, port: u16) -> Result<()> {
 /// the daemon serves it, provision again (idempotent) and verify.
 pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Record> {
     let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    let podman = &super::podman_for(podman, dirs, &rec);
     // Held until the machine is up: a disk being copied must not change.
     let _disk = machine::disk_lease(dirs, name)?;
     let all = machine::list(podman)?;
@@ -290,7 +309,8 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
     ensure_daemon(dirs, ui)?;
     wait_for_wg0(dirs, name, rec.port)?;
     if !vm.running {
-        machine::ensure_can_start(podman, &rec.machine_name, &all)?;
+        let _start = machine::start_lock(dirs)?;
+        machine::admit(dirs, podman, name, rec.memory, rec.podman_run.is_some())?;
         machine::start(dirs, podman, name, &rec.machine_name, ui)?;
     }
     let choice = super::image::choose(agent::find(&rec.agent)?, |k| std::env::var(k).ok())?;
@@ -305,6 +325,7 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
 /// Stop a sandbox's machine; its port stays its own.
 pub fn stop(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<()> {
     let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    let podman = &super::podman_for(podman, dirs, &rec);
     ui.timed(&format!("stopping `{name}`"), || {
         let running =
             machine::list(podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
@@ -321,6 +342,8 @@ pub fn stop(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<()> {
 pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui: Ui) -> Result<()> {
     let rec = super::load(dirs, name)?;
     let machine = rec.as_ref().map_or_else(|| super::machine_name(name), |r| r.machine_name.clone());
+    let in_home = rec.as_ref().zip(podman).map(|(r, p)| super::podman_for(p, dirs, r));
+    let podman = in_home.as_ref().or(podman);
     if rec.is_none() && PortRegistry::load(dirs)?.port_of(name).is_none() {
         // What a failed create kept: its log (and a policy prepared for the
         // name, which stays for the next attempt).

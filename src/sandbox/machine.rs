@@ -1,37 +1,224 @@
-//! A sandbox's Podman Machine: the machines podman knows, starting one
-//! where the provider runs one at a time, the disk lease `template save`
-//! holds, and running podman with its output kept in `machine.log`.
+//! A sandbox's Podman Machine: the machines podman knows in every home,
+//! whether a start may go ahead (the host's memory, the configured cap, and
+//! podman's one-machine rule in the user's own home), each sandbox's own
+//! podman home and the machine image they share, the disk lease `template
+//! save` holds, and running podman with its output kept in `machine.log`.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use super::Record;
 use super::lifecycle::Ui;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Invocation};
-use crate::podman::{self, Machine, Podman};
+use crate::podman::{self, Home, Machine, Podman};
 use crate::state;
 
-/// The machines podman knows, or an error naming the podman failure.
+/// The machines podman knows in `podman`'s home, or an error naming the
+/// podman failure.
 pub fn list(podman: &Podman) -> Result<Vec<Machine>> {
     let out = exec::run(&podman.list())?;
     podman::parse_machine_list(&out.stdout).context("could not parse `podman machine list --format json`")
 }
 
-/// Refuse to start `machine` while another machine runs, where podman
-/// runs one machine at a time (every provider but WSL). Said before podman
-/// is asked, naming the running one and how to stop it.
-pub fn ensure_can_start(podman: &Podman, machine: &str, all: &[Machine]) -> Result<()> {
-    if podman.allows_many_running() {
-        return Ok(());
+/// What podman lists in every home ppp uses: the user's own, and each
+/// sandbox's.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The user's own podman home (sandboxes of an earlier ppp, and
+    /// machines that are not ppp's); `None` when podman did not answer.
+    pub user: Option<Vec<Machine>>,
+    /// Each sandbox in a home of its own: its machine, if podman lists one.
+    pub own: BTreeMap<String, Option<Machine>>,
+    /// Why a home could not be listed, by sandbox (`""`: the user's home).
+    pub errors: BTreeMap<String, String>,
+}
+
+impl Listing {
+    /// Sandbox `rec`'s machine: `Ok(None)` when its home has none,
+    /// `Err(())` when its home could not be listed.
+    #[allow(clippy::result_unit_err)] // "not known" needs no more words
+    pub fn machine_of(&self, rec: &Record) -> Result<Option<&Machine>, ()> {
+        if rec.podman_run.is_some() {
+            match self.own.get(&rec.name) {
+                Some(m) => Ok(m.as_ref()),
+                None => Err(()),
+            }
+        } else {
+            self.user.as_ref().map(|ms| ms.iter().find(|m| m.name == rec.machine_name)).ok_or(())
+        }
     }
-    let Some(other) = all.iter().find(|m| m.name != machine && (m.running || m.starting)) else {
-        return Ok(());
+
+    /// Every machine listed, with the sandbox whose home it is in (`None`:
+    /// the user's home).
+    pub fn all(&self) -> Vec<(Option<&str>, &Machine)> {
+        let user = self.user.iter().flatten().map(|m| (None, m));
+        let own = self.own.iter().filter_map(|(n, m)| m.as_ref().map(|m| (Some(n.as_str()), m)));
+        user.chain(own).collect()
+    }
+}
+
+/// List every home: the user's, and that of each of `records` that has one
+/// (a few at a time, each bounded by `machine list`'s timeout). `timeout`
+/// overrides that bound (diagnose's probe).
+pub fn list_all(program: &Path, dirs: &Dirs, records: &[Record], timeout: Option<std::time::Duration>) -> Listing {
+    list_homes(program, dirs, records, timeout, true)
+}
+
+/// [`list_all`], the user's home left out unless `with_user`.
+pub fn list_homes(
+    program: &Path,
+    dirs: &Dirs,
+    records: &[Record],
+    timeout: Option<std::time::Duration>,
+    with_user: bool,
+) -> Listing {
+    let ask = |home: &Home| -> Result<Vec<Machine>, String> {
+        let mut inv = podman::machine_list(program.to_owned(), home);
+        if let Some(t) = timeout {
+            inv = inv.timeout(t);
+        }
+        let out = exec::run(&inv).map_err(|e| e.to_string())?;
+        podman::parse_machine_list(&out.stdout).map_err(|e| format!("could not parse `{inv}` output: {e}"))
     };
-    Err(one_vm_error(podman, &other.name))
+    let own: Vec<&Record> = records.iter().filter(|r| r.podman_run.is_some()).collect();
+    let mut listing = Listing::default();
+    // Eight at a time: `machine list` is quick, but each is a process.
+    let mut results: Vec<Answer> = Vec::new();
+    std::thread::scope(|s| {
+        let user = with_user.then(|| s.spawn(|| ask(&Home::User)));
+        for chunk in own.chunks(8) {
+            let handles: Vec<_> =
+                chunk.iter().map(|r| (r.name.clone(), s.spawn(|| ask(&super::home(dirs, r))))).collect();
+            for (name, h) in handles {
+                results.push((Some(name), h.join().unwrap_or_else(|_| Err("listing panicked".to_owned()))));
+            }
+        }
+        if let Some(user) = user {
+            results.push((None, user.join().unwrap_or_else(|_| Err("listing panicked".to_owned()))));
+        }
+    });
+    for (name, result) in results {
+        match (name, result) {
+            (None, Ok(ms)) => listing.user = Some(ms),
+            (None, Err(e)) => {
+                listing.errors.insert(String::new(), e);
+            }
+            (Some(n), Ok(ms)) => {
+                let machine = records.iter().find(|r| r.name == n).map(|r| r.machine_name.clone());
+                let m = ms.into_iter().find(|m| Some(&m.name) == machine.as_ref());
+                listing.own.insert(n, m);
+            }
+            (Some(n), Err(e)) => {
+                listing.errors.insert(n, e);
+            }
+        }
+    }
+    listing
+}
+
+/// Whose home (`None`: the user's) and what podman said of it.
+type Answer = (Option<String>, Result<Vec<Machine>, String>);
+
+/// Held from the check that a sandbox may start until its machine is up,
+/// so two starts at once cannot both fit under the bounds.
+pub fn start_lock(dirs: &Dirs) -> Result<state::Lock> {
+    state::Lock::acquire(&dirs.start_lock())
+}
+
+/// Refuse to start sandbox `rec` (memory `memory_mib`) when:
+/// - the configured cap (`sandboxes.max_running`) is reached;
+/// - the running sandboxes' memory and its own would be more than the
+///   host has, or its own more than the host can give now (see
+///   [`super::request::HostMemory`]);
+/// - it lives in the user's own podman home and another machine runs
+///   there, where podman runs one machine at a time (every provider but
+///   WSL): podman's own rule, said before podman is asked.
+///
+/// Each says which sandboxes run and how to stop one.
+pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home: bool) -> Result<()> {
+    let records = super::load_all(dirs)?;
+    let listing = list_all(&podman.program, dirs, &records, None);
+    if let Some(e) = listing.errors.get("")
+        && !own_home
+    {
+        return Err(fail(format!("podman could not list the machines in your podman home: {e}")).into());
+    }
+    let running: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.name != name)
+        .filter(|r| listing.machine_of(r).is_ok_and(|m| m.is_some_and(|m| m.running || m.starting)))
+        .collect();
+    // The pre-check of a new sandbox runs before it has a name.
+    let name = if name.is_empty() { "the new sandbox" } else { name };
+    let shown = if name == "the new sandbox" { name.to_owned() } else { format!("sandbox `{name}`") };
+    let names = || running.iter().map(|r| format!("`{}`", r.name)).collect::<Vec<_>>().join(", ");
+    let stop_hint = || match running.first() {
+        Some(r) => format!("stop one first: `ppp stop {}`", r.name),
+        None => "stop a VM first".to_owned(),
+    };
+    let config = crate::config::load(dirs)?;
+    if let Some(cap) = config.sandboxes.max_running
+        && running.len() >= usize::try_from(cap).unwrap_or(usize::MAX)
+    {
+        if running.is_empty() {
+            return Err(fail(format!(
+                "`sandboxes.max_running` in `{}` is 0: no sandbox may run",
+                dirs.config_file().display()
+            ))
+            .hint("raise `sandboxes.max_running`, or remove it")
+            .into());
+        }
+        return Err(fail(format!(
+            "{} sandbox(es) are running ({}), and `sandboxes.max_running` in `{}` allows {cap}",
+            running.len(),
+            names(),
+            dirs.config_file().display()
+        ))
+        .hint(format!("{}, or raise `sandboxes.max_running`", stop_hint()))
+        .into());
+    }
+    if let Some(host) = super::request::host_memory() {
+        let committed: u64 = running.iter().map(|r| r.memory).sum();
+        if committed + memory_mib > host.total_mib {
+            return Err(fail(format!(
+                "{shown} needs {memory_mib} MiB of memory; with the {committed} MiB of the {} running \
+                 ({}), that is {} MiB, more than this host has ({} MiB)",
+                running.len(),
+                names(),
+                committed + memory_mib,
+                host.total_mib
+            ))
+            .hint(format!("{}, or give it less with `-m`", stop_hint()))
+            .into());
+        }
+        if memory_mib > host.available_mib {
+            return Err(fail(format!(
+                "{shown} needs {memory_mib} MiB of memory and this host has {} MiB available now \
+                 (of {} MiB)",
+                host.available_mib, host.total_mib
+            ))
+            .hint(if running.is_empty() {
+                "free memory, or give it less with `-m`".to_owned()
+            } else {
+                format!("{}, or give it less with `-m`", stop_hint())
+            })
+            .into());
+        }
+    }
+    if !own_home && !podman.allows_many_running() {
+        let machine = super::machine_name(name);
+        if let Some(other) = listing.user.iter().flatten().find(|m| m.name != machine && (m.running || m.starting)) {
+            return Err(one_vm_error(podman, &other.name));
+        }
+    }
+    Ok(())
 }
 
 fn one_vm_error(podman: &Podman, running: &str) -> anyhow::Error {
@@ -39,11 +226,81 @@ fn one_vm_error(podman: &Podman, running: &str) -> anyhow::Error {
         .strip_prefix(super::MACHINE_PREFIX)
         .map_or_else(|| format!("`podman machine stop {running}`"), |sandbox| format!("`ppp stop {sandbox}`"));
     fail(format!(
-        "machine `{running}` is running, and podman's {} provider runs only one machine at a time",
+        "machine `{running}` is running in your podman home, and podman's {} provider runs only one machine \
+         at a time there",
         podman.provider
     ))
     .hint(format!("stop the running one first: {how}"))
     .into()
+}
+
+/// Make a sandbox's own podman home: its directories, private to the user.
+/// The runtime directory may be in `/tmp`: one that exists and is not
+/// this user's alone is refused, since its sockets reach the VM.
+pub fn prepare_home(home: &Home) -> Result<()> {
+    let Home::Own(h) = home else { return Ok(()) };
+    for d in [&h.config, &h.data] {
+        state::create_private_dir(d)?;
+    }
+    state::create_private_dir(&h.runtime)?;
+    let meta =
+        std::fs::symlink_metadata(&h.runtime).with_context(|| format!("could not read `{}`", h.runtime.display()))?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
+        return Err(fail(format!(
+            "`{}` (the sandbox machine's socket directory) is not a directory of yours alone",
+            h.runtime.display()
+        ))
+        .hint("remove it, or set XDG_RUNTIME_DIR to a directory only you can write")
+        .into());
+    }
+    Ok(())
+}
+
+/// The machine image ppp keeps for `podman`'s provider and version, if it
+/// has fetched one: passed to `machine init --image`, so each sandbox's
+/// home does not download it again.
+pub fn cached_image(dirs: &Dirs, podman: &Podman) -> Option<PathBuf> {
+    let dir = image_dir(dirs, podman);
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| is_image(p)).collect();
+    files.sort();
+    files.pop()
+}
+
+fn image_dir(dirs: &Dirs, podman: &Podman) -> PathBuf {
+    dirs.machine_images().join(format!("{}-{}.{}", podman.provider, podman.version.major, podman.version.minor))
+}
+
+fn is_image(p: &Path) -> bool {
+    p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
+}
+
+/// After `machine init` fetched podman's default image into a sandbox's
+/// own home, keep it in ppp's cache (a hard link where the cache is on the
+/// same file system, else a copy): the home goes with its sandbox, the
+/// cache stays for every other.
+pub fn keep_image(dirs: &Dirs, podman: &Podman) -> Result<()> {
+    let Some(cache) = podman.home.image_cache_dir(&podman.provider) else { return Ok(()) };
+    let Some(src) = std::fs::read_dir(&cache)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| is_image(p))
+        .max_by_key(|p| p.metadata().map_or(0, |m| m.len()))
+    else {
+        return Ok(());
+    };
+    let dir = image_dir(dirs, podman);
+    state::create_private_dir(&dir)?;
+    let name = src.file_name().map(ToOwned::to_owned).unwrap_or_default();
+    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(&src, &tmp).is_err() {
+        std::fs::copy(&src, &tmp).with_context(|| format!("could not copy `{}` into ppp's cache", src.display()))?;
+    }
+    std::fs::rename(&tmp, dir.join(name)).with_context(|| format!("could not write into `{}`", dir.display()))
 }
 
 /// Start a machine, turning podman's one-VM refusal into ppp's message.
@@ -56,6 +313,8 @@ pub(super) fn start(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui:
             return Ok(());
         }
         if podman::is_one_vm_refusal(&out.stderr) {
+            // Only in the user's own home (a sandbox's home holds one
+            // machine): another there started since ppp checked.
             let running = list(podman)
                 .ok()
                 .and_then(|all| all.into_iter().find(|m| m.name != machine && (m.running || m.starting)))

@@ -138,6 +138,12 @@ pub struct Record {
     /// Where that image came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_origin: Option<ImageOrigin>,
+    /// Where the machine's sockets are, when it lives in a podman home of
+    /// its own (`sandboxes/<name>/podman`, see [`home`]). Absent in a
+    /// record an earlier ppp wrote: that machine is in the user's own
+    /// podman home, where it stays (ADR 0030).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub podman_run: Option<std::path::PathBuf>,
 }
 
 /// How the agent's image reached a sandbox's VM (`ppp diagnose` shows it).
@@ -163,6 +169,20 @@ impl std::fmt::Display for ImageOrigin {
             Self::Template => "template",
         })
     }
+}
+
+/// The podman home sandbox `rec`'s machine lives in.
+pub fn home(dirs: &Dirs, rec: &Record) -> crate::podman::Home {
+    match &rec.podman_run {
+        Some(run) => crate::podman::Home::Own(dirs.podman_home(&rec.name, run)),
+        None => crate::podman::Home::User,
+    }
+}
+
+/// `podman` in sandbox `rec`'s home: what every command for its machine is
+/// built from.
+pub fn podman_for(podman: &crate::podman::Podman, dirs: &Dirs, rec: &Record) -> crate::podman::Podman {
+    podman.in_home(home(dirs, rec))
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference

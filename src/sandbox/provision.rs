@@ -32,6 +32,7 @@ const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// `pull`: the image provision.sh pulls, when the user named one; ppp's
 /// own images are built or loaded afterwards ([`super::image`]).
 pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, pull: Option<&str>, ui: Ui) -> Result<()> {
+    let podman = &crate::sandbox::podman_for(podman, dirs, rec);
     let what = if pull.is_some() { "WireGuard, kill switch, CA, agent image" } else { "WireGuard, kill switch, CA" };
     ui.timed(&format!("provisioning `{}` ({what})", rec.name), || {
         let machine = &rec.machine_name;

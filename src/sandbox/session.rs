@@ -121,6 +121,7 @@ pub fn run_agent(
         Some(i) => i.clone(),
         None => super::image::choose(agent, |k| std::env::var(k).ok())?.image(),
     };
+    let podman = &super::podman_for(podman, dirs, &rec);
     let mut rec = rec;
     loop {
         let env = custom_env(dirs, &rec.name);

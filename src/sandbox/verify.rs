@@ -68,6 +68,7 @@ pub const CHECKS: &[&str] = &["handshake", "no-direct-egress", "policy-denies", 
 /// secrets' digests. Only the salt goes in, so nothing derived from a
 /// secret ever enters the VM (issue 11 point 6; ADR 0018).
 pub fn verify(dirs: &Dirs, podman: &Podman, rec: &Record, ui: Ui) -> Result<()> {
+    let podman = &crate::sandbox::podman_for(podman, dirs, rec);
     ui.timed(&format!("verifying `{}` before handover", rec.name), || {
         let salt = uuid::Uuid::new_v4().simple().to_string();
         let mut args: Vec<String> = vec!["--salt".into(), salt.clone()];

@@ -52,7 +52,19 @@ pub fn clone_remote(name: &str) -> String {
 pub fn clone_url(podman: &Podman, machine: &str, guest: &str) -> String {
     // ext:: splits on spaces; `%` starts its placeholders.
     let esc = |s: &str| s.replace('%', "%%").replace(' ', "\\ ");
-    format!("ext::{} machine ssh {} -- %S {}", esc(&podman.program.display().to_string()), esc(machine), esc(guest))
+    // git runs it outside ppp, so the machine's podman home goes in the URL.
+    let home = podman.home.env(std::env::consts::OS).iter().fold(String::new(), |mut s, (k, v)| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{k}={} ", esc(&v.display().to_string()));
+        s
+    });
+    let env = if home.is_empty() { String::new() } else { format!("env {home}") };
+    format!(
+        "ext::{env}{} machine ssh {} -- %S {}",
+        esc(&podman.program.display().to_string()),
+        esc(machine),
+        esc(guest)
+    )
 }
 
 /// Clone the host repository into the VM (a bundle copied in, so the VM
@@ -66,6 +78,7 @@ pub(super) fn clone_into(
     guest: &str,
     ui: Ui,
 ) -> Result<()> {
+    let podman = &crate::sandbox::podman_for(podman, dirs, rec);
     ui.timed(&format!("cloning `{}` into the sandbox at `{guest}`", host.display()), || {
     let bundle = dirs.sandbox(&rec.name).join("workspace.bundle");
     let git =

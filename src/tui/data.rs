@@ -9,7 +9,6 @@ use serde_json::Value;
 
 use crate::cmd::daemon::{self, Tunnel};
 use crate::dirs::Dirs;
-use crate::podman;
 use crate::policy::{flowlog, follow};
 use crate::sandbox;
 
@@ -26,6 +25,9 @@ pub struct Sandbox {
     pub agent: String,
     /// The merged state, as `ppp ls` shows it (`running`, `stopped`, …).
     pub state: String,
+    /// The VM's CPUs and memory (MiB), as created.
+    pub cpus: u32,
+    pub memory_mib: u64,
     /// Published ports, `-` for none.
     pub ports: String,
     pub workspace: String,
@@ -131,7 +133,8 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         warnings.push(format!("{e:#}"));
         Vec::new()
     });
-    let machines = if records.is_empty() { None } else { machines(&mut warnings) };
+    let listing =
+        if records.is_empty() { None } else { crate::cmd::ls::listing(dirs, &records, &mut |w| warnings.push(w)) };
     // The daemon's own view of each sandbox's tunnel, as `daemon status`
     // shows it; read from files, so a wedged daemon cannot stall this.
     let daemon = daemon::status_report(dirs).map_err(|e| warnings.push(format!("daemon status: {e:#}"))).ok();
@@ -145,7 +148,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         .iter()
         .map(Flow::from_json)
         .collect();
-    let sandboxes = crate::cmd::ls::merge(records, machines.as_deref())
+    let sandboxes = crate::cmd::ls::merge(records, listing.as_ref())
         .into_iter()
         .map(|row| {
             let r = row.record;
@@ -164,6 +167,8 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
                 name: r.name,
                 agent: r.agent,
                 state: row.state,
+                cpus: r.cpus,
+                memory_mib: r.memory,
                 ports,
                 workspace: r.workspace.join(","),
                 inner_ip: r.inner_ip,
@@ -174,22 +179,4 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         .collect();
     let daemon_running = daemon.as_ref().is_some_and(|d| d.running);
     Snapshot { sandboxes, flows, daemon_running, warnings }
-}
-
-/// `podman machine list`, bounded by the invocation's timeout so a hung
-/// podman delays a refresh but never the UI. `None` shows recorded states.
-fn machines(warnings: &mut Vec<String>) -> Option<Vec<podman::Machine>> {
-    let Some(program) = podman::program() else {
-        warnings.push("podman was not found; showing recorded states".to_owned());
-        return None;
-    };
-    match crate::exec::run(&podman::machine_list(program)) {
-        Ok(out) => podman::parse_machine_list(&out.stdout)
-            .map_err(|e| warnings.push(format!("could not parse `podman machine list`: {e}")))
-            .ok(),
-        Err(e) => {
-            warnings.push(format!("{e}; showing recorded states"));
-            None
-        }
-    }
 }

@@ -189,6 +189,8 @@ mod tests {
         assert_eq!(split(&app, area), (area, None), "nothing selected");
         app.snapshot.sandboxes.push(crate::tui::data::Sandbox {
             name: "a".into(),
+            cpus: 2,
+            memory_mib: 4096,
             agent: "opencode".into(),
             state: "running".into(),
             ports: "-".into(),

@@ -20,7 +20,7 @@ use super::state::{Action, App, Event, update};
 use super::term::Terminal;
 use super::view;
 use crate::dirs::Dirs;
-use crate::exec::{self, Invocation, Stdin};
+use crate::exec::{self, Stdin};
 use crate::podman::Podman;
 use crate::sandbox;
 use crate::sandbox::lifecycle::{self, Ui};
@@ -166,10 +166,9 @@ fn session(term: &mut Terminal, dirs: &Dirs, name: &str, what: Session) -> Resul
     // Said on the normal screen so the user knows how to come back.
     println!("ppp: {label} in `{name}`; exit it to return to the dashboard");
     let code = match what {
-        Session::Shell => exec::run_attached(
-            &Invocation::new(&podman.program).args(["machine", "ssh", &rec.machine_name]).stdin(Stdin::Inherit),
-        )
-        .map_err(anyhow::Error::new),
+        Session::Shell => {
+            exec::run_attached(&podman.shell(&rec.machine_name).stdin(Stdin::Inherit)).map_err(anyhow::Error::new)
+        }
         // As `ppp run --name` runs it, restarts for kits included.
         Session::Agent => sandbox::session::run_agent(dirs, &podman, rec, &[], true, false),
     };
@@ -185,7 +184,7 @@ fn session(term: &mut Terminal, dirs: &Dirs, name: &str, what: Session) -> Resul
 fn prepare(dirs: &Dirs, name: &str) -> Result<(Podman, sandbox::Record)> {
     let podman = Podman::detect()?;
     let rec = sandbox::load(dirs, name)?.ok_or_else(|| crate::error::fail(format!("no sandbox named `{name}`")))?;
-    Ok((podman, rec))
+    Ok((sandbox::podman_for(&podman, dirs, &rec), rec))
 }
 
 /// An error as one status line: its chain and hint, joined.

@@ -320,6 +320,8 @@ mod tests {
     fn sandbox(name: &str, state: &str) -> Sandbox {
         Sandbox {
             name: name.into(),
+            cpus: 2,
+            memory_mib: 4096,
             agent: "opencode".into(),
             state: state.into(),
             ports: "-".into(),

@@ -111,8 +111,19 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
         };
         frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: false }), table_area);
     } else {
-        let header = Row::new(["NAME", "AGENT", "STATUS", "TUNNEL", "INNER IP", "PORTS", "DENIALS", "WORKSPACE"])
-            .style(Style::new().add_modifier(Modifier::BOLD));
+        let header = Row::new([
+            "NAME",
+            "AGENT",
+            "STATUS",
+            "CPUS",
+            "MEMORY",
+            "TUNNEL",
+            "INNER IP",
+            "PORTS",
+            "DENIALS",
+            "WORKSPACE",
+        ])
+        .style(Style::new().add_modifier(Modifier::BOLD));
         let rows = snap.sandboxes.iter().map(|s| {
             let status_style = match s.state.as_str() {
                 "running" => Style::new().fg(Color::Green),
@@ -133,6 +144,8 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
                 Cell::from(s.name.clone()),
                 Cell::from(s.agent.clone()),
                 Cell::from(s.state.clone()).style(status_style),
+                Cell::from(s.cpus.to_string()),
+                Cell::from(crate::cmd::ls::memory(s.memory_mib)),
                 Cell::from(s.tunnel.label()).style(tunnel_style),
                 Cell::from(s.inner_ip.to_string()),
                 Cell::from(s.ports.clone()),
@@ -150,6 +163,8 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
             widest(|s| s.name.chars().count(), 4, 32),
             Constraint::Length(9),
             Constraint::Length(9),
+            Constraint::Length(4),
+            Constraint::Length(6),
             Constraint::Length(6),
             Constraint::Length(10),
             widest(|s| s.ports.chars().count(), 5, 32),

@@ -71,6 +71,7 @@ impl World {
             clone: None,
             image: None,
             image_origin: None,
+            podman_run: None,
         };
         ppp::sandbox::save_locked(&dirs, &rec).unwrap();
         dirs

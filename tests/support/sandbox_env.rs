@@ -175,6 +175,34 @@ impl Env {
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
+    /// The variables podman runs with in sandbox `name`'s podman home, as
+    /// ppp builds them (none for one in the user's own home).
+    pub fn home_vars(&self, name: &str) -> Vec<(String, String)> {
+        let rec = ppp::sandbox::load(&self.dirs(), name).unwrap().expect("the sandbox exists");
+        ppp::sandbox::home(&self.dirs(), &rec)
+            .env("linux")
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.display().to_string()))
+            .collect()
+    }
+
+    /// The fake's state directory of machine `machine`, in whichever podman
+    /// home it is (the default one's, or a sandbox's under `homes/`).
+    pub fn machine_dir(&self, machine: &str) -> PathBuf {
+        let fake = self.root().join("fake");
+        let default = fake.join("machines").join(machine);
+        if default.exists() {
+            return default;
+        }
+        std::fs::read_dir(fake.join("homes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|h| h.path().join("machines").join(machine))
+            .find(|p| p.exists())
+            .unwrap_or(default)
+    }
+
     pub fn calls(&self) -> Vec<String> {
         std::fs::read_to_string(self.root().join("fake/calls.jsonl"))
             .unwrap_or_default()
@@ -198,7 +226,8 @@ impl Env {
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             // The fake's own short-lived calls (`machine list`…) are not
             // machines; its holders and everything under them are.
-            if text.contains(&format!("{fake}/machines/")) {
+            // (Machines of a sandbox's own podman home are under `homes/`.)
+            if text.contains(&format!("{fake}/machines/")) || text.contains(&format!("{fake}/homes/")) {
                 found.push(format!("process {}: {text}", e.file_name().to_string_lossy()));
             }
         }
