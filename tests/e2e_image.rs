@@ -84,7 +84,7 @@ fn rig() -> Rig {
 
 /// The builds the fake recorded in machine `ppp-<sandbox>`.
 fn builds(env: &Env, sandbox: &str) -> Vec<Value> {
-    let path = env.root().join(format!("fake/machines/ppp-{sandbox}/guest/builds.jsonl"));
+    let path = env.machine_dir(&format!("ppp-{sandbox}")).join("guest/builds.jsonl");
     std::fs::read_to_string(path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 

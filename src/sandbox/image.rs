@@ -285,6 +285,10 @@ pub fn ensure(
         Choice::Given { image, .. } => return Ok((image.clone(), Some(ImageOrigin::Pulled))),
         Choice::Build(r) => r,
     };
+    // Every caller's podman is bound to the sandbox's own home here, so a
+    // caller holding the user's podman (setup --build-images) cannot reach
+    // another home's machine.
+    let podman = &crate::sandbox::podman_for(podman, dirs, rec);
     let tag = r.tag();
     if in_vm(dirs, podman, rec, &tag)? {
         return Ok((tag, None));
