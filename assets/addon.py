@@ -149,6 +149,9 @@ LOOP_MAX_WAIT = 0.1
 LOOP_MAX_CHARGE = 0.05
 # Entries kept in each bounded cache (decisions, secrets, log throttles).
 CACHE_MAX = 4096
+# Names a DNS answer may go through (CNAME, DNAME) besides the one asked;
+# past it the answer is refused. The daemon's MAX_CHAIN.
+CHAIN_MAX = 16
 # A request held for approval waits on its own daemon connection; the daemon
 # ends the wait first (its approval timeout is at most an hour).
 HOLD_LIMIT = 3700.0
@@ -257,6 +260,9 @@ class Verdict:
     # For a flow that was held: how its wait ended ("allowed", "denied",
     # "timeout", "full", "policy").
     approval: str | None = None
+    # The names the flow's name resolved through (CNAME, DNAME), as the
+    # daemon judged them; logged with the flow.
+    chain: tuple[str, ...] = ()
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
@@ -1111,6 +1117,9 @@ class PppAddon:
         # Client connections denied at TLS/TCP/UDP level, by client id:
         # server_connect refuses any upstream connection for them.
         self._denied: Lru = Lru(DENIED_MAX)
+        # DNS client connections whose questions go to the host's name
+        # server (`_forward_dns`), by client id: that server.
+        self._forwarded: Lru = Lru(DENIED_MAX)
         # The generation stamp whose `modes` list was last applied.
         self._modes_stamp: tuple[int, int, int] | None = None
         # WireGuard listen port -> wall-clock time of its latest connection.
@@ -1441,7 +1450,9 @@ class PppAddon:
         self._load_registry()
         return self._registry.get(port)
 
-    def decide(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+    def decide(
+        self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str, chain: tuple[str, ...] = ()
+    ) -> Verdict:
         """The daemon's verdict, cached per (sandbox, host, ip, port) for one
         generation. `host` is what the guest named, `ip` where the bytes go;
         the daemon judges both (the name must resolve to the address, an
@@ -1449,21 +1460,28 @@ class PppAddon:
         need their own rule). A daemon failure denies and is never cached."""
         try:
             self._poll()
-            return self._verdict(sandbox, host, ip, port, protocol)
+            return self._verdict(sandbox, host, ip, port, protocol, chain)
         except DaemonError as e:
             log.warning("ppp: policy daemon unavailable, denying: %s", e)
             return DAEMON_DOWN
 
-    def _verdict(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+    def _verdict(
+        self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str, chain: tuple[str, ...] = ()
+    ) -> Verdict:
         """decide() without the poll; raises DaemonError."""
         # The daemon answers DNS and UDP differently under an `ask` default
         # (a name is answered, a datagram refused): their verdicts must not
         # stand in for a TCP flow's to the same name, address and port.
-        key = (sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else "")
+        key: tuple[Any, ...] = (sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else "")
+        req = {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol}
+        if chain:
+            # A DNS answer's aliases: the same name through other aliases
+            # is another decision.
+            key = (*key, chain)
+            req["chain"] = list(chain)
         if (v := self._decisions.get(key)) is not None:
             return v
-        r = self._ask({"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol})
-        return self._answer(key, r, host)
+        return self._answer(key, self._ask(req), host)
 
     def _answer(self, key: tuple[Any, ...], r: dict[str, Any], host: str | None) -> Verdict:
         """A `decide` reply as a Verdict, cached under `key` when it may be,
@@ -1564,7 +1582,28 @@ class PppAddon:
             raise DaemonError("hold: malformed approval")
         allow = r.get("verdict") == "allow"
         cache = True
-        if (rebound := r.get("rebinding")) is not None:
+        chain = r.get("chain")
+        chain = tuple(str(n) for n in chain[: CHAIN_MAX + 1]) if isinstance(chain, list) else ()
+        if (alias := r.get("alias")) is not None:
+            rule_text = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})" if rule else "a rule"
+            v = Verdict(
+                allow=False,
+                rule_id=rule.get("id") if rule else None,
+                resource=rule.get("resource") if rule else None,
+                reason=f"{host} is an alias of {alias}, which {rule_text} denies",
+                generation=r.get("generation"),
+                chain=chain,
+                kind="alias",
+            )
+        elif (n := r.get("long_chain")) is not None:
+            v = Verdict(
+                allow=False,
+                reason=f"{host} resolves through more than {n - 1} aliases",
+                generation=r.get("generation"),
+                chain=chain,
+                kind="alias",
+            )
+        elif (rebound := r.get("rebinding")) is not None:
             v = Verdict(
                 allow=False,
                 reason=f"{host} resolves to internal address {rebound}, which no rule allows (DNS rebinding defence)",
@@ -1613,6 +1652,7 @@ class PppAddon:
                 generation=r.get("generation"),
                 limits=r.get("limits"),
                 approval=str(held.get("outcome")) if held is not None else None,
+                chain=chain,
             )
         return v, cache
 
@@ -1728,6 +1768,9 @@ class PppAddon:
         if (resolved := g("resolved")) is not None:
             # false: the name does not resolve to `ip` (and was refused).
             record["resolved"] = resolved
+        if chain := g("chain"):
+            # The aliases the name resolved through (bounded by CHAIN_MAX).
+            record["chain"] = list(chain)
         if reason := g("reason"):
             # Only where a denial has no 403 body to say why (refused DNS
             # queries and answers, bodies cut off mid-stream); never a
@@ -1824,6 +1867,9 @@ class PppAddon:
         elif v.kind == "unresolved":
             why = f"blocked by ppp: {v.reason}"
             fix = "connect to an address that the sandbox's DNS (10.0.0.53) returns for the name"
+        elif v.kind == "alias":
+            # Allowing the name changes nothing: the deny on its alias wins.
+            why = f"blocked by ppp: {v.reason}"
         elif v.kind == "mismatch":
             why = f"blocked by ppp: {v.reason}"
             fix = "send the same host name in the TLS SNI, the Host header and the request target"
@@ -1859,6 +1905,8 @@ class PppAddon:
             meta["ip"], meta["port"] = addr
         if v.approval is not None:
             meta["approval"] = v.approval
+        if v.chain:
+            meta["chain"] = v.chain
         flow.metadata["ppp"] = meta
 
     def _limit(self, flow: http.HTTPFlow, direction: str) -> int:
@@ -2113,9 +2161,10 @@ class PppAddon:
             q = flow.request.question
             name = canonical_host(q.name) if q is not None else None
             server = flow.server_conn.address
+            dest = (ip_text(str(server[0])), int(server[1])) if server is not None else None
             if sandbox is None:
                 v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
-            elif server is None or (ip_text(str(server[0])), int(server[1])) != TUNNEL_DNS:
+            elif dest is None or (dest != TUNNEL_DNS and self._forwarded.get(flow.client_conn.id) != dest):
                 # Only ppp's resolver answers: a query to any other server
                 # would carry the guest's bytes to the guest's choice.
                 v = deny("DNS goes only to ppp's resolver at 10.0.0.53", "policy")
@@ -2127,11 +2176,37 @@ class PppAddon:
                 # authority records are the guest's own bytes.
                 flow.request.additionals = []
                 flow.request.authorities = []
+                if v.allow:
+                    self._forward_dns(flow, q)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: dns_request failed, refusing")
             v = deny(f"internal error: {type(e).__name__}")
         if not v.allow:
             self._refuse_dns(flow, sandbox, name, v, "query")
+
+    def _forward_dns(self, flow: dns.DNSFlow, q: Any) -> None:
+        """Send an allowed address question to the host's name server
+        rather than let mitmproxy's resolver answer it: that resolver hands
+        back bare addresses under the name asked, so the aliases (CNAME,
+        DNAME) that led to them, which `dns_response` must judge, would be
+        lost. Other questions mitmproxy forwards already. Without a name
+        server known, mitmproxy's resolver answers (getaddrinfo: no aliases
+        to judge; docs/addon.md says so)."""
+        if (
+            q.type not in (dns.types.A, dns.types.AAAA)
+            or q.class_ != dns.classes.IN
+            or flow.request.op_code != dns.op_codes.QUERY
+        ):
+            return
+        resolver = ctx.master.addons.get("dnsresolver")
+        servers = resolver.name_servers() if resolver is not None else []
+        if not servers:
+            return
+        dest = (ip_text(servers[0]), 53)
+        flow.server_conn.address = (servers[0], 53)
+        # The guest's next question on this socket (glibc asks A and AAAA
+        # on one) finds the server already pointed there.
+        self._forwarded[flow.client_conn.id] = dest
 
     def dns_response(self, flow: dns.DNSFlow) -> None:
         """The DNS-rebinding defence, applied to answers.
@@ -2164,8 +2239,13 @@ class PppAddon:
             q = flow.request.question
             name = canonical_host(q.name) if q is not None else None
             sandbox = self.sandbox_of(flow.client_conn)
+            chain = self._dns_chain(name, resp.answers)
             if sandbox is None:
                 v = deny(f"unknown WireGuard port {self._port(flow.client_conn)}")
+            elif chain is None:
+                v = deny(f"{name} resolves through more than {CHAIN_MAX} aliases", "alias")
+            elif chain and not (v := self.decide(sandbox, name, None, 53, "dns", chain)).allow:
+                pass
             else:
                 for rr in resp.answers:
                     if rr.type == dns.types.A:
@@ -2177,7 +2257,7 @@ class PppAddon:
                     if addr is None:
                         v = deny("an address record that does not parse")
                         break
-                    v = self.decide(sandbox, name, str(addr), 53, "dns")
+                    v = self.decide(sandbox, name, str(addr), 53, "dns", chain)
                     if not v.allow:
                         break
                     addrs.append(str(addr))
@@ -2188,16 +2268,38 @@ class PppAddon:
         if v is not None and not v.allow:
             self._refuse_dns(flow, sandbox, name, v, "answer")
         elif sandbox is not None and name is not None and addrs:
-            self._record_answer(sandbox, name, addrs, ttl)
+            self._record_answer(sandbox, name, addrs, ttl, chain or ())
 
-    def _record_answer(self, sandbox: str, name: str, addrs: list[str], ttl: int) -> None:
+    @staticmethod
+    def _dns_chain(name: str | None, answers: list[Any]) -> tuple[str, ...] | None:
+        """Every other name in an answer section: each record's owner and
+        each CNAME or DNAME target, canonical, in order, without repeats.
+        A record for a name the chain never reached is in too: a guest's
+        resolver may use it. None past CHAIN_MAX names."""
+        out: list[str] = []
+        for rr in answers:
+            names = [rr.name]
+            if rr.type in (dns.types.CNAME, dns.types.DNAME):
+                names.append(rr.domain_name)
+            for n in names:
+                c = canonical_host(n)
+                if c and c != name and c not in out:
+                    out.append(c)
+                    if len(out) > CHAIN_MAX:
+                        return None
+        return tuple(out)
+
+    def _record_answer(self, sandbox: str, name: str, addrs: list[str], ttl: int, chain: tuple[str, ...] = ()) -> None:
         """Tell the daemon which addresses ppp's resolver gave this sandbox
         for `name`: a flow named `name` may go to these. Before the answer
         reaches the guest, so its connection never races the record. A
         failure is logged; the daemon then falls back to the host's own
         resolution."""
         try:
-            self._ask({"op": "resolved", "sandbox": sandbox, "name": name, "addrs": addrs, "ttl": int(ttl)})
+            req: dict[str, Any] = {"op": "resolved", "sandbox": sandbox, "name": name, "addrs": addrs, "ttl": int(ttl)}
+            if chain:
+                req["chain"] = list(chain)
+            self._ask(req)
         except DaemonError as e:
             log.warning("ppp: [%s] could not record the DNS answer for %s: %s", sandbox, name, e)
 
@@ -2218,6 +2320,7 @@ class PppAddon:
         return self.log_flow(
             sandbox=sandbox,
             kind="dns",
+            chain=v.chain,
             host=name,
             ip=ip,
             # The port the guest sent to (5353 stays 5353).
@@ -2746,6 +2849,7 @@ class PppAddon:
             bytes_in=inn,
             reason=meta.get("aborted"),
             resolved=meta.get("resolved"),
+            chain=meta.get("chain"),
             duration_ms=duration_ms(flow.request.timestamp_start),
         )
 

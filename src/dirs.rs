@@ -16,6 +16,11 @@ use anyhow::Result;
 
 use crate::env;
 
+/// The host's resolver configuration and hosts file, which the daemon reads
+/// for its own lookups of a flow's name (`proxy::dns`).
+pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+pub const HOSTS: &str = "/etc/hosts";
+
 /// The resolved roots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dirs {

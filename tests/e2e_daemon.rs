@@ -2188,3 +2188,110 @@ fn bench_agent_traffic() {
         verdict(up_g <= 64 * 1024)
     );
 }
+
+/// Issue 22, point 1: deny wins over every name a resolution goes through.
+/// Red may reach `**.example` but not `denied.example` nor `**.bad.example`.
+/// Names whose answers lead there through aliases (one CNAME, two, a CNAME
+/// spelled in upper case with a trailing dot, a chain that passes a denied
+/// name and ends on an allowed one, a DNAME, a chain of 20) are refused by
+/// ppp's resolver with the chain logged, and a flow the guest pins to the
+/// address itself (`--resolve`, the host's own resolution) gets a 403, over
+/// HTTP and TLS; an alias through allowed names only is answered, and an A
+/// record for a denied name in the additional section never reaches the
+/// guest. On main the aliases were answered with the denied host's address
+/// and the pinned request got 200 from it.
+#[test]
+fn deny_wins_through_cname_and_dname_chains() {
+    netns::require_env();
+    let rig = rig();
+    let (d, red, up) = (&rig.daemon, &rig.guests[0], &rig.upstream);
+    d.ok(&["policy", "allow", "network", "--sandbox", "red", "**.example"]);
+    d.ok(&["policy", "deny", "network", "--sandbox", "red", "denied.example,**.bad.example"]);
+    let ip = UPSTREAM_IP.to_string();
+    for n in ["denied.example", "final.example", "www.bad.example", "y.bad.example", "l20.example"] {
+        up.set_zone(n, ip.clone().into());
+    }
+    let cname = |t: &str| serde_json::json!({ "cname": t });
+    up.set_zone("alias.example", cname("denied.example"));
+    up.set_zone("two.example", cname("hop.example"));
+    up.set_zone("hop.example", cname("denied.example"));
+    up.set_zone("caps.example", cname("DENIED.Example."));
+    up.set_zone("via.example", cname("x.bad.example"));
+    up.set_zone("x.bad.example", cname("final.example"));
+    up.set_zone("glob.example", cname("y.bad.example"));
+    up.set_zone("dn.example", serde_json::json!({ "dname": "bad.example" }));
+    for i in 0..20 {
+        up.set_zone(&format!("l{i}.example"), cname(&format!("l{}.example", i + 1)));
+    }
+    up.set_zone("ok.example", cname("final.example"));
+    up.set_zone("extra.example", serde_json::json!({ "cname": "final.example", "additional": ["denied.example", ip] }));
+
+    let refused = [
+        ("alias.example", "denied.example"),
+        ("two.example", "denied.example"),
+        ("caps.example", "denied.example"),
+        ("via.example", "x.bad.example"),
+        ("glob.example", "y.bad.example"),
+        ("www.dn.example", "www.bad.example"),
+        ("l0.example", "more than 16 aliases"),
+    ];
+    for (name, why) in refused {
+        let (text, out) = dig(red, name);
+        assert!(text.contains("status: REFUSED"), "{name} must be refused: {}", describe(&out));
+        assert!(!text.contains(&ip), "the denied host's address reached the guest for {name}: {text}");
+        wait_until(&format!("the refusal of {name} in flows.jsonl"), netns::DEADLINE, || {
+            d.flows().iter().any(|f| {
+                f["host"] == name
+                    && f["kind"] == "dns"
+                    && f["decision"] == "deny"
+                    && f["reason"].as_str().is_some_and(|r| r.contains(why))
+                    && (why.starts_with("more") || f["chain"].as_array().is_some_and(|c| c.iter().any(|n| n == why)))
+            })
+        });
+    }
+    let (text, out) = dig(red, "ok.example");
+    assert!(text.contains("status: NOERROR") && text.contains(&ip), "{}", describe(&out));
+    let (text, out) = dig(red, "extra.example");
+    assert!(text.contains("status: NOERROR") && text.contains("final.example"), "{}", describe(&out));
+    assert!(!text.contains("ADDITIONAL SECTION") || !text.contains("denied.example.\t"), "{text}");
+
+    // The guest pins the address itself: the daemon's own resolution of
+    // the name finds the chain.
+    let ca = rig.topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem");
+    for name in ["alias.example", "two.example", "via.example", "www.dn.example"] {
+        let (body, code) = curl(red, &["--resolve", &resolve(name, 80), &format!("http://{name}/through-alias")]);
+        assert_eq!(code, "403", "{name}: {body}");
+        assert!(body.contains("alias of"), "{name}: {body}");
+        let (_, code) = curl(
+            red,
+            &[
+                "--cacert",
+                ca.to_str().unwrap(),
+                "--resolve",
+                &resolve(name, 443),
+                &format!("https://{name}/through-alias"),
+            ],
+        );
+        assert_ne!(code, "200", "{name} over TLS");
+    }
+    assert!(
+        !up.requests().iter().any(|r| r["path"] == "/through-alias"),
+        "a request through an alias of a denied host reached it"
+    );
+    let logged = d.flows();
+    assert!(
+        logged.iter().any(|f| f["host"] == "two.example"
+            && f["kind"] == "http"
+            && f["chain"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|n| n == "hop.example") && c.iter().any(|n| n == "denied.example"))),
+        "the chain is logged with the flow: {logged:?}"
+    );
+    let (body, code) = curl(red, &["--resolve", &resolve("ok.example", 80), "http://ok.example/fine"]);
+    assert_eq!(code, "200", "an alias through allowed names works: {body}");
+    // Internal addresses reached through an alias are still refused.
+    up.set_zone("inner.example", cname("meta.example"));
+    up.set_name("meta.example", Ipv4Addr::new(169, 254, 169, 254));
+    let (text, out) = dig(red, "inner.example");
+    assert!(text.contains("status: REFUSED") && !text.contains("169.254.169.254"), "{}", describe(&out));
+}

@@ -239,7 +239,16 @@ pub struct Flow<'a> {
     pub resolved: Option<bool>,
     /// `ip` is one of the host's own addresses: internal whatever its range.
     pub local: bool,
+    /// The other names the resolution of `host` went through (CNAME and
+    /// DNAME owners and targets, in any order): a deny rule for any of them
+    /// refuses the flow ([`Refusal::Alias`]), as one for `host` would.
+    pub chain: &'a [String],
 }
+
+/// Names a resolution may go through before the flow is refused
+/// ([`Refusal::LongChain`]): real CNAME chains are a few hops, and every
+/// name costs a rule match.
+pub const MAX_CHAIN: usize = 16;
 
 /// Why [`Engine::decide_flow`] refused a flow that the rules alone allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -254,6 +263,11 @@ pub enum Refusal {
     /// The name does not resolve to the address the flow goes to, so the
     /// name's rule cannot vouch for it.
     Unresolved(IpAddr),
+    /// A name the resolution went through (`flow.chain[i]`) is denied by a
+    /// rule: an allowed alias must not lead to a denied host.
+    Alias(usize),
+    /// The resolution went through more than [`MAX_CHAIN`] names.
+    LongChain,
 }
 
 impl Engine {
@@ -269,10 +283,23 @@ impl Engine {
     ///   not open internal addresses; [`Refusal::Rebinding`] for a named
     ///   flow, [`Refusal::Internal`] otherwise).
     ///
-    /// A deny by a rule wins over all of these and is returned as it is.
+    /// A deny by a rule wins over all of these and is returned as it is;
+    /// so does a deny rule for any name in `flow.chain` (the aliases the
+    /// name resolved through), returned with [`Refusal::Alias`]. Only rules
+    /// count for the chain, not the default: the names a service's CNAMEs
+    /// go through (its CDN's) are not the user's to list.
     #[must_use]
     pub fn decide_flow(&self, flow: &Flow<'_>) -> (Decision<'_>, Option<Refusal>) {
         let refused = |r| (Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false }, Some(r));
+        if flow.chain.len() > MAX_CHAIN {
+            return refused(Refusal::LongChain);
+        }
+        for (i, name) in flow.chain.iter().enumerate() {
+            let d = self.decide(flow.sandbox, Some(name), None, flow.port);
+            if d.verdict == Verdict::Deny && d.matched_rule.is_some() {
+                return (d, Some(Refusal::Alias(i)));
+            }
+        }
         let host = flow.host.filter(|h| !normalize_host(h).is_empty());
         let dst = flow.ip.map(|a| a.to_canonical());
         if let Some(literal) = host.and_then(host_ip).map(|a| a.to_canonical()) {
@@ -762,6 +789,46 @@ mod tests {
         let (d, r) = e.decide_flow(&flow(Some("meta.test"), "64:ff9b::a9fe:a9fe", 80));
         assert_eq!(d.verdict, Verdict::Deny, "{r:?}");
         assert_eq!(e.decide_flow(&flow(None, "64:ff9b::a00:1", 80)).0.verdict, Verdict::Deny);
+    }
+
+    /// Issue 22: an allowed alias whose resolution goes through a denied
+    /// name is refused, whatever the spelling and wherever in the chain;
+    /// names only the default denies do not refuse it (a CDN's CNAMEs);
+    /// a chain past `MAX_CHAIN` is refused.
+    #[test]
+    fn a_deny_rule_for_any_name_in_the_chain_wins() {
+        let e = Engine::build(
+            Verdict::Deny,
+            vec![allow("**.example"), deny("denied.example"), deny("**.bad.example")],
+            vec![],
+        )
+        .unwrap();
+        let chain = |names: &[&str]| names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let with = with_chain;
+        for c in [
+            chain(&["denied.example"]),
+            chain(&["hop.example", "DENIED.example."]),
+            chain(&["hop.example", "denied.example", "final.example"]),
+            chain(&["x.y.bad.example"]),
+        ] {
+            let (d, r) = e.decide_flow(&with(&c));
+            assert_eq!(d.verdict, Verdict::Deny, "{c:?}");
+            assert!(
+                matches!(r, Some(Refusal::Alias(i)) if c[i].to_lowercase().contains("bad") || c[i].to_lowercase().starts_with("denied")),
+                "{c:?} {r:?}"
+            );
+            assert!(d.matched_rule.is_some());
+        }
+        // Names under no rule (the default denies them) do not refuse it.
+        let c = chain(&["edge.cdn.test", "final.example"]);
+        assert_eq!(e.decide_flow(&with(&c)), (e.decide(None, Some("alias.example"), None, 443), None));
+        let long: Vec<String> = (0..=MAX_CHAIN).map(|i| format!("h{i}.example")).collect();
+        assert_eq!(e.decide_flow(&with(&long)).1, Some(Refusal::LongChain));
+        assert_eq!(e.decide_flow(&with(&long[..MAX_CHAIN])).0.verdict, Verdict::Allow);
+    }
+
+    fn with_chain(c: &[String]) -> Flow<'_> {
+        Flow { chain: c, ..flow(Some("alias.example"), "93.184.216.34", 443) }
     }
 
     fn flow<'a>(host: Option<&'a str>, ip: &str, port: u16) -> Flow<'a> {

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 pub(crate) use engine::normalize_host;
-pub use engine::{Decision, Engine, Flow, Matched, Refusal, is_internal, is_name};
+pub use engine::{Decision, Engine, Flow, MAX_CHAIN, Matched, Refusal, is_internal, is_name};
 pub use file::{
     GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_global_slow, parse_sandbox, save_global,
     save_sandbox,

@@ -4,6 +4,7 @@
 //! state-changing commands use to ask for a reload.
 
 pub mod approvals;
+pub mod dns;
 pub mod protocol;
 pub mod resolve;
 pub mod socket;

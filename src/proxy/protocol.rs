@@ -57,6 +57,11 @@ pub enum Request {
         /// name resolves to `ip`, since the answer is the resolution.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         protocol: Option<Protocol>,
+        /// For a DNS answer: the other names it went through (CNAME and
+        /// DNAME owners and targets). A deny rule for any refuses it. For
+        /// other flows the daemon finds the chain itself.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        chain: Vec<String>,
     },
     /// The current reload generation.
     Generation,
@@ -101,6 +106,10 @@ pub enum Request {
         /// The answer's TTL in seconds; kept at least a few minutes.
         #[serde(default)]
         ttl: u32,
+        /// The other names the answer went through (CNAME and DNAME): a
+        /// later flow is judged with them, under the policy of its time.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        chain: Vec<String>,
     },
 }
 
@@ -188,6 +197,17 @@ pub struct Decision {
     /// Set when an internal address (or one of the host's own) was allowed
     /// only by the default: it needs an address rule.
     pub internal: Option<std::net::IpAddr>,
+    /// Set when a name the resolution went through (a CNAME or DNAME) is
+    /// denied by a rule: that name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// Set when the resolution went through more names than ppp follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_chain: Option<usize>,
+    /// The names the host's own resolution went through, when it was
+    /// asked (logged with the flow).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chain: Vec<String>,
     /// For an allowed flow: its body-size limits and where each came from.
     pub limits: Option<crate::policy::FlowLimits>,
     /// For a `hold` reply: what the wait ended with.
@@ -219,9 +239,11 @@ pub enum HeldOutcome {
 
 impl Decision {
     /// The refusal's address in its wire field.
-    pub fn set_refusal(&mut self, r: Option<crate::policy::Refusal>) {
+    pub fn set_refusal(&mut self, r: Option<crate::policy::Refusal>, chain: &[String]) {
         use crate::policy::Refusal;
         match r {
+            Some(Refusal::Alias(i)) => self.alias = chain.get(i).cloned(),
+            Some(Refusal::LongChain) => self.long_chain = Some(chain.len()),
             Some(Refusal::Rebinding(a)) => self.rebinding = Some(a),
             Some(Refusal::Unresolved(a)) => self.unresolved = Some(a),
             Some(Refusal::Internal(a)) => self.internal = Some(a),
@@ -232,6 +254,9 @@ impl Decision {
 
 /// A reply, without its optional echoed id.
 #[derive(Debug, Clone)]
+// A reply lives for one line's write or read; boxing the decision would
+// cost an allocation per decision to save a few bytes on the stack.
+#[allow(clippy::large_enum_variant)]
 pub enum Response {
     /// `secret` with a service: inject `header: value`.
     Header { header: String, value: Value },
@@ -282,6 +307,9 @@ impl Response {
                 w.rebinding = d.rebinding;
                 w.unresolved = d.unresolved;
                 w.internal = d.internal;
+                w.alias.clone_from(&d.alias);
+                w.long_chain = d.long_chain;
+                w.chain.clone_from(&d.chain);
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
@@ -320,6 +348,9 @@ impl Response {
                 rebinding: w.rebinding,
                 unresolved: w.unresolved,
                 internal: w.internal,
+                alias: w.alias,
+                long_chain: w.long_chain,
+                chain: w.chain,
                 limits: w.limits,
                 approval: w.approval,
             })
@@ -381,6 +412,12 @@ struct Wire {
     unresolved: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     internal: Option<std::net::IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    long_chain: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    chain: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,7 +494,8 @@ mod tests {
                 host: None,
                 ip: Some("1.2.3.4".parse().unwrap()),
                 port: 443,
-                protocol: Some(Protocol::Tls)
+                protocol: Some(Protocol::Tls),
+                chain: vec![],
             }
         );
         let (id, r) = parse_request(br#"{"id":7,"op":"generation"}"#);
@@ -505,6 +543,9 @@ mod tests {
             rebinding: None,
             unresolved: None,
             internal: None,
+            alias: None,
+            long_chain: None,
+            chain: vec![],
             limits: None,
             approval: None,
         });
@@ -526,6 +567,9 @@ mod tests {
             rebinding: None,
             unresolved: None,
             internal: None,
+            alias: None,
+            long_chain: None,
+            chain: vec![],
             limits: None,
             approval: Some(Held { id: Some("0badc0de".into()), outcome: HeldOutcome::Allowed }),
         });

@@ -7,8 +7,12 @@
 //! are, per sandbox:
 //! - the answers ppp's resolver (`10.0.0.53` in the tunnel) gave this
 //!   sandbox for the name, reported by the addon as it passes them on;
-//! - the host's own resolution of the name (`getaddrinfo`), for guests that
-//!   pinned an address the host agrees with (`/etc/hosts`, `curl --resolve`).
+//! - the host's own resolution of the name (`/etc/hosts`, else the host's
+//!   name servers, asked by [`super::dns`]), for guests that pinned an
+//!   address the host agrees with (`curl --resolve`).
+//!
+//! Either way the names the resolution went through (CNAME and DNAME
+//! aliases) come with it: a deny rule for any of them refuses the flow.
 //!
 //! Everything here is bounded: a guest can make the addon report answers for
 //! as many names as it likes, and ask for flows to as many allowed names.
@@ -89,14 +93,21 @@ impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
 }
 
 /// (sandbox, name) -> the addresses ppp's resolver answered, each with the
-/// time it stops counting.
-type Answers = Bounded<(String, String), Vec<(IpAddr, Instant)>>;
+/// time it stops counting, and the aliases the latest answer went through.
+type Answers = Bounded<(String, String), (Vec<(IpAddr, Instant)>, Vec<String>)>;
+
+/// Whether a name resolves to an address, and through which other names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolved {
+    pub hit: bool,
+    pub chain: Vec<String>,
+}
 
 /// The daemon's record of names and their addresses.
 #[derive(Debug)]
 pub struct Resolutions {
     answers: Mutex<Answers>,
-    lookups: Mutex<Bounded<String, (Vec<IpAddr>, Instant)>>,
+    lookups: Mutex<Bounded<String, (super::dns::Answer, Instant)>>,
     in_flight: tokio::sync::Semaphore,
     /// Lookups in flight per sandbox (no entry at zero: at most
     /// [`MAX_LOOKUPS_IN_FLIGHT`] entries).
@@ -128,17 +139,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Resolutions {
     /// Remember that ppp's resolver answered `sandbox` with `addrs` for
     /// `name`, for `ttl` seconds (within [`ANSWER_MIN`], [`ANSWER_MAX`]).
-    pub fn record(&self, sandbox: &str, name: &str, addrs: &[IpAddr], ttl: u32) {
-        self.record_at(sandbox, name, addrs, ttl, Instant::now());
+    pub fn record(&self, sandbox: &str, name: &str, addrs: &[IpAddr], ttl: u32, chain: &[String]) {
+        self.record_at(sandbox, name, addrs, ttl, chain, Instant::now());
     }
 
-    fn record_at(&self, sandbox: &str, name: &str, addrs: &[IpAddr], ttl: u32, now: Instant) {
+    fn record_at(&self, sandbox: &str, name: &str, addrs: &[IpAddr], ttl: u32, chain: &[String], now: Instant) {
         if addrs.is_empty() || name.len() > 253 {
             return;
         }
         let until = now + Duration::from_secs(u64::from(ttl)).clamp(ANSWER_MIN, ANSWER_MAX);
         let mut answers = lock(&self.answers);
-        let kept = answers.entry_or((sandbox.to_owned(), key(name)), Vec::new);
+        let (kept, aliases) = answers.entry_or((sandbox.to_owned(), key(name)), Default::default);
+        // Bounded as the engine bounds it: one past MAX_CHAIN refuses.
+        *aliases = chain.iter().take(crate::policy::MAX_CHAIN + 1).map(|n| key(n)).collect();
         kept.retain(|(a, exp)| *exp > now && !addrs.iter().any(|n| n.to_canonical() == *a));
         kept.extend(addrs.iter().map(|a| (a.to_canonical(), until)));
         if kept.len() > MAX_ADDRS {
@@ -147,55 +160,48 @@ impl Resolutions {
         }
     }
 
-    /// Whether ppp's resolver told `sandbox` that `name` is at `addr`.
-    fn answered(&self, sandbox: &str, name: &str, addr: IpAddr, now: Instant) -> bool {
+    /// Whether ppp's resolver told `sandbox` that `name` is at `addr`, and
+    /// through which aliases.
+    fn answered(&self, sandbox: &str, name: &str, addr: IpAddr, now: Instant) -> Option<Vec<String>> {
         let mut answers = lock(&self.answers);
         answers
             .get_mut(&(sandbox.to_owned(), key(name)))
-            .is_some_and(|kept| kept.iter().any(|(a, exp)| *a == addr && *exp > now))
+            .filter(|(kept, _)| kept.iter().any(|(a, exp)| *a == addr && *exp > now))
+            .map(|(_, chain)| chain.clone())
     }
 
     /// Whether `name` resolves to `addr` for `sandbox`: an answer ppp's
-    /// resolver gave it, or the host's own resolution. A lookup that fails,
-    /// times out or cannot start (too many in flight) counts as "no".
-    pub async fn resolves(&self, sandbox: Option<&str>, name: &str, addr: IpAddr) -> bool {
+    /// resolver gave it, or the host's own resolution; with the aliases
+    /// that resolution went through. A lookup that fails, times out or
+    /// cannot start (too many in flight) counts as "no".
+    pub async fn resolves(&self, sandbox: Option<&str>, name: &str, addr: IpAddr) -> Resolved {
         let addr = addr.to_canonical();
         let now = Instant::now();
-        if sandbox.is_some_and(|s| self.answered(s, name, addr, now)) {
-            return true;
+        if let Some(chain) = sandbox.and_then(|s| self.answered(s, name, addr, now)) {
+            return Resolved { hit: true, chain };
         }
         let name = key(name);
         if name.is_empty() || name.len() > 253 {
-            return false;
+            return Resolved::default();
         }
+        let seen = |a: &super::dns::Answer| Resolved { hit: a.addrs.contains(&addr), chain: a.chain.clone() };
         {
             let mut lookups = lock(&self.lookups);
-            if let Some((addrs, until)) = lookups.get_mut(&name)
+            if let Some((found, until)) = lookups.get_mut(&name)
                 && *until > now
             {
-                return addrs.contains(&addr);
+                return seen(found);
             }
         }
         let Some(_slot) = self.slot(sandbox.unwrap_or("")) else {
             tracing::debug!("resolve: too many host lookups in flight; {name} counts as not resolving");
-            return false;
+            return Resolved::default();
         };
-        let found: Vec<IpAddr> =
-            match tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((name.as_str(), 0))).await {
-                Ok(Ok(it)) => it.map(|sa| sa.ip().to_canonical()).collect(),
-                Ok(Err(e)) => {
-                    tracing::debug!("resolve: the host does not resolve {name}: {e}");
-                    Vec::new()
-                }
-                Err(_) => {
-                    tracing::debug!("resolve: the host lookup of {name} timed out");
-                    Vec::new()
-                }
-            };
-        let ttl = if found.is_empty() { LOOKUP_NEGATIVE_TTL } else { LOOKUP_TTL };
-        let hit = found.contains(&addr);
-        *lock(&self.lookups).entry_or(name, || (Vec::new(), now)) = (found, now + ttl);
-        hit
+        let found = host_lookup(&name).await;
+        let ttl = if found.addrs.is_empty() { LOOKUP_NEGATIVE_TTL } else { LOOKUP_TTL };
+        let out = seen(&found);
+        *lock(&self.lookups).entry_or(name, || (super::dns::Answer::default(), now)) = (found, now + ttl);
+        out
     }
 
     /// A place for one more host lookup by `sandbox`, or None when it, or
@@ -251,6 +257,36 @@ impl Drop for Slot<'_> {
     }
 }
 
+/// The host's own resolution of `name`: `/etc/hosts`, else its name
+/// servers, asked directly so that the aliases come with the addresses
+/// (`getaddrinfo` follows them silently). Without any name server
+/// configured, `getaddrinfo` is all there is: its addresses, no aliases.
+async fn host_lookup(name: &str) -> super::dns::Answer {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let hosts = super::dns::from_hosts(&read(crate::dirs::HOSTS), name);
+    if !hosts.is_empty() {
+        return super::dns::Answer { addrs: hosts, chain: Vec::new() };
+    }
+    let servers = super::dns::name_servers(&read(crate::dirs::RESOLV_CONF));
+    if !servers.is_empty() {
+        return super::dns::lookup(&servers, name, LOOKUP_TIMEOUT).await.unwrap_or_else(|| {
+            tracing::debug!("resolve: no name server answered for {name}");
+            super::dns::Answer::default()
+        });
+    }
+    match tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((name, 0))).await {
+        Ok(Ok(it)) => super::dns::Answer { addrs: it.map(|sa| sa.ip().to_canonical()).collect(), chain: Vec::new() },
+        Ok(Err(e)) => {
+            tracing::debug!("resolve: the host does not resolve {name}: {e}");
+            super::dns::Answer::default()
+        }
+        Err(_) => {
+            tracing::debug!("resolve: the host lookup of {name} timed out");
+            super::dns::Answer::default()
+        }
+    }
+}
+
 /// Every address on this host's interfaces.
 fn own_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
@@ -278,19 +314,20 @@ mod tests {
     fn answers_count_per_sandbox_and_expire() {
         let r = Resolutions::default();
         let t0 = Instant::now();
-        r.record_at("red", "API.test.", &[ip("93.184.216.34"), ip("::ffff:1.2.3.4")], 30, t0);
-        assert!(r.answered("red", "api.test", ip("93.184.216.34"), t0));
-        assert!(r.answered("red", "api.test", ip("1.2.3.4"), t0));
+        r.record_at("red", "API.test.", &[ip("93.184.216.34"), ip("::ffff:1.2.3.4")], 30, &[], t0);
+        assert!(r.answered("red", "api.test", ip("93.184.216.34"), t0).is_some());
+        assert!(r.answered("red", "api.test", ip("1.2.3.4"), t0).is_some());
         // Another sandbox got no such answer.
-        assert!(!r.answered("blue", "api.test", ip("93.184.216.34"), t0));
+        assert!(r.answered("blue", "api.test", ip("93.184.216.34"), t0).is_none());
         // Kept at least ANSWER_MIN, whatever the TTL said.
-        assert!(r.answered(
-            "red",
-            "api.test",
-            ip("93.184.216.34"),
-            t0 + ANSWER_MIN.saturating_sub(Duration::from_secs(1))
-        ));
-        assert!(!r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN + Duration::from_secs(1)));
+        assert!(
+            r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN.saturating_sub(Duration::from_secs(1)))
+                .is_some()
+        );
+        assert!(r.answered("red", "api.test", ip("93.184.216.34"), t0 + ANSWER_MIN + Duration::from_secs(1)).is_none());
+        // The aliases come with the answer, in the key's spelling.
+        r.record_at("red", "alias.test", &[ip("93.184.216.34")], 30, &["Denied.Test.".to_owned()], t0);
+        assert_eq!(r.answered("red", "alias.test", ip("93.184.216.34"), t0), Some(vec!["denied.test".to_owned()]));
     }
 
     #[test]
@@ -298,17 +335,17 @@ mod tests {
         let r = Resolutions::default();
         let t0 = Instant::now();
         for i in 0..(MAX_ANSWERS * 3) {
-            r.record_at("red", &format!("n{i}.test"), &[ip("93.184.216.34")], 60, t0);
+            r.record_at("red", &format!("n{i}.test"), &[ip("93.184.216.34")], 60, &[], t0);
         }
         assert!(r.answers_len() <= MAX_ANSWERS, "{}", r.answers_len());
         // The newest names are still there.
-        assert!(r.answered("red", &format!("n{}.test", MAX_ANSWERS * 3 - 1), ip("93.184.216.34"), t0));
+        assert!(r.answered("red", &format!("n{}.test", MAX_ANSWERS * 3 - 1), ip("93.184.216.34"), t0).is_some());
         // And addresses per name are bounded too.
         for i in 0..100u8 {
-            r.record_at("red", "rr.test", &[IpAddr::from([93, 184, 0, i])], 60, t0);
+            r.record_at("red", "rr.test", &[IpAddr::from([93, 184, 0, i])], 60, &[], t0);
         }
-        assert!(r.answered("red", "rr.test", ip("93.184.0.99"), t0));
-        assert!(!r.answered("red", "rr.test", ip("93.184.0.0"), t0));
+        assert!(r.answered("red", "rr.test", ip("93.184.0.99"), t0).is_some());
+        assert!(r.answered("red", "rr.test", ip("93.184.0.0"), t0).is_none());
     }
 
     #[tokio::test]
@@ -318,9 +355,9 @@ mod tests {
         // answer): its next one counts as not resolving, without a lookup.
         let red: Vec<_> = (0..MAX_LOOKUPS_PER_SANDBOX).map(|_| r.slot("red").unwrap()).collect();
         assert!(r.slot("red").is_none());
-        assert!(!r.resolves(Some("red"), "localhost", ip("127.0.0.1")).await);
+        assert!(!r.resolves(Some("red"), "localhost", ip("127.0.0.1")).await.hit);
         // Blue's lookups go on.
-        assert!(r.resolves(Some("blue"), "localhost", ip("127.0.0.1")).await);
+        assert!(r.resolves(Some("blue"), "localhost", ip("127.0.0.1")).await.hit);
         drop(red);
         assert!(r.slot("red").is_some());
         // Every slot given back leaves no entry behind.
@@ -334,8 +371,8 @@ mod tests {
     #[tokio::test]
     async fn the_hosts_own_resolution_counts() {
         let r = Resolutions::default();
-        assert!(r.resolves(Some("red"), "localhost", ip("127.0.0.1")).await);
-        assert!(!r.resolves(Some("red"), "localhost", ip("93.184.216.34")).await);
+        assert!(r.resolves(Some("red"), "localhost", ip("127.0.0.1")).await.hit);
+        assert!(!r.resolves(Some("red"), "localhost", ip("93.184.216.34")).await.hit);
         assert!(r.is_own(ip("127.0.0.1")));
     }
 }

@@ -425,11 +425,11 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
                 Err(e) => Response::error(Reason::Internal, format!("modes task failed: {e}")),
             }
         }
-        Request::Decide { sandbox, host, ip, port, protocol } => {
-            decide(state, sandbox.as_deref(), host.as_deref(), ip, port, protocol).await
+        Request::Decide { sandbox, host, ip, port, protocol, chain } => {
+            decide_chain(state, sandbox.as_deref(), host.as_deref(), ip, port, protocol, chain).await
         }
-        Request::Resolved { sandbox, name, addrs, ttl } => {
-            state.resolutions.record(&sandbox, &name, &addrs, ttl);
+        Request::Resolved { sandbox, name, addrs, ttl, chain } => {
+            state.resolutions.record(&sandbox, &name, &addrs, ttl, &chain);
             Response::Ack
         }
         Request::Reload => {
@@ -533,16 +533,34 @@ async fn decide(
     port: u16,
     protocol: Option<protocol::Protocol>,
 ) -> Response {
+    decide_chain(state, sandbox, host, ip, port, protocol, Vec::new()).await
+}
+
+/// [`decide`] with the aliases a DNS answer went through (`chain`, from the
+/// addon); for any other flow with a name and an address, the aliases of
+/// the name's resolution are found here, with it.
+async fn decide_chain(
+    state: &State,
+    sandbox: Option<&str>,
+    host: Option<&str>,
+    ip: Option<std::net::IpAddr>,
+    port: u16,
+    protocol: Option<protocol::Protocol>,
+    mut chain: Vec<String>,
+) -> Response {
     let snap = state.current();
-    let mut flow = Flow { sandbox, host, ip, port, resolved: None, local: false };
+    let mut flow = Flow { sandbox, host, ip, port, resolved: None, local: false, chain: &[] };
     if let Some(addr) = ip {
         flow.local = state.resolutions.is_own(addr);
         if let Some(name) = host.filter(|h| policy::is_name(h) && protocol != Some(protocol::Protocol::Dns))
             && snap.engine.decide(sandbox, host, ip, port).verdict != Verdict::Deny
         {
-            flow.resolved = Some(state.resolutions.resolves(sandbox, name, addr).await);
+            let r = state.resolutions.resolves(sandbox, name, addr).await;
+            flow.resolved = Some(r.hit);
+            chain.extend(r.chain);
         }
     }
+    flow.chain = &chain;
     let (mut d, refusal) = snap.engine.decide_flow(&flow);
     if d.verdict == Verdict::Ask {
         match protocol {
@@ -564,8 +582,12 @@ async fn decide(
         internal: None,
         limits: (d.verdict == Verdict::Allow).then(|| snap.engine.limits(sandbox, &d)),
         approval: None,
+        alias: None,
+        long_chain: None,
+        chain: Vec::new(),
     };
-    out.set_refusal(refusal);
+    out.set_refusal(refusal, &chain);
+    out.chain = chain;
     Response::Decision(out)
 }
 

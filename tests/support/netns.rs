@@ -862,6 +862,18 @@ impl Upstream {
         std::fs::rename(tmp, &self.zone).unwrap();
     }
 
+    /// Make the test DNS server answer `name` with any zone value: an
+    /// address, `"drop"`, `{"cname": target}`, `{"dname": target}`, with an
+    /// optional `"additional": [name, address]` (see `upstream.py`).
+    pub fn set_zone(&self, name: &str, value: serde_json::Value) {
+        let mut zone: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&self.zone).unwrap()).unwrap();
+        zone.insert(name.to_ascii_lowercase(), value);
+        let tmp = self.zone.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::Value::Object(zone).to_string()).unwrap();
+        std::fs::rename(tmp, &self.zone).unwrap();
+    }
+
     /// Every DNS query received so far, as parsed JSON.
     pub fn dns_queries(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.dns_log)

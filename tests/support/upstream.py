@@ -213,13 +213,57 @@ def dns_answer(query):
     if ip == "drop":
         return None
     answers, ancount, rcode = b"", 0, 0
-    if ip is None:
+    extra, arcount_out = b"", 0
+    # A zone value is an address, "drop", or an alias: {"cname": target},
+    # {"dname": target} (every name under this one maps under target), with
+    # an optional "additional": [name, address] put in the additional
+    # section. Aliases are followed as a recursive resolver would,
+    # each hop in the answer section; at most 64 hops.
+    with open(zone_path) as f:
+        zone = json.load(f)
+    cur, hops = name, 0
+    while isinstance(ip, dict) or ip is None:
+        if ip is None:
+            # A DNAME at a parent of `cur`?
+            owner = next(
+                (p for p in (".".join(cur.split(".")[k:]) for k in range(1, cur.count(".") + 1))
+                 if isinstance(zone.get(p), dict) and "dname" in zone[p]),
+                None,
+            )
+            if owner is None or hops >= 64:
+                break
+            target = cur[: -len(owner)] + zone[owner]["dname"]
+            cur = cur.lower()
+            answers += dns_name(owner) + struct.pack(">HHIH", 39, 1, 5, len(dns_name(zone[owner]["dname"])))
+            answers += dns_name(zone[owner]["dname"])
+            answers += dns_name(cur) + struct.pack(">HHIH", 5, 1, 5, len(dns_name(target))) + dns_name(target)
+            ancount += 2
+        elif "cname" in ip:
+            if hops >= 64:
+                break
+            target = ip["cname"]
+            answers += dns_name(cur) + struct.pack(">HHIH", 5, 1, 5, len(dns_name(target))) + dns_name(target)
+            ancount += 1
+            if "additional" in ip:
+                owner, addr = ip["additional"]
+                extra += dns_name(owner) + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(addr)
+                arcount_out += 1
+        else:
+            break
+        cur, hops = target, hops + 1
+        ip = zone.get(cur.lower().rstrip("."))
+    if isinstance(ip, str) and ip != "drop" and qtype == 1:
+        answers += dns_name(cur) + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
+        ancount += 1
+    elif ancount == 0:
         rcode = 3  # NXDOMAIN
-    elif qtype == 1:
-        answers = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
-        ancount = 1
-    header = struct.pack(">HHHHHH", tid, 0x8400 | (flags & 0x0100) | rcode, 1, ancount, 0, 0)
-    return header + question + answers
+    header = struct.pack(">HHHHHH", tid, 0x8400 | (flags & 0x0100) | rcode, 1, ancount, 0, arcount_out)
+    return header + question + answers + extra
+
+
+def dns_name(name):
+    """`name` in DNS wire format, uncompressed."""
+    return b"".join(bytes([len(p)]) + p.encode("ascii") for p in name.split(".") if p) + b"\0"
 
 
 def serve_dns(sock):
