@@ -172,6 +172,10 @@ pub struct Sandbox {
     /// be read.
     pub tunnel: String,
     pub last_seen: Option<String>,
+    /// What the workspace guard reported: files the agent created or
+    /// changed that can run code on the host (ADR 0036), newest last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_changes: Option<String>,
 }
 
 /// The daemon, as `ppp daemon status --json` shows it (its per-sandbox
@@ -301,7 +305,10 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
     let status = section(&mut errors, "daemon", || crate::cmd::daemon::status_report(dirs));
     let registry = section(&mut errors, "port_registry", || PortRegistry::load(dirs)).unwrap_or_default();
     let records = section(&mut errors, "sandboxes", || sandbox::load_all(dirs)).unwrap_or_default();
-    let sandboxes = merge(records, &machines, &registry, status.as_ref());
+    let mut sandboxes = merge(records, &machines, &registry, status.as_ref());
+    for s in &mut sandboxes {
+        s.workspace_changes = sandbox::guard::reports(dirs, &s.name);
+    }
     let policy = section(&mut errors, "policy", || policy_summary(dirs));
     let proxy_log = section(&mut errors, "proxy_log", || log_tail(&dirs.proxy_log(), LOG_LINES)).unwrap_or(LogTail {
         path: dirs.proxy_log().display().to_string(),
@@ -676,6 +683,7 @@ fn merge(
                 workspace: r.workspace,
                 machine_name: r.machine_name,
                 port: r.port,
+                workspace_changes: None,
             }
         })
         .collect()
@@ -950,6 +958,12 @@ pub fn render_table(r: &Report) -> String {
             &["NAME", "AGENT", "RECORDED", "MACHINE", "PORT", "TUNNEL"],
             &rows,
         )));
+        for s in &r.sandboxes {
+            if let Some(changes) = &s.workspace_changes {
+                let _ = writeln!(out, "\nworkspace changes reported for `{}`", s.name);
+                out.push_str(&indent(changes));
+            }
+        }
     }
     let _ = writeln!(out, "\ndaemon");
     let _ = writeln!(out, "  {}", daemon_text(r.daemon.as_ref()));

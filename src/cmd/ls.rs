@@ -21,6 +21,9 @@ pub struct Row {
     pub state: String,
     /// What podman said about the machine, if it was asked.
     pub machine: Option<Machine>,
+    /// The workspace guard (ADR 0036): `on`, `strict`, `off` or `clone`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protection: Option<crate::sandbox::guard::Protection>,
 }
 
 /// Run `ppp ls`.
@@ -37,7 +40,11 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let machines = if records.is_empty() { None } else { machines() };
-    let rows = merge(records, machines.as_deref());
+    let mut rows = merge(records, machines.as_deref());
+    let config = crate::config::load(dirs)?;
+    for r in &mut rows {
+        r.protection = Some(crate::sandbox::guard::Settings::for_sandbox(&config, &r.record.name).protection(&r.record));
+    }
     if args.json {
         crate::output::json(&rows)?;
     } else {
@@ -81,7 +88,7 @@ pub fn merge(records: Vec<Record>, machines: Option<&[Machine]>) -> Vec<Row> {
                 (Some(_), None) if record.status == sandbox::Status::Creating => "creating".to_owned(),
                 (Some(_), None) => "missing".to_owned(),
             };
-            Row { record, state, machine }
+            Row { record, state, machine, protection: None }
         })
         .collect()
 }

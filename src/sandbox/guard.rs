@@ -131,7 +131,6 @@ const WATCHED: &[(&str, Depth)] = &[
     (".gitattributes", Depth::Shallow),
     (".gitmodules", Depth::Shallow),
     (".envrc", Depth::Shallow),
-    (".env", Depth::Shallow),
     (".vscode", Depth::All),
     (".idea", Depth::All),
     (".devcontainer", Depth::All),
@@ -953,7 +952,7 @@ pub fn before_agent(
     rec: &super::Record,
     settings: &Settings,
 ) -> anyhow::Result<(Vec<String>, Option<Outcome>)> {
-    if settings.protection(rec) == Protection::Off || rec.clone.is_some() {
+    if matches!(settings.protection(rec), Protection::Off | Protection::Clone) {
         return Ok((Vec::new(), None));
     }
     let earlier = check(dirs, rec, settings)?;
@@ -968,6 +967,9 @@ pub fn before_agent(
 /// now as the next check's starting point. `None` when there was no
 /// snapshot to compare with.
 pub fn check(dirs: &crate::dirs::Dirs, rec: &super::Record, settings: &Settings) -> anyhow::Result<Option<Outcome>> {
+    if matches!(settings.protection(rec), Protection::Off | Protection::Clone) {
+        return Ok(None);
+    }
     let path = dirs.sandbox_guard(&rec.name);
     let Some(text) = crate::state::read_optional(&path)? else { return Ok(None) };
     let before: Snapshot = crate::state::parse_json(&path, &text)?;
