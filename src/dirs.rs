@@ -299,6 +299,13 @@ pub fn is_within(p: &Path, root: &Path) -> bool {
     p.starts_with(root)
 }
 
+/// The user's home directory (`HOME`), for the `~/` git expands in its
+/// configuration's paths.
+#[must_use]
+pub fn user_home() -> Option<PathBuf> {
+    std::env::var_os("HOME").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,11 +394,4 @@ mod tests {
             "error: cannot locate ppp's config directory\nhint: set `PPP_CONFIG`, `XDG_CONFIG_HOME` or `HOME`\n"
         );
     }
-}
-
-/// The user's home directory (`HOME`), for the `~/` git expands in its
-/// configuration's paths.
-#[must_use]
-pub fn user_home() -> Option<PathBuf> {
-    std::env::var_os("HOME").filter(|v| !v.is_empty()).map(PathBuf::from)
 }

@@ -43,7 +43,8 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
     let mut rows = merge(records, machines.as_deref());
     let config = crate::config::load(dirs)?;
     for r in &mut rows {
-        r.protection = Some(crate::sandbox::guard::Settings::for_sandbox(&config, &r.record.name).protection(&r.record));
+        r.protection =
+            Some(crate::sandbox::guard::Settings::for_sandbox(&config, &r.record.name).protection(&r.record));
     }
     if args.json {
         crate::output::json(&rows)?;

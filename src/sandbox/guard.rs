@@ -223,7 +223,7 @@ pub fn parse_git_config(out: &[u8], dir: &Path, home: Option<&Path>) -> GitConfi
         let key = key.to_ascii_lowercase();
         if key == "core.hookspath" {
             cfg.hooks_path = Some(expand(value, dir));
-        } else if key == "include.path" || (key.starts_with("includeif.") && key.ends_with(".path")) {
+        } else if key == "include.path" || (key.starts_with("includeif.") && key.rsplit('.').next() == Some("path")) {
             cfg.includes.push(expand(value, file.parent().unwrap_or(dir)));
         }
     }
@@ -528,23 +528,18 @@ impl Walker {
     fn watch(&mut self, root: &OwnedFd, rel: &str, depth: Depth) {
         let Some(parts) = names(rel) else { return };
         let Some((last, parents)) = parts.split_last() else { return };
-        let mut fd = match root.try_clone() {
-            Ok(fd) => fd,
-            Err(_) => return,
-        };
+        let Ok(mut fd) = root.try_clone() else { return };
         for (k, part) in parents.iter().enumerate() {
-            match open_dir_at(&fd, part) {
-                Ok(next) => fd = next,
-                Err(_) => {
-                    // Absent, or not a directory: if it is something (a link
-                    // where a directory was), record what it is.
-                    let prefix: PathBuf = parents[..=k].iter().collect();
-                    if let Ok(st) = lstat_at(&fd, part) {
-                        self.record(&fd, part, &prefix.display().to_string(), &st);
-                    }
-                    return;
+            let Ok(next) = open_dir_at(&fd, part) else {
+                // Absent, or not a directory: if it is something (a link
+                // where a directory was), record what it is.
+                let prefix: PathBuf = parents[..=k].iter().collect();
+                if let Ok(st) = lstat_at(&fd, part) {
+                    self.record(&fd, part, &prefix.display().to_string(), &st);
                 }
-            }
+                return;
+            };
+            fd = next;
         }
         let Ok(st) = lstat_at(&fd, last) else { return };
         self.entry(&fd, last, rel, &st, depth, 0);
@@ -612,7 +607,9 @@ impl Walker {
         }
         let kind = kind_of(st);
         let size = u64::try_from(st.st_size).unwrap_or(0);
-        let mut e = Entry { kind, mode: u32::from(st.st_mode) & 0o7777, size, digest: None, text: None, target: None };
+        #[allow(clippy::useless_conversion)] // mode_t is u16 on some systems
+        let mode = u32::from(st.st_mode) & 0o7777;
+        let mut e = Entry { kind, mode, size, digest: None, text: None, target: None };
         match kind {
             Kind::Symlink => {
                 e.target = readlinkat(dir, name).ok().map(|t| t.to_string_lossy().into_owned());
@@ -709,7 +706,7 @@ pub fn compare(before: &Snapshot, after: &Snapshot) -> Vec<Change> {
             let how = match (b, a) {
                 (None, Some(a)) if a.kind != Kind::Dir => How::Created,
                 (Some(b), None) if b.kind != Kind::Dir => How::Removed,
-                (Some(b), Some(a)) if !b.same(a) && !(b.kind == Kind::Dir && a.kind == Kind::Dir) => How::Changed,
+                (Some(b), Some(a)) if !(b.same(a) || (b.kind == Kind::Dir && a.kind == Kind::Dir)) => How::Changed,
                 _ => continue,
             };
             // Removed paths are not reported when the snapshot after was cut
@@ -738,6 +735,7 @@ const MAX_DIFF_LINES: usize = 60;
 /// A line diff of two texts (longest common subsequence; texts are at
 /// most [`MAX_KEPT_FILE`] each, and longer line lists fall back to all
 /// removed, all added).
+#[allow(clippy::many_single_char_names)] // the textbook LCS names
 fn diff(a: &str, b: &str) -> Vec<String> {
     let (x, y): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
     let mut out = Vec::new();

@@ -43,6 +43,7 @@ fn kit_mounts(rec: &Record, taken: &[String]) -> Vec<String> {
 }
 
 /// The container that runs the agent, as an ssh invocation into the VM.
+#[allow(clippy::too_many_arguments)] // each is one part of the run line
 pub fn agent_invocation(
     podman: &Podman,
     rec: &Record,
@@ -132,6 +133,7 @@ pub fn run_agent(
 /// checks the workspace; the report goes to stderr, even with `-q`.
 /// Returns the agent's last exit code, and whether `settings.strict`
 /// moved something aside.
+#[allow(clippy::too_many_arguments)] // run_agent's, plus the guard's settings
 pub fn run_guarded(
     dirs: &Dirs,
     podman: &Podman,
@@ -148,8 +150,7 @@ pub fn run_guarded(
     let mut rec = rec;
     loop {
         let env = custom_env(dirs, &rec.name);
-        let code =
-            exec::run_attached(&agent_invocation(podman, &rec, agent, &image, &env, agent_args, tty, &mounts))?;
+        let code = exec::run_attached(&agent_invocation(podman, &rec, agent, &image, &env, agent_args, tty, &mounts))?;
         match super::load(dirs, &rec.name)? {
             Some(now) if now.agent_generation != rec.agent_generation => {
                 if !quiet {
