@@ -294,6 +294,17 @@ pub struct RunArgs {
     #[command(flatten)]
     pub spec: SandboxSpec,
 
+    /// Move aside (`<name>.ppp-quarantine`) what the agent created or changed
+    /// in the workspace that can run code on this host (git hooks and
+    /// config, `.gitattributes`, `.envrc`, `.vscode/`, `.idea/`, …), and exit
+    /// non-zero, instead of only reporting it [config: `workspace.strict`].
+    /// The guard is on for every sandbox unless config.yaml's
+    /// `workspace.unprotected` names it; then the agent can plant git hooks,
+    /// git configuration and editor tasks that run on this host the next
+    /// time you work in the workspace.
+    #[arg(long)]
+    pub strict: bool,
+
     /// Arguments passed to the agent, after `--`
     #[arg(last = true, value_name = "AGENT_ARGS")]
     pub agent_args: Vec<String>,
@@ -325,6 +336,17 @@ pub struct StopArgs {
     /// Sandboxes to stop
     #[arg(value_name = "SANDBOX", required = true)]
     pub sandboxes: Vec<String>,
+
+    /// Move aside (`<name>.ppp-quarantine`) what the agent created or changed
+    /// in the workspace that can run code on this host (git hooks and
+    /// config, `.gitattributes`, `.envrc`, `.vscode/`, `.idea/`, …), and exit
+    /// non-zero, instead of only reporting it [config: `workspace.strict`].
+    /// The guard is on for every sandbox unless config.yaml's
+    /// `workspace.unprotected` names it; then the agent can plant git hooks,
+    /// git configuration and editor tasks that run on this host the next
+    /// time you work in the workspace.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// `ppp rm`.
@@ -341,6 +363,17 @@ pub struct RmArgs {
     /// Do not ask for confirmation, and remove even an unresponsive machine
     #[arg(short, long)]
     pub force: bool,
+
+    /// Move aside (`<name>.ppp-quarantine`) what the agent created or changed
+    /// in the workspace that can run code on this host (git hooks and
+    /// config, `.gitattributes`, `.envrc`, `.vscode/`, `.idea/`, …), and exit
+    /// non-zero, instead of only reporting it [config: `workspace.strict`].
+    /// The guard is on for every sandbox unless config.yaml's
+    /// `workspace.unprotected` names it; then the agent can plant git hooks,
+    /// git configuration and editor tasks that run on this host the next
+    /// time you work in the workspace.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// `ppp exec`.

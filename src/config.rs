@@ -19,6 +19,8 @@ pub struct Config {
     pub log: Levels,
     #[serde(default, skip_serializing_if = "Wireguard::is_default")]
     pub wireguard: Wireguard,
+    #[serde(default, skip_serializing_if = "WorkspaceGuard::is_default")]
+    pub workspace: WorkspaceGuard,
     #[serde(default, skip_serializing_if = "Sandboxes::is_default")]
     pub sandboxes: Sandboxes,
 }
@@ -36,6 +38,64 @@ pub struct Sandboxes {
 impl Sandboxes {
     fn is_default(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+/// `workspace:`: the guard over the files in a workspace that make code
+/// run on the host (ADR 0036). Read when a sandbox's agent starts, and
+/// by `ppp stop`, `rm`, `ls` and `diagnose`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceGuard {
+    /// Move what the agent created or changed aside instead of only
+    /// reporting it, and exit non-zero, as `--strict` does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
+    /// More paths, relative to each workspace, to mount read-only when
+    /// they exist and to report (or, strict, move aside) when changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protect: Vec<RelPath>,
+    /// Sandboxes with no guard: the agent can then plant git hooks, git
+    /// configuration and editor tasks that run on this host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unprotected: Vec<String>,
+}
+
+impl WorkspaceGuard {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// A path inside a workspace: relative, plain names only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RelPath(String);
+
+impl RelPath {
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for RelPath {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let trimmed = s.trim_end_matches('/');
+        let plain = !trimmed.is_empty()
+            && std::path::Path::new(trimmed).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if plain {
+            Ok(RelPath(trimmed.to_owned()))
+        } else {
+            Err(format!("`{s}` is not a path inside the workspace (relative, no `..`), such as `.husky` or `Makefile`"))
+        }
+    }
+}
+
+impl From<RelPath> for String {
+    fn from(p: RelPath) -> String {
+        p.0
     }
 }
 
@@ -195,5 +255,26 @@ mod tests {
         // Saving the defaults does not write the section.
         save(&dirs, &Config::default()).unwrap();
         assert!(!std::fs::read_to_string(dirs.config_file()).unwrap().contains("wireguard"));
+    }
+
+    #[test]
+    fn workspace_guard_paths_are_inside_the_workspace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = Dirs { config: tmp.path().join("c"), data: tmp.path().join("d"), cache: tmp.path().join("k") };
+        std::fs::create_dir_all(&dirs.config).unwrap();
+        std::fs::write(
+            dirs.config_file(),
+            "workspace:\n  strict: true\n  protect: [.husky/, Makefile]\n  unprotected: [scratch]\n",
+        )
+        .unwrap();
+        let w = load(&dirs).unwrap().workspace;
+        assert!(w.strict);
+        assert_eq!(w.protect.iter().map(RelPath::as_str).collect::<Vec<_>>(), [".husky", "Makefile"]);
+        assert_eq!(w.unprotected, ["scratch"]);
+        for bad in ["/etc/passwd", "../up", "a/../../b", "''"] {
+            std::fs::write(dirs.config_file(), format!("workspace:\n  protect:\n    - {bad}\n")).unwrap();
+            let err = format!("{:#}", load(&dirs).unwrap_err());
+            assert!(err.contains("config.yaml` line 3") && err.contains("not a path inside"), "{bad}: {err}");
+        }
     }
 }

@@ -185,6 +185,10 @@ pub struct Sandbox {
     /// be read.
     pub tunnel: String,
     pub last_seen: Option<String>,
+    /// What the workspace guard reported: files the agent created or
+    /// changed that can run code on the host (ADR 0036), newest last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_changes: Option<String>,
 }
 
 /// The daemon, as `ppp daemon status --json` shows it (its per-sandbox
@@ -332,7 +336,10 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
             machines.error = Some(machines.error.take().map_or(line.clone(), |prev| format!("{prev}; {line}")));
         }
     }
-    let sandboxes = merge(records, &machines, own.as_ref(), &registry, status.as_ref());
+    let mut sandboxes = merge(records, &machines, own.as_ref(), &registry, status.as_ref());
+    for s in &mut sandboxes {
+        s.workspace_changes = sandbox::guard::reports(dirs, &s.name);
+    }
     let policy = section(&mut errors, "policy", || policy_summary(dirs));
     let proxy_log = section(&mut errors, "proxy_log", || log_tail(&dirs.proxy_log(), LOG_LINES)).unwrap_or(LogTail {
         path: dirs.proxy_log().display().to_string(),
@@ -721,6 +728,7 @@ fn merge(
                 image: r.image,
                 image_origin: r.image_origin.map(|o| o.to_string()),
                 port: r.port,
+                workspace_changes: None,
             }
         })
         .collect()
@@ -995,6 +1003,12 @@ pub fn render_table(r: &Report) -> String {
             &["NAME", "AGENT", "RECORDED", "MACHINE", "PORT", "TUNNEL"],
             &rows,
         )));
+        for s in &r.sandboxes {
+            if let Some(changes) = &s.workspace_changes {
+                let _ = writeln!(out, "\nworkspace changes reported for `{}`", s.name);
+                out.push_str(&indent(changes));
+            }
+        }
     }
     let _ = writeln!(out, "\ndaemon");
     let _ = writeln!(out, "  {}", daemon_text(r.daemon.as_ref()));

@@ -110,6 +110,16 @@ impl Dirs {
     pub fn sandbox_machine_log(&self, name: &str) -> PathBuf {
         self.sandbox(name).join("machine.log")
     }
+    /// `$PPP_DATA/sandboxes/<name>/workspace-guard.json`: the snapshot of
+    /// the workspace's watched paths the next check compares with.
+    pub fn sandbox_guard(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("workspace-guard.json")
+    }
+    /// `$PPP_DATA/sandboxes/<name>/workspace-guard.log`: every report of
+    /// what the agent changed, for `ppp diagnose`.
+    pub fn sandbox_guard_log(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("workspace-guard.log")
+    }
     /// `$PPP_DATA/sandboxes/<name>/disk.lock`: held by `template save`
     /// while it copies the machine's disk, so nothing starts the machine.
     pub fn sandbox_disk_lock(&self, name: &str) -> PathBuf {
@@ -373,6 +383,13 @@ fn absolute(var: &str, p: PathBuf) -> Result<PathBuf> {
 /// True when `p` lies inside `root` (lexically).
 pub fn is_within(p: &Path, root: &Path) -> bool {
     p.starts_with(root)
+}
+
+/// The user's home directory (`HOME`), for the `~/` git expands in its
+/// configuration's paths.
+#[must_use]
+pub fn user_home() -> Option<PathBuf> {
+    std::env::var_os("HOME").filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 #[cfg(test)]

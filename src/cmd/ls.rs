@@ -27,6 +27,9 @@ pub struct Row {
     /// ppp's data directory) or `user` (the user's own, where an earlier
     /// ppp made it).
     pub home: String,
+    /// The workspace guard (ADR 0036): `on`, `strict`, `off` or `clone`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protection: Option<crate::sandbox::guard::Protection>,
 }
 
 /// Run `ppp ls`.
@@ -43,7 +46,12 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let listing = if records.is_empty() { None } else { listing(dirs, &records, &mut |w| eprintln!("warning: {w}")) };
-    let rows = merge(records, listing.as_ref());
+    let mut rows = merge(records, listing.as_ref());
+    let config = crate::config::load(dirs)?;
+    for r in &mut rows {
+        r.protection =
+            Some(crate::sandbox::guard::Settings::for_sandbox(&config, &r.record.name).protection(&r.record));
+    }
     if args.json {
         crate::output::json(&rows)?;
     } else {
@@ -86,7 +94,7 @@ pub fn merge(records: Vec<Record>, listing: Option<&machine::Listing>) -> Vec<Ro
                 Some(Ok(None)) => ("missing".to_owned(), None),
             };
             let home = if record.podman_run.is_some() { "own" } else { "user" }.to_owned();
-            Row { record, state, machine, home }
+            Row { record, state, machine, home, protection: None }
         })
         .collect()
 }

@@ -63,11 +63,15 @@ pub fn run(args: &RmArgs, ctx: &Ctx) -> Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
+    let mut moved = false;
     for name in &names {
+        // Checked before the state (and its snapshot) goes; the machine may
+        // still run, but its agent is the one whose writes are reported.
+        moved |= super::stop::guard_check(dirs, name, args.strict)?;
         lifecycle::remove(dirs, podman.as_ref(), name, args.force, ctx.ui())?;
         crate::output::println(&format!("removed `{name}`"))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if moved { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 /// Names whose directory holds only what a failed create kept (its log):

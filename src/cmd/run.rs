@@ -55,6 +55,10 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
         None => lifecycle::create(dirs, &podman, &req, &super::create::extensions(&kits), ui)?,
     };
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-    let code = session::run_agent(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet)?;
+    let settings = super::stop::guard_settings(dirs, &rec.name, args.strict)?;
+    let (code, moved) = session::run_guarded(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet, &settings)?;
+    // Files moved aside fail the run even when the agent succeeded: a
+    // script must not carry on as if the workspace were as the agent left it.
+    let code = if moved && code == 0 { 1 } else { code };
     Ok(ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)))
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 mod claim;
+pub mod guard;
 pub mod image;
 pub mod lifecycle;
 pub mod machine;

@@ -5,6 +5,7 @@
 
 use anyhow::Result;
 
+use super::guard;
 use super::provision::GUEST_CA_BUNDLE;
 use super::workspace::guest_workspaces;
 use super::{Published, Record};
@@ -42,6 +43,7 @@ fn kit_mounts(rec: &Record, taken: &[String]) -> Vec<String> {
 }
 
 /// The container that runs the agent, as an ssh invocation into the VM.
+#[allow(clippy::too_many_arguments)] // each is one part of the run line
 pub fn agent_invocation(
     podman: &Podman,
     rec: &Record,
@@ -50,6 +52,7 @@ pub fn agent_invocation(
     extra_env: &[(String, String)],
     agent_args: &[String],
     tty: bool,
+    guard_mounts: &[String],
 ) -> Invocation {
     let mut line: Vec<String> = ["podman", "run", "--rm", "-i"].iter().map(|s| (*s).to_owned()).collect();
     if tty {
@@ -67,6 +70,11 @@ pub fn agent_invocation(
     line.extend(["--security-opt".into(), "no-new-privileges".into()]);
     for g in guest_workspaces(rec) {
         line.extend(["-v".into(), format!("{g}:{g}")]);
+    }
+    // Over the writable workspaces: git's hooks and configuration
+    // read-only, each git directory pinned (ADR 0036).
+    for m in guard_mounts {
+        line.extend(["-v".into(), m.clone()]);
     }
     line.extend(["-v".into(), format!("{GUEST_CA_BUNDLE}:{CONTAINER_CA_BUNDLE}:ro")]);
     let mut taken = guest_workspaces(rec);
@@ -102,10 +110,10 @@ fn publish_flag(p: &Published) -> String {
     format!("{ip}:{}:{}/{proto}", p.host_port, p.sandbox_port)
 }
 
-/// Run the agent attached to this terminal until it ends for good. When a
-/// kit restarts it (`ppp kit add` bumps `agent_generation`, then stops the
-/// container; ADR 0015), it starts again from the new record, with the
-/// same arguments. Returns the agent's last exit code.
+/// Run the agent attached to this terminal until it ends for good, with
+/// the workspace guard of `config.yaml` (ADR 0036): what the agent created
+/// or changed that runs on the host is reported on stderr. Returns the
+/// agent's last exit code.
 pub fn run_agent(
     dirs: &Dirs,
     podman: &Podman,
@@ -114,6 +122,27 @@ pub fn run_agent(
     tty: bool,
     quiet: bool,
 ) -> Result<i32> {
+    let settings = guard::Settings::for_sandbox(&crate::config::load(dirs)?, &rec.name);
+    Ok(run_guarded(dirs, podman, rec, agent_args, tty, quiet, &settings)?.0)
+}
+
+/// Run the agent attached to this terminal until it ends for good. When a
+/// kit restarts it (`ppp kit add` bumps `agent_generation`, then stops the
+/// container; ADR 0015), it starts again from the new record, with the
+/// same arguments. Before it starts and after it ends, the workspace guard
+/// checks the workspace; the report goes to stderr, even with `-q`.
+/// Returns the agent's last exit code, and whether `settings.strict`
+/// moved something aside.
+#[allow(clippy::too_many_arguments)] // run_agent's, plus the guard's settings
+pub fn run_guarded(
+    dirs: &Dirs,
+    podman: &Podman,
+    rec: Record,
+    agent_args: &[String],
+    tty: bool,
+    quiet: bool,
+    settings: &guard::Settings,
+) -> Result<(i32, bool)> {
     let agent = agent::find(&rec.agent)?;
     // What provisioning put in the VM; a record older than issue 24 has
     // none, and gets what ppp would choose now.
@@ -122,10 +151,12 @@ pub fn run_agent(
         None => super::image::choose(agent, |k| std::env::var(k).ok())?.image(),
     };
     let podman = &super::podman_for(podman, dirs, &rec);
+    let (mounts, earlier) = guard::before_agent(dirs, &rec, settings)?;
+    let mut moved = report(earlier);
     let mut rec = rec;
     loop {
         let env = custom_env(dirs, &rec.name);
-        let code = exec::run_attached(&agent_invocation(podman, &rec, agent, &image, &env, agent_args, tty))?;
+        let code = exec::run_attached(&agent_invocation(podman, &rec, agent, &image, &env, agent_args, tty, &mounts))?;
         match super::load(dirs, &rec.name)? {
             Some(now) if now.agent_generation != rec.agent_generation => {
                 if !quiet {
@@ -134,9 +165,19 @@ pub fn run_agent(
                 rec = now;
             }
             // Any other end of the agent is the end of the session.
-            _ => return Ok(code),
+            _ => {
+                moved |= report(guard::check(dirs, &rec, settings)?);
+                return Ok((code, moved));
+            }
         }
     }
+}
+
+/// Print a guard check's report; whether it moved something aside.
+pub fn report(outcome: Option<guard::Outcome>) -> bool {
+    let Some(o) = outcome else { return false };
+    eprint!("{}", o.text);
+    o.moved
 }
 
 /// Placeholders for custom secrets that name a variable (`secret set
