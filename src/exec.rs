@@ -250,6 +250,7 @@ const WATCH_LINE_MAX: usize = 64 << 10;
 /// while it works; once nothing at all came for `watch.quiet`, it is killed
 /// and this returns [`ExecError::Silent`].
 pub fn run_to_log_watched(inv: &Invocation, log: &std::fs::File, watch: Watch) -> Result<i32, ExecError> {
+    use std::os::unix::process::ExitStatusExt;
     use std::sync::{Arc, Mutex};
     tracing::debug!("running `{inv}`");
     let command = inv.to_string();
@@ -277,7 +278,7 @@ pub fn run_to_log_watched(inv: &Invocation, log: &std::fs::File, watch: Watch) -
             Ok(None) => {}
             Err(source) => return Err(ExecError::Spawn { command, source }),
         }
-        let silent = last.lock().map(|t| t.elapsed() > watch.quiet).unwrap_or(false);
+        let silent = last.lock().is_ok_and(|t| t.elapsed() > watch.quiet);
         let timed_out = inv.timeout.is_some_and(|t| start.elapsed() > t);
         if silent || timed_out {
             let _ = child.kill();
@@ -294,7 +295,6 @@ pub fn run_to_log_watched(inv: &Invocation, log: &std::fs::File, watch: Watch) -
     // a grandchild that kept the pipes open is not waited for long.
     let _ = done_rx.recv_timeout(Duration::from_secs(2));
     let _ = done_rx.recv_timeout(Duration::from_secs(2));
-    use std::os::unix::process::ExitStatusExt;
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
@@ -481,5 +481,25 @@ mod tests {
     fn times_out() {
         let err = run(&Invocation::new("/bin/sleep").arg("5").timeout(Duration::from_millis(100))).unwrap_err();
         assert!(matches!(err, ExecError::TimedOut { .. }), "{err}");
+    }
+
+    /// A session that goes quiet (the lost-ssh case: the child neither exits
+    /// nor prints) is given up on after `quiet`, long before its timeout;
+    /// heartbeats keep a busy one alive and stay out of the log.
+    #[test]
+    fn a_silent_child_is_lost_and_heartbeats_keep_one_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let watch = Watch { quiet: Duration::from_secs(1), heartbeat: "alive" };
+        let silent =
+            Invocation::new("/bin/sh").args(["-c", "echo step 4; exec sleep 600"]).timeout(Duration::from_secs(600));
+        let err = run_to_log_watched(&silent, &log, watch).unwrap_err();
+        assert!(matches!(err, ExecError::Silent { .. }), "{err}");
+        // 3 s in all, past the 2-s limit, never silent for more than 0.3 s.
+        let busy = Invocation::new("/bin/sh")
+            .args(["-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo alive; sleep 0.3; done; echo done"]);
+        assert_eq!(run_to_log_watched(&busy, &log, Watch { quiet: Duration::from_secs(2), ..watch }).unwrap(), 0);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "step 4\ndone\n");
     }
 }
