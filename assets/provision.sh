@@ -47,6 +47,12 @@ readonly NET_STATE=$STATE_DIR/uplink
 # ppp mounts it over the image's /etc/ssl/certs/ca-certificates.crt.
 readonly CA_BUNDLE_EXPORT=$STATE_DIR/ca-bundle.pem
 readonly TUNNEL_DNS=10.0.0.53
+# sshd's port in the guest: gvproxy forwards podman's ssh port to it.
+readonly SSH_PORT=22
+# Seconds between the lines `up` prints while it runs (see heartbeat).
+readonly HEARTBEAT_SECONDS=3
+readonly HEARTBEAT_LINE='ppp-provision: alive'
+
 readonly FALLBACK_GATEWAY=192.168.127.1
 readonly CA_HTTP_URL=http://mitm.it/cert/pem
 readonly CA_HTTPS_URL=https://mitm.it/cert/pem
@@ -84,7 +90,12 @@ die() {
   exit 1
 }
 
+HEARTBEAT_PID=''
+
 cleanup() {
+  if [ -n "$HEARTBEAT_PID" ]; then
+    kill "$HEARTBEAT_PID" 2>/dev/null || true
+  fi
   if [ -n "$TMP" ] && [ -d "$TMP" ]; then
     rm -rf -- "$TMP"
   fi
@@ -92,6 +103,23 @@ cleanup() {
 trap cleanup EXIT
 
 have() { command -v "$1" >/dev/null 2>&1; }
+
+# A line every HEARTBEAT_SECONDS on the session's own output, for as long as
+# this script runs: ppp gives up on a session that stays silent (ssh itself
+# may take a quarter of an hour to notice a connection whose packets stopped
+# arriving) and names the step it was at. It stops with the script, even one
+# killed outright.
+start_heartbeat() {
+  local parent=$$
+  (
+    trap - ERR EXIT
+    set +e
+    while sleep "$HEARTBEAT_SECONDS" && kill -0 "$parent" 2>/dev/null; do
+      printf '%s\n' "$HEARTBEAT_LINE" 2>/dev/null || exit 0
+    done
+  ) &
+  HEARTBEAT_PID=$!
+}
 
 # `step N what`: start step N.
 step() {
@@ -240,6 +268,25 @@ wait_handshake() {
 # The nftables table, replaced in one transaction (nft -f is atomic): the
 # leading `table` + `delete table` pair works on every nft (`destroy table`
 # needs nft >= 1.0.8).
+#
+# Besides the tunnel, only the machine's management channel leaves by the
+# uplink: sshd's side of the connections gvproxy opens to port 22 from its
+# gateway address (`podman machine ssh`/`cp`, podman's API forwarding). Two
+# rules, because conntrack meets these connections two ways:
+# - opened after the table is loaded (every boot: the table is in force
+#   before sshd starts), it is tracked from gvproxy's SYN, and sshd's packets
+#   are its reply direction;
+# - open before (the very session that runs this script on the first run, and
+#   perhaps conntrack was not even loaded yet), conntrack picks it up
+#   mid-stream from the first packet it sees, which is sshd's output: sshd is
+#   then its "original" side, and every packet is "new" until one is let
+#   through. Dropping those left the session hanging with its output unsent
+#   (seen on a real VM, docs/provisioning.md). So sshd's non-SYN, non-RST
+#   packets to the gateway pass too: they belong to a connection gvproxy
+#   opened, since a new one needs a SYN from port 22, which stays dropped.
+# Nothing else a guest process can send matches: not another address
+# (gvproxy's host alias, the world through gvproxy's NAT), not another port
+# or protocol, not a connection opened from port 22.
 nft_ruleset() {
   cat <<EOF
 table inet $NFT_TABLE
@@ -252,7 +299,8 @@ table inet $NFT_TABLE {
     oifname "$WG_IF" accept
     oifname "$UPLINK" ip daddr $EP_IP udp dport $EP_PORT accept
     oifname "$UPLINK" ip daddr { $GATEWAY, 255.255.255.255 } udp sport 68 udp dport 67 accept
-    ct direction reply ct state established,related accept
+    oifname "$UPLINK" ip daddr $GATEWAY tcp sport $SSH_PORT ct direction reply accept
+    oifname "$UPLINK" ip daddr $GATEWAY tcp sport $SSH_PORT ct direction original ct state new,established tcp flags & (syn | rst) == 0 accept
   }
   chain forward {
     type filter hook forward priority filter; policy drop;
@@ -343,6 +391,7 @@ cmd_up() {
     esac
   done
   [ -n "$wg_conf" ] || usage_error "up needs --wg-conf"
+  start_heartbeat
   trap 'die "command failed (exit $?): $BASH_COMMAND"' ERR
   [ "$(id -u)" -eq 0 ] || die "must run as root (ppp runs it with sudo)"
   TMP=$(mktemp -d /tmp/ppp-provision.XXXXXX)

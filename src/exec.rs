@@ -128,6 +128,8 @@ pub enum ExecError {
     Failed { command: String, status: String, stderr: String },
     #[error("`{command}` did not finish within {secs} s", secs = timeout.as_secs())]
     TimedOut { command: String, timeout: Duration },
+    #[error("`{command}` printed nothing for {secs} s", secs = quiet.as_secs())]
+    Silent { command: String, quiet: Duration },
 }
 
 fn stderr_suffix(stderr: &str) -> String {
@@ -240,6 +242,103 @@ pub fn run_to_file(inv: &Invocation, out: &std::fs::File, log: &std::fs::File) -
     })
     .map_err(|source| spawn_error(inv, &command, source))?;
     wait_with_timeout(&mut child, inv.timeout, &command)
+}
+
+/// How [`run_to_log_watched`] tells a live child from a lost one.
+#[derive(Debug, Clone, Copy)]
+pub struct Watch {
+    /// Kill the child once it has printed nothing for this long.
+    pub quiet: Duration,
+    /// A line the child prints only to show it is alive: it counts as
+    /// output but is not written to the log.
+    pub heartbeat: &'static str,
+}
+
+/// The longest line [`run_to_log_watched`] holds back while it waits for the
+/// newline; past it the bytes go to the log as they are (a child that prints
+/// what a guest chose cannot grow ppp's memory).
+const WATCH_LINE_MAX: usize = 64 << 10;
+
+/// [`run_to_log`] for a child whose silence means it is lost: a command in
+/// the VM over ssh whose connection no longer carries packets, which ssh may
+/// take a quarter of an hour to notice. The child prints a heartbeat line
+/// while it works; once nothing at all came for `watch.quiet`, it is killed
+/// and this returns [`ExecError::Silent`].
+pub fn run_to_log_watched(inv: &Invocation, log: &std::fs::File, watch: Watch) -> Result<i32, ExecError> {
+    use std::os::unix::process::ExitStatusExt;
+    use std::sync::{Arc, Mutex};
+    tracing::debug!("running `{inv}`");
+    let command = inv.to_string();
+    let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
+    let mut child = spawn_retrying(|| {
+        inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
+    })
+    .map_err(|source| spawn_error(inv, &command, source))?;
+    let last = Arc::new(Mutex::new(Instant::now()));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let pipes: [Box<dyn Read + Send>; 2] =
+        [Box::new(child.stdout.take().expect("piped")), Box::new(child.stderr.take().expect("piped"))];
+    for mut pipe in pipes {
+        let (last, done, mut out) = (Arc::clone(&last), done_tx.clone(), io(log)?);
+        std::thread::spawn(move || {
+            copy_lines(&mut pipe, &mut out, watch.heartbeat.as_bytes(), &last);
+            drop(done);
+        });
+    }
+    drop(done_tx);
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => {}
+            Err(source) => return Err(ExecError::Spawn { command, source }),
+        }
+        let silent = last.lock().is_ok_and(|t| t.elapsed() > watch.quiet);
+        let timed_out = inv.timeout.is_some_and(|t| start.elapsed() > t);
+        if silent || timed_out {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(if timed_out {
+                ExecError::TimedOut { command, timeout: inv.timeout.unwrap_or_default() }
+            } else {
+                ExecError::Silent { command, quiet: watch.quiet }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // What the child printed last is in the log before the caller reads it;
+    // a grandchild that kept the pipes open is not waited for long.
+    let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// Copy `r` to `out` line by line, dropping lines equal to `heartbeat`, and
+/// note in `last` when anything came.
+fn copy_lines(r: &mut impl Read, out: &mut impl std::io::Write, heartbeat: &[u8], last: &std::sync::Mutex<Instant>) {
+    let mut buf = [0u8; 8192];
+    let mut line = Vec::new();
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Ok(mut t) = last.lock() {
+            *t = Instant::now();
+        }
+        for &b in &buf[..n] {
+            line.push(b);
+            if b == b'\n' || line.len() >= WATCH_LINE_MAX {
+                if line.strip_suffix(b"\n") != Some(heartbeat) {
+                    let _ = out.write_all(&line);
+                }
+                line.clear();
+            }
+        }
+    }
+    if !line.is_empty() {
+        let _ = out.write_all(&line);
+    }
 }
 
 /// Run `inv` on this terminal (standard input, output and error inherited)
@@ -397,5 +496,25 @@ mod tests {
     fn times_out() {
         let err = run(&Invocation::new("/bin/sleep").arg("5").timeout(Duration::from_millis(100))).unwrap_err();
         assert!(matches!(err, ExecError::TimedOut { .. }), "{err}");
+    }
+
+    /// A session that goes quiet (the lost-ssh case: the child neither exits
+    /// nor prints) is given up on after `quiet`, long before its timeout;
+    /// heartbeats keep a busy one alive and stay out of the log.
+    #[test]
+    fn a_silent_child_is_lost_and_heartbeats_keep_one_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let watch = Watch { quiet: Duration::from_secs(1), heartbeat: "alive" };
+        let silent =
+            Invocation::new("/bin/sh").args(["-c", "echo step 4; exec sleep 600"]).timeout(Duration::from_secs(600));
+        let err = run_to_log_watched(&silent, &log, watch).unwrap_err();
+        assert!(matches!(err, ExecError::Silent { .. }), "{err}");
+        // 3 s in all, past the 2-s limit, never silent for more than 0.3 s.
+        let busy = Invocation::new("/bin/sh")
+            .args(["-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo alive; sleep 0.3; done; echo done"]);
+        assert_eq!(run_to_log_watched(&busy, &log, Watch { quiet: Duration::from_secs(2), ..watch }).unwrap(), 0);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "step 4\ndone\n");
     }
 }

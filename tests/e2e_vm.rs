@@ -1,17 +1,16 @@
-//! The real thing (issue 13): ppp against a real `podman machine` (podman
-//! 5.4.2, gvproxy, qemu, a KVM guest with its own kernel), not the fake.
-//! What it adds over `e2e_sandbox`: the real ssh path, virtiofs, kernel
-//! WireGuard, nftables in a guest whose containers sit behind netavark, and
-//! the guest's podman pulling the agent image through the tunnel.
+//! The real thing (issues 13, 23): ppp against a real `podman machine`
+//! (podman 5.4.2, gvproxy, qemu under KVM or TCG, a guest with its own kernel
+//! and systemd), not the fake. What it adds over `e2e_sandbox`: the real ssh
+//! path, virtiofs, kernel WireGuard, nftables and conntrack in a guest whose
+//! containers sit behind netavark, real systemd ordering at boot, and the
+//! guest's podman pulling the agent image through the tunnel.
 //!
-//! Built once from Debian packages by `tests/vm/build-image.sh` (a trixie root
-//! for podman, a guest image), entered by `tests/vm/enter.sh`; see
-//! docs/harness.md, "The real VM". Run by `make test-vm`, which builds the
-//! images first.
-//!
-//! Safety: ppp, and so podman, gvproxy and qemu, run in the test's host
-//! namespace, which has no route out; gvproxy NATs the guest to nothing but
-//! the test's own veths. The registry runs in the upstream's namespace.
+//! The rig is tests/support/vm.rs (reusable by other real-VM tests).
+//! `make test-vm` runs this file. It is still `#[ignore]`d in `make test`:
+//! under TCG it gets through `ppp run` but fails at the agent's write into
+//! the workspace through virtiofs, and the checks after that have not yet
+//! passed on a real VM (issue 23, docs/harness.md "The real VM").
+//! See docs/harness.md, "The real VM".
 
 #[path = "support/netns.rs"]
 mod netns;
@@ -19,158 +18,125 @@ mod netns;
 #[path = "support/sandbox_env.rs"]
 mod sandbox_env;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "support/vm.rs"]
+mod vm;
 
-use netns::{UPSTREAM_IP, describe, run_ok, wait_until};
-use sandbox_env::{Env, setup_policy};
+use std::path::Path;
+
+use netns::{UPSTREAM_IP, describe, run_ok};
 use serde_json::Value;
-
-/// Where the registry listens, in the upstream's namespace.
-const REGISTRY_PORT: u16 = 5000;
-
-/// The stand-in agent: proves the workspace mount by writing into it, shows
-/// what it sees, and exits 7.
-const AGENT: &str = r#"#!/bin/sh
-echo "vm-agent args: $*"
-echo "vm-agent cwd: $(pwd)"
-echo "written by the agent in the VM" > from-agent.txt
-code=$(curl -sS -m 20 -o /dev/null -w '%{http_code}' https://echo.test/agent-tls)
-echo "vm-agent tls: $code"
-exit 7
-"#;
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The images' directory: `PPP_VM_DIR` (set by `make test-vm`), else built
-/// (or found in the cache) by build-image.sh. No KVM is a failure with a hint.
-fn vm_dir() -> PathBuf {
-    assert!(
-        Path::new("/dev/kvm").exists(),
-        "/dev/kvm is missing: the real-VM test needs KVM\n\
-         hint: run it where (nested) virtualisation is on; `make test-vm` runs only this test"
-    );
-    if let Some(dir) = std::env::var_os("PPP_VM_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let out = Command::new(repo().join("tests/vm/build-image.sh")).stderr(Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "tests/vm/build-image.sh failed");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().unwrap().trim())
-}
-
-/// Debian's docker-registry with the upstream's certificate (for echo.test),
-/// in the upstream's namespace.
-fn registry(env: &Env) -> Child {
-    let d = env.root().join("registry");
-    std::fs::create_dir_all(&d).unwrap();
-    let up = env.root().join("upstream");
-    let config = format!(
-        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {UPSTREAM_IP}:{REGISTRY_PORT}\n  tls:\n    certificate: {}\n    key: {}\n",
-        d.join("storage").display(),
-        up.join("srv.pem").display(),
-        up.join("srv.key").display()
-    );
-    std::fs::write(d.join("config.yml"), config).unwrap();
-    let log = std::fs::File::create(d.join("registry.log")).unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", &env.topo.upstream_ns(), "docker-registry", "serve"])
-        .arg(d.join("config.yml"))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("docker-registry starts (scripts/install-test-deps.sh installs it)");
-    wait_until("the registry to listen", netns::DEADLINE, || {
-        let out = env.topo.exec(&env.topo.upstream_ns(), &["ss", "-Htln", &format!("sport = :{REGISTRY_PORT}")]);
-        !String::from_utf8_lossy(&out.stdout).trim().is_empty()
-    });
-    child
-}
-
-/// `podman ARGS` of the trixie root, as ppp calls it.
-fn podman(env: &Env, args: &[&str]) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &env.topo.host_ns()])
-        .arg(repo().join("tests/vm/podman"))
-        .args(args)
-        .env_clear()
-        .envs(env.extra.iter().cloned())
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "podman {args:?}: {}", describe(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use vm::{Rig, blocked};
 
 #[test]
-#[ignore = "boots a real VM (minutes, root, /dev/kvm): run `make test-vm`"]
+#[ignore = "not yet passing on a real VM (the virtiofs write, issue 23): run `make test-vm`"]
 fn a_real_podman_machine_from_run_to_rm() {
-    let dir = vm_dir();
-    let mut env = Env::new("qemu");
-    // virtiofsd and podman run as uid 1000 and must reach the workspace.
-    std::fs::set_permissions(env.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let state = env.root().join("vm-state");
-    let image = format!("{}:{REGISTRY_PORT}/ppp/agent:latest", netns::UPSTREAM_NAME);
-    env.extra = vec![
-        ("PPP_PODMAN".into(), repo().join("tests/vm/podman").display().to_string()),
-        ("PPP_VM_DIR".into(), dir.display().to_string()),
-        ("PPP_VM_STATE".into(), state.display().to_string()),
-        ("PPP_OPENCODE_IMAGE".into(), image.clone()),
-    ];
-    setup_policy(&env, "vm");
-    let mut reg = registry(&env);
-
-    // The agent image: one layer over 10 MiB, pushed from the host namespace.
-    let agent = env.root().join("agent.sh");
-    std::fs::write(&agent, AGENT).unwrap();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &env.topo.host_ns()])
-        .arg(repo().join("tests/vm/agent-image.sh"))
-        .arg(&agent)
-        .arg(format!("{UPSTREAM_IP}:{REGISTRY_PORT}/ppp/agent:latest"))
-        .envs(env.extra.iter().cloned())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "agent-image.sh: {}", describe(&out));
-
-    // 1. run: init, start, provision, verify, agent container up; the agent
-    //    writes into the workspace through virtiofs.
-    // The Debian guest image, as the trixie root sees it (enter.sh binds it
-    // there): ppp passes a `--template` it does not know to podman as the
-    // machine image, which is what a user with a local image does.
-    let out = env.run(&[
-        "run",
-        "--name",
-        "vm",
-        "--template",
-        "/opt/ppp-vm/disk.qcow2",
-        "opencode",
-        &env.ws(),
-        "--",
-        "hello",
-        "vm",
-    ]);
-    let console = state.join("home/qemu-console.log");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}\nmachine.log:\n{}\nconsole (tail):\n{}",
-        describe(&out),
-        std::fs::read_to_string(env.dirs().sandbox_machine_log("vm")).unwrap_or_default(),
-        tail(&console, 60)
-    );
-    assert!(text.contains("vm-agent args: hello vm"), "{text}");
-    assert!(text.contains("vm-agent tls: 200"), "the container trusts the proxy's CA: {text}");
-    let written = Path::new(&env.ws()).join("from-agent.txt");
-    assert_eq!(std::fs::read_to_string(&written).unwrap(), "written by the agent in the VM\n");
+    // 1. run: init, start, provision (through the kill switch: the session
+    //    that loads it survives), verify, the agent; it writes into the
+    //    workspace through virtiofs.
+    let rig = Rig::provisioned("vm");
+    let (env, state, image) = (&rig.env, rig.state.clone(), rig.image.clone());
     let log = std::fs::read_to_string(env.dirs().sandbox_machine_log("vm")).unwrap();
     for check in ["ok handshake", "ok no-direct-egress", "ok policy-denies", "ok ca-trusted"] {
         assert!(log.contains(check), "{check} in machine.log:\n{log}");
     }
     assert!(log.contains("# WireGuard endpoint host 192.168.127.254 (provider qemu)"), "{log}");
+    assert!(!log.contains("ppp-provision: alive"), "heartbeats stay out of machine.log:\n{log}");
+    let written = Path::new(&env.ws()).join("from-agent.txt");
+    assert_eq!(
+        std::fs::read_to_string(&written).unwrap_or_default(),
+        "written by the agent in the VM\n",
+        "the agent's write through virtiofs; ppp run printed:\n{}",
+        rig.first_run
+    );
+
+    // The management channel is let through and nothing else: a guest
+    // process (core, then root) reaches neither gvproxy's gateway on other
+    // ports, nor its host side (the host alias, podman's ssh port there),
+    // nor, with source port 22 (the ssh allowance), anything at all.
+    let inspect: Value = serde_json::from_str(&rig.podman(&["machine", "inspect", "ppp-vm"])).unwrap();
+    let ssh_port = inspect[0]["SSHConfig"]["Port"].as_u64().unwrap();
+    let targets = [
+        "http://192.168.127.1:80/".to_owned(),
+        "http://192.168.127.1:53/".to_owned(),
+        "http://192.168.127.1:22/".to_owned(),
+        format!("http://192.168.127.254:{ssh_port}/"),
+        "http://192.168.127.254:80/".to_owned(),
+        format!("http://{UPSTREAM_IP}:80/direct"),
+    ];
+    for url in &targets {
+        for sudo in [&[][..], &["sudo"][..]] {
+            let mut argv: Vec<&str> = vec!["exec", "vm", "--"];
+            argv.extend_from_slice(sudo);
+            argv.extend_from_slice(&["curl", "-sS", "-m", "5", "--interface", "ens3", url]);
+            let out = env.run(&argv);
+            assert!(blocked(&out), "{sudo:?} curl {url} must be dropped: {}", describe(&out));
+        }
+        // sshd holds port 22 on every address, so a second socket cannot bind
+        // it: stop nothing, take a raw socket, send a SYN from port 22.
+        let syn = format!(
+            "import socket,struct\n\
+             s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_TCP)\n\
+             h=struct.pack('!HHIIBBHHH',22,{port},1,0,5<<4,2,64240,0,0)\n\
+             try:\n  s.sendto(h,('{host}',0)); print('sent')\n\
+             except PermissionError: print('eperm')\n",
+            host = url.split('/').nth(2).unwrap().split(':').next().unwrap(),
+            port = url.split('/').nth(2).unwrap().split(':').nth(1).unwrap()
+        );
+        let out = env.run(&["exec", "vm", "--", "sudo", "python3", "-c", &syn]);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("eperm"),
+            "a SYN from port 22 to {url} must be refused by the output hook: {}",
+            describe(&out)
+        );
+    }
+    // And the channel itself still works, new sessions and all.
+    assert_eq!(env.ok(&["exec", "vm", "--", "echo", "still here"]), "still here\n");
+
+    // Containers on the host network and on the bridge reach the world only
+    // through the tunnel.
+    for net in ["host", "bridge"] {
+        let run = |args: &[&str]| {
+            let mut argv = vec!["exec", "vm", "--", "podman", "run", "--rm", "--network", net, &image];
+            argv.extend_from_slice(args);
+            env.run(&argv)
+        };
+        let out =
+            run(&["curl", "-sS", "-m", "30", "-o", "/dev/null", "-w", "%{http_code}", "https://echo.test/via-tunnel"]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "200",
+            "--network {net} through the tunnel: {}",
+            describe(&out)
+        );
+        let out = run(&["curl", "-sS", "-m", "5", "--connect-to", "x:80:192.168.127.1:80", "http://x/"]);
+        assert!(!out.status.success(), "--network {net} to gvproxy's gateway: {}", describe(&out));
+        let out = run(&["curl", "-sS", "-m", "5", &format!("http://192.168.127.254:{ssh_port}/")]);
+        assert!(!out.status.success(), "--network {net} to the host side: {}", describe(&out));
+    }
+
+    // The machine stopped and started outside ppp, by the real podman: the
+    // kill switch is in force before the network (systemd's own order), no
+    // tunnel, and nothing leaves, from the VM or from a bridged container.
+    rig.podman(&["machine", "stop", "ppp-vm"]);
+    rig.podman(&["machine", "start", "ppp-vm"]);
+    let order = rig.guest(
+        "systemctl show -p ActiveEnterTimestampMonotonic --value ppp-killswitch.service network-pre.target systemd-networkd.service",
+    );
+    let stamps: Vec<u64> =
+        String::from_utf8_lossy(&order.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert!(
+        stamps.len() == 3 && stamps[0] > 0 && stamps[0] <= stamps[1] && stamps[1] <= stamps[2],
+        "kill switch, then network-pre.target, then systemd-networkd: {}",
+        describe(&order)
+    );
+    let out = rig.guest("sudo nft list table inet ppp >/dev/null && ! ip link show wg0 2>/dev/null && echo closed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("closed"), "{}", describe(&out));
+    let out = rig.guest(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/direct"));
+    assert!(blocked(&out), "direct egress right after boot: {}", describe(&out));
+    let out = rig.guest(&format!("podman run --rm --network bridge {image} curl -sS -m 5 http://{UPSTREAM_IP}/direct"));
+    assert!(!out.status.success(), "a bridged container right after boot: {}", describe(&out));
+    let out = rig.run_agent("vm");
+    assert_eq!(out.status.code(), Some(7), "ppp run on top: {}", rig.explain("vm", &out));
 
     // 2. The guest: kernel WireGuard, the kill switch, DNS through the tunnel,
     //    bodies that need the MTU right.
@@ -240,16 +206,8 @@ fn a_real_podman_machine_from_run_to_rm() {
 
     env.ok(&["rm", "-f", "vm"]);
     assert!(env.ls().is_empty());
-    assert!(!podman(&env, &["machine", "list", "--format", "json"]).contains("ppp-vm"));
-    let _ = reg.kill();
-    let _ = reg.wait();
+    assert!(!rig.podman(&["machine", "list", "--format", "json"]).contains("ppp-vm"));
     // Nothing of the machine is left running.
     let leftovers = run_ok(&["sh", "-c", &format!("pgrep -af '{}' || true", state.display())]);
     assert!(leftovers.trim().is_empty(), "{leftovers}");
-}
-
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }

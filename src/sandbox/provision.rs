@@ -24,6 +24,12 @@ pub(crate) const GUEST_DIR: &str = "/tmp/ppp";
 /// does not know mitmproxy's CA).
 pub(super) const GUEST_CA_BUNDLE: &str = "/var/lib/ppp/ca-bundle.pem";
 const PROVISION_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+/// provision.sh prints [`HEARTBEAT`] every 3 s while it runs; a session
+/// that stays silent this long is lost (its connection no longer carries
+/// packets), however long ssh would take to notice.
+const PROVISION_QUIET: Duration = Duration::from_secs(30);
+/// provision.sh's `HEARTBEAT_LINE`, kept out of machine.log.
+const HEARTBEAT: &str = "ppp-provision: alive";
 
 /// Copy provision.sh into the VM and run it with wg0.conf on its standard
 /// input; its output goes to the sandbox's machine.log. The config, which
@@ -68,25 +74,64 @@ pub fn provision(dirs: &Dirs, podman: &Podman, rec: &Record, pull: Option<&str>,
         let log = open_log(dirs, &rec.name)?;
         let _ = writeln!(&log, "# WireGuard endpoint host {} ({})", endpoint.host, endpoint.source);
         let _ = writeln!(&log, "$ {up}");
-        let code = exec::run_to_log(&up, &log);
+        // Only this run's lines say where it stopped.
+        let from = log.metadata().map_or(0, |m| m.len());
+        let code = exec::run_to_log_watched(&up, &log, exec::Watch { quiet: PROVISION_QUIET, heartbeat: HEARTBEAT });
         // It holds the guest's key: gone as soon as the guest has read it.
         let _ = std::fs::remove_file(&guest_conf);
-        let code = code?;
+        let log_path = dirs.sandbox_machine_log(&rec.name);
+        let this_run = || {
+            let text = std::fs::read(&log_path).unwrap_or_default();
+            String::from_utf8_lossy(text.get(usize::try_from(from).unwrap_or(0)..).unwrap_or_default()).into_owned()
+        };
+        let lost = |how: String| -> anyhow::Error {
+            fail(format!("provisioning lost its ssh session {}: {how}", at_step(&this_run())))
+                .hint(format!(
+                    "the VM or its network to this host (gvproxy) stopped answering; see `{}` and try `ppp run --name {}` again",
+                    log_path.display(),
+                    rec.name
+                ))
+                .into()
+        };
+        let code = match code {
+            Err(exec::ExecError::Silent { quiet, .. }) => {
+                return Err(lost(format!("nothing came from the VM for {} s", quiet.as_secs())));
+            }
+            other => other?,
+        };
         if code != 0 {
-            let text = std::fs::read_to_string(dirs.sandbox_machine_log(&rec.name)).unwrap_or_default();
-            let why = text
-                .lines()
-                .rev()
-                .find_map(|l| {
-                    l.split_once("ppp-provision: FAILED").map(|(_, r)| r.trim_start_matches([' ', ':']).to_owned())
-                })
-                .unwrap_or_else(|| format!("provision.sh exited with status {code}"));
-            return Err(fail(format!("provisioning failed: {why}"))
-                .hint(format!("see `{}`", dirs.sandbox_machine_log(&rec.name).display()))
-                .into());
+            let text = this_run();
+            let why = text.lines().rev().find_map(|l| {
+                l.split_once("ppp-provision: FAILED").map(|(_, r)| r.trim_start_matches([' ', ':']).to_owned())
+            });
+            return Err(match why {
+                Some(why) => fail(format!("provisioning failed: {why}"))
+                    .hint(format!("see `{}`", log_path.display()))
+                    .into(),
+                // ssh's own failure (255): the connection broke, the
+                // script never reported.
+                None if code == SSH_FAILED => lost(format!("ssh exited with status {code}")),
+                None => fail(format!("provisioning failed {}: provision.sh exited with status {code}", at_step(&text)))
+                    .hint(format!("see `{}`", log_path.display()))
+                    .into(),
+            });
         }
         Ok(())
     })
+}
+
+/// The status ssh (and so `podman machine ssh`) exits with when the
+/// connection itself failed.
+const SSH_FAILED: i32 = 255;
+
+/// "at step 4/9 (kill switch …)": the last step provision.sh announced in
+/// `text`, or "before its first step".
+fn at_step(text: &str) -> String {
+    text.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("ppp-provision: step "))
+        .and_then(|rest| rest.split_once(' '))
+        .map_or_else(|| "before its first step".to_owned(), |(n, what)| format!("at step {n} ({})", what.trim()))
 }
 
 /// `sudo bash /tmp/ppp/provision.sh VERB ARGS…`.
@@ -96,4 +141,17 @@ pub(super) fn provision_argv(verb: &str, rest: &[&str]) -> Vec<String> {
     line.push(verb.to_owned());
     line.extend(rest.iter().map(|s| (*s).to_owned()));
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_step;
+
+    #[test]
+    fn the_step_named_is_the_last_one_announced() {
+        let log = "ppp-provision: step 1/9 wireguard\nppp-provision: wireguard: kernel module\n\
+                   ppp-provision: step 4/9 kill switch (nftables table inet ppp)\nsome output\n";
+        assert_eq!(at_step(log), "at step 4/9 (kill switch (nftables table inet ppp))");
+        assert_eq!(at_step("Warning: permanently added\n"), "before its first step");
+    }
 }

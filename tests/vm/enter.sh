@@ -9,6 +9,8 @@
 #   PPP_VM_STATE  a directory of the test's own, kept between calls: the user's
 #                 home (podman's machine configs and disk copies) and
 #                 XDG_RUNTIME_DIR (gvproxy, qmp and ready sockets, pid files)
+#   PPP_VM_ACCEL  optional, kvm or tcg: forces the qemu wrapper's accelerator
+#                 (tests/vm/bin/qemu-system-x86_64; without it, a probe decides)
 #
 # Every call gets a fresh mount namespace, yet the machines it starts outlive
 # it (qemu, gvproxy and virtiofsd keep theirs): the state lives on the host
@@ -38,8 +40,8 @@ chmod 0700 "$state/run"
 # The body runs in the new mount namespace; "$@" is the command.
 # shellcheck disable=SC2016 # expanded by the inner shell
 exec unshare --mount --propagation private -- /bin/sh -euc '
-root=$1 dir=$2 state=$3 bin=$4 uid=$5
-shift 5
+root=$1 dir=$2 state=$3 bin=$4 uid=$5 accel=$6
+shift 6
 # pivot_root, not chroot: rootless podman unshares a user namespace even for
 # `podman version`, and the kernel refuses that inside a chroot (EPERM).
 mount --bind "$root" "$root"
@@ -77,5 +79,5 @@ exec setpriv --reuid="$uid" --regid="$uid" --init-groups /usr/bin/env -i -C /hom
   HOME=/home/ppp USER=ppp LOGNAME=ppp XDG_RUNTIME_DIR="/run/user/$uid" \
   PATH=/opt/ppp-test/bin:/usr/local/bin:/usr/bin:/bin \
   CONTAINERS_MACHINE_PROVIDER=qemu LANG=C.UTF-8 PODMAN_IGNORE_CGROUPSV1_WARNING=1 \
-  "$@"
-' sh "$root" "$dir" "$state" "$bin" "$VM_UID" "$@"
+  PPP_VM_ACCEL="$accel" "$@"
+' sh "$root" "$dir" "$state" "$bin" "$VM_UID" "${PPP_VM_ACCEL:-}" "$@"
