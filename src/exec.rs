@@ -218,15 +218,7 @@ pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
 /// code (128 + the signal number when a signal ended it). A non-zero code
 /// is not an error here: the caller reads the log to say what failed.
 pub fn run_to_log(inv: &Invocation, log: &std::fs::File) -> Result<i32, ExecError> {
-    tracing::debug!("running `{inv}`");
-    let command = inv.to_string();
-    let io = |f: &std::fs::File| f.try_clone().map_err(|source| ExecError::Spawn { command: command.clone(), source });
-    let (out, err) = (io(log)?, io(log)?);
-    let mut child = spawn_retrying(|| {
-        inv.command().stdin(inv.stdin_stdio()?).stdout(out.try_clone()?).stderr(err.try_clone()?).spawn()
-    })
-    .map_err(|source| spawn_error(inv, &command, source))?;
-    wait_with_timeout(&mut child, inv.timeout, &command)
+    run_to_file(inv, log, log)
 }
 
 /// Run `inv` with its stdout written to `out` (a file being copied out of

@@ -246,20 +246,7 @@ fn check_cache(dirs: &Dirs, r: &Recipe, digest: bool) -> Cached {
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("could not open `{}`", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).with_context(|| format!("could not read `{}`", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    }))
+    crate::template::sha256_file(path, &|_| {})
 }
 
 /// Remove an archive and its digest file (a corrupt one, before a build).
