@@ -72,10 +72,13 @@ fn a_real_podman_machine_from_run_to_rm() {
             assert!(blocked(&out), "{sudo:?} curl {url} must be dropped: {}", describe(&out));
         }
         // sshd holds port 22 on every address, so a second socket cannot bind
-        // it: stop nothing, take a raw socket, send a SYN from port 22.
+        // it: stop nothing, take a raw socket, send a SYN from port 22 out of
+        // the uplink (bound to it, as the curls are: by the routes, the
+        // upstream's address goes into the tunnel, which is allowed).
         let syn = format!(
             "import socket,struct\n\
              s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_TCP)\n\
+             s.setsockopt(socket.SOL_SOCKET,socket.SO_BINDTODEVICE,b'ens3')\n\
              h=struct.pack('!HHIIBBHHH',22,{port},1,0,5<<4,2,64240,0,0)\n\
              try:\n  s.sendto(h,('{host}',0)); print('sent')\n\
              except PermissionError: print('eperm')\n",
