@@ -99,7 +99,10 @@ fn a_real_podman_machine_from_run_to_rm() {
     // through the tunnel.
     for net in ["host", "bridge"] {
         let run = |args: &[&str]| {
-            let mut argv = vec!["exec", "vm", "--", "podman", "run", "--rm", "--network", net, &image];
+            // The CA bundle as ppp mounts it for the agent: a plain
+            // container does not trust mitmproxy's CA otherwise.
+            let ca = "/var/lib/ppp/ca-bundle.pem:/etc/ssl/certs/ca-certificates.crt:ro";
+            let mut argv = vec!["exec", "vm", "--", "podman", "run", "--rm", "--network", net, "-v", ca, &image];
             argv.extend_from_slice(args);
             env.run(&argv)
         };
