@@ -23,7 +23,7 @@ mod vm;
 
 use std::path::Path;
 
-use netns::{UPSTREAM_IP, describe, run_ok};
+use netns::{UPSTREAM_IP, describe};
 use serde_json::Value;
 use vm::{Rig, blocked};
 
@@ -214,6 +214,7 @@ fn a_real_podman_machine_from_run_to_rm() {
     assert!(env.ls().is_empty());
     assert!(!rig.podman(&["machine", "list", "--format", "json"]).contains("ppp-vm"));
     // Nothing of the machine is left running.
-    let leftovers = run_ok(&["sh", "-c", &format!("pgrep -af '{}' || true", state.display())]);
-    assert!(leftovers.trim().is_empty(), "{leftovers}");
+    // pgrep directly: through `sh -c`, the shell's own command line matched.
+    let leftovers = std::process::Command::new("pgrep").arg("-af").arg(&state).output().unwrap();
+    assert!(leftovers.stdout.is_empty(), "{}", describe(&leftovers));
 }
