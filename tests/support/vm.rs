@@ -27,7 +27,7 @@ use std::process::{Child, Command, Output, Stdio};
 use crate::netns::{self, UPSTREAM_IP, describe, wait_until};
 use crate::sandbox_env::{Env, setup_policy};
 
-/// The podman user of the trixie root (tests/vm/enter.sh's VM_UID).
+/// The podman user of the trixie root (tests/vm/enter.sh's `VM_UID`).
 pub const VM_UID: u32 = 1000;
 
 /// Where the registry listens, in the upstream's namespace.
