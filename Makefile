@@ -34,7 +34,7 @@ help:
 	@echo 'make man         one man page per command into target/man (ppp.1, ppp-policy-allow.1, ...)'
 	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
 	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
-	@echo 'make test-vm     the real-VM test (not yet in make test): podman 5.4 machine, qemu KVM or TCG, from Debian packages (root, /dev/kvm)'
+	@echo 'make test-vm     the real-VM test alone (also part of make test): podman 5.4 machine, qemu KVM or TCG, from Debian packages (root, /dev/kvm)'
 	@echo 'make layers      only tests/layers.rs: no file below the command line names it, sandbox/ never names kit/'
 	@echo 'make check       fmt-check, clippy -D warnings, layers, lint, then test'
 	@echo 'make bench       criterion benchmarks and bench/cli.sh (hyperfine)'
@@ -70,12 +70,12 @@ test: test-deps check-versions
 # The real-VM test (tests/e2e_vm.rs): a trixie root with podman 5.4, gvproxy
 # and qemu, and a Debian guest image, both built once by tests/vm/build-image.sh
 # into $$XDG_CACHE_HOME/ppp-test (or $$PPP_VM_CACHE). A missing /dev/kvm fails
-# with a hint. Not yet in `make test`: #[ignore]d until it passes (issue 23);
-# the qemu wrapper picks KVM or TCG (PPP_VM_ACCEL=kvm|tcg forces one). See
-# docs/harness.md ("The real VM").
+# with a hint. Part of `make test` too; this target runs it alone, with the
+# images built first. The qemu wrapper picks KVM or TCG (PPP_VM_ACCEL=kvm|tcg
+# forces one). See docs/harness.md ("The real VM").
 test-vm: test-deps
 	PPP_VM_DIR="$$(tests/vm/build-image.sh)" && export PPP_VM_DIR && \
-	$(CARGO) test --locked --test e2e_vm -- --ignored --nocapture --test-threads=1
+	$(CARGO) test --locked --test e2e_vm -- --nocapture --test-threads=1
 
 fmt:
 	$(CARGO) fmt

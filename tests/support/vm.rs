@@ -27,6 +27,9 @@ use std::process::{Child, Command, Output, Stdio};
 use crate::netns::{self, UPSTREAM_IP, describe, wait_until};
 use crate::sandbox_env::{Env, setup_policy};
 
+/// The podman user of the trixie root (tests/vm/enter.sh's `VM_UID`).
+pub const VM_UID: u32 = 1000;
+
 /// Where the registry listens, in the upstream's namespace.
 pub const REGISTRY_PORT: u16 = 5000;
 
@@ -91,6 +94,12 @@ impl Rig {
         let mut env = Env::new("qemu");
         // virtiofsd and podman run as uid 1000 and must reach the workspace.
         std::fs::set_permissions(env.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A real user owns their workspace, and podman (so virtiofsd) runs
+        // as that user: the guest's core has the same uid, and the agent's
+        // container root is core. A root-owned workspace (the test runs as
+        // root) would show as nobody in the container, and rootless
+        // virtiofsd cannot create files as another owner.
+        std::os::unix::fs::chown(env.ws(), Some(VM_UID), Some(VM_UID)).unwrap();
         let state = env.root().join("vm-state");
         let image = format!("{}:{REGISTRY_PORT}/ppp/agent:latest", netns::UPSTREAM_NAME);
         env.extra = vec![

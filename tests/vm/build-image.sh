@@ -70,7 +70,10 @@ GUEST_ARGS=(
   --customize-hook='echo "nameserver 192.168.127.1" >"$1/etc/resolv.conf"'
   --customize-hook='echo "/dev/vda / ext4 rw,relatime 0 1" >"$1/etc/fstab"'
   --customize-hook='echo "core ALL=(ALL) NOPASSWD: ALL" >"$1/etc/sudoers.d/90-core"; chmod 0440 "$1/etc/sudoers.d/90-core"'
-  --customize-hook='groupadd -R "$1" -f wheel'
+  # A system group: a plain groupadd takes gid 1000, so core (podman's uid,
+  # 1000) got gid 1001, and rootless virtiofsd, which runs as 1000:1000 and
+  # cannot switch to another gid, refused every file the agent created.
+  --customize-hook='groupadd -R "$1" -r -f wheel'
   --customize-hook='echo qemu_fw_cfg >"$1/etc/modules-load.d/ppp-ignition.conf"'
   --customize-hook='install -m 0755 '"$here"'/guest/ignition-apply.py "$1/usr/local/sbin/ppp-ignition-apply"'
   --customize-hook='install -m 0644 '"$here"'/guest/ppp-ignition.service "$1/etc/systemd/system/ppp-ignition.service"'
