@@ -23,10 +23,12 @@ struct Rule {
     why: &'static str,
 }
 
-/// The front ends: the only files that may name the command line. `tui/`,
-/// `setup.rs` and `diagnose.rs` are commands with more than one file.
+/// The front ends: the only files that may name the command line. `tui/`
+/// and `setup.rs` are commands with more than one file. `diagnose.rs` is
+/// not: it collects the report from the core (the daemon's status from
+/// `proxy::status`), and `cmd/diagnose.rs` prints it.
 fn below_the_command_line(file: &str) -> bool {
-    const FRONT: &[&str] = &["main.rs", "lib.rs", "cli.rs", "setup.rs", "diagnose.rs"];
+    const FRONT: &[&str] = &["main.rs", "lib.rs", "cli.rs", "setup.rs"];
     !(FRONT.contains(&file) || file.starts_with("cmd/") || file.starts_with("tui/"))
 }
 
@@ -172,8 +174,7 @@ fn circles(graph: &Graph) -> Vec<String> {
         way.reverse();
         way.insert(0, *m);
         let name = |p: &Vec<String>| p.join("::");
-        let steps: Vec<String> =
-            way.windows(2).map(|w| format!("{} ({})", name(w[1]), graph[w[0]][w[1]])).collect();
+        let steps: Vec<String> = way.windows(2).map(|w| format!("{} ({})", name(w[1]), graph[w[0]][w[1]])).collect();
         let others = circle.len() + 1 - way.len();
         let more = if others > 0 { format!(" [and {others} more in the same circle]") } else { String::new() };
         out.push(format!("  {} → {}{more}", name(m), steps.join(" → ")));
@@ -553,6 +554,55 @@ mod scanner {
         assert_eq!(named("use super::{kit, x};\n", "sandbox/mod.rs"), pairs(&[(1, "kit"), (1, "x")]));
         assert_eq!(named("use super::*;\n", "config.rs"), vec![]);
         assert_eq!(named("x::super::super::cli", "a/b.rs"), vec![]);
+    }
+
+    fn paths(text: &str, file: &str) -> Vec<(usize, String)> {
+        crate_paths(text, &module_path(file)).into_iter().map(|(l, p)| (l, p.join("::"))).collect()
+    }
+
+    #[test]
+    fn paths_are_made_absolute_from_where_they_are_written() {
+        let text = "use super::lifecycle::Ui;\nuse super::{Record, machine::{a, b}};\nfn f() { crate::x::y::z(); }\n\
+                    mod inner {\n    use super::super::up;\n    use self::deep;\n}\nuse crate::kit::{self, *};\n";
+        assert_eq!(
+            paths(text, "sandbox/verify.rs"),
+            [
+                (1, "sandbox::lifecycle::Ui"),
+                (2, "sandbox::Record"),
+                (2, "sandbox::machine::a"),
+                (2, "sandbox::machine::b"),
+                (3, "x::y::z"),
+                (5, "sandbox::up"),
+                (6, "sandbox::verify::inner::deep"),
+                (8, "kit"),
+                (8, "kit"),
+            ]
+            .map(|(l, s)| (l, s.to_owned()))
+        );
+        let tests = "#[cfg(test)]\nmod tests {\n    use super::*;\n    use crate::cmd::x;\n}\nuse crate::after;\n";
+        assert_eq!(paths(tests, "a.rs"), [(6, "after".to_owned())], "unit tests are skipped, code after them is not");
+    }
+
+    #[test]
+    fn a_circle_is_named_with_its_imports() {
+        let m = |s: &str| s.split("::").map(str::to_owned).collect::<Vec<_>>();
+        let edge = |g: &mut Graph, a: &str, b: &str, at: &str| {
+            g.entry(m(a)).or_default().insert(m(b), at.to_owned());
+            g.entry(m(b)).or_default();
+        };
+        let mut g = Graph::new();
+        edge(&mut g, "a", "b", "src/a.rs:1");
+        edge(&mut g, "b", "c::d", "src/b.rs:2");
+        edge(&mut g, "c::d", "a", "src/c/d.rs:3");
+        edge(&mut g, "c::d", "e", "src/c/d.rs:4");
+        edge(&mut g, "e", "f", "src/e.rs:5");
+        assert_eq!(circles(&g), ["  a → b (src/a.rs:1) → c::d (src/b.rs:2) → a (src/c/d.rs:3)"]);
+        edge(&mut g, "f", "e", "src/f.rs:6");
+        assert_eq!(circles(&g).len(), 2, "{:?}", circles(&g));
+        let known = [m("a"), m("c"), m("c::d"), vec![]].into_iter().collect();
+        assert_eq!(resolve(&m("c::d::Item"), &known), m("c::d"));
+        assert_eq!(resolve(&m("c::x::Item"), &known), m("c"));
+        assert_eq!(resolve(&m("Item"), &known), Vec::<String>::new());
     }
 
     #[test]
