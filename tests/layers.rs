@@ -1,6 +1,7 @@
 //! ppp's layers, kept by a test: the core never names the command line,
-//! and the sandbox lifecycle never names the kits built on it (issue 16;
-//! docs/architecture.md, "Layers").
+//! the sandbox lifecycle never names the kits built on it (issue 16), and
+//! no module imports itself back, directly or through others (issue 29,
+//! ADR 0046; docs/architecture.md, "Layers").
 //!
 //! Every file under `src/` is read with its comments and literals blanked
 //! out, and every path that starts at the crate root is followed to its
