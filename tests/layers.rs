@@ -203,8 +203,8 @@ fn crate_paths(text: &str, module: &[String]) -> Vec<(usize, Vec<String>)> {
                 depth += 1;
                 if i >= 2 && toks[i - 2].text == "mod" && is_ident(&toks[i - 1].text) {
                     let attr = ["#", "[", "cfg", "(", "test", ")", "]"];
-                    let test = i >= 9 && toks[i - 9..i - 2].iter().zip(attr).all(|(t, a)| t.text == a);
-                    inline.push((toks[i - 1].text.clone(), depth, test));
+                    let cfg_test = i >= 9 && toks[i - 9..i - 2].iter().zip(attr).all(|(t, a)| t.text == a);
+                    inline.push((toks[i - 1].text.clone(), depth, cfg_test));
                 }
             }
             "}" => {
@@ -244,8 +244,7 @@ fn crate_paths(text: &str, module: &[String]) -> Vec<(usize, Vec<String>)> {
 
 /// The leaves of the path or `use` tree that starts at `at`, after `prefix`.
 fn use_tree(toks: &[Token], mut at: usize, mut prefix: Vec<String>, out: &mut Vec<(usize, Vec<String>)>) {
-    loop {
-        let Some(t) = toks.get(at) else { break };
+    while let Some(t) = toks.get(at) {
         if t.text == "{" {
             let mut depth = 0;
             let mut item_start = true;
