@@ -315,7 +315,7 @@ pub fn collect(dirs: &Dirs, timeout: Duration) -> Result<Report> {
     let provider =
         machines.list.iter().find_map(|m| m.vm_type.clone()).unwrap_or_else(|| podman::default_provider().to_owned());
     let endpoint = section(&mut errors, "endpoint", || crate::proxy::endpoint::current(dirs, &provider));
-    let status = section(&mut errors, "daemon", || crate::cmd::daemon::status_report(dirs));
+    let status = section(&mut errors, "daemon", || crate::proxy::status::status_report(dirs));
     let registry = section(&mut errors, "port_registry", || PortRegistry::load(dirs)).unwrap_or_default();
     let records = section(&mut errors, "sandboxes", || sandbox::load_all(dirs)).unwrap_or_default();
     // Each sandbox's own home, listed after the user's (each bounded).
@@ -684,7 +684,7 @@ fn merge(
     machines: &Machines,
     own: Option<&crate::sandbox::machine::Listing>,
     registry: &PortRegistry,
-    status: Option<&crate::cmd::daemon::Status>,
+    status: Option<&crate::proxy::status::Status>,
 ) -> Vec<Sandbox> {
     records
         .into_iter()
@@ -794,34 +794,8 @@ pub fn log_tail(path: &Path, n: usize) -> Result<LogTail> {
     let skip = lines.len().saturating_sub(n);
     // proxy.log holds what the guest sent (a refused Host, a DNS name), and
     // these lines reach the user's terminal: never as they are.
-    tail.lines = lines[skip..].iter().map(|l| shown_log_line(l)).collect();
+    tail.lines = lines[skip..].iter().map(|l| crate::proxy::status::shown_log_line(l)).collect();
     Ok(tail)
-}
-
-/// A `proxy.log` line as ppp shows it: through [`crate::output::printable`]
-/// (it holds what the guest sent: a refused Host, a DNS name), and with the
-/// query string of every URL in it cut to `?…`. mitmdump logs each flow's
-/// URL whole, and a query often carries a credential (`?access_token=…`, a
-/// presigned URL's signature) that a pasted report must not.
-pub fn shown_log_line(line: &str) -> String {
-    let line = crate::output::printable(line);
-    if !line.contains("://") || !line.contains('?') {
-        return line.into_owned();
-    }
-    let mut out = String::with_capacity(line.len());
-    for (i, word) in line.split(' ').enumerate() {
-        if i > 0 {
-            out.push(' ');
-        }
-        match word.find('?') {
-            Some(q) if word.contains("://") => {
-                out.push_str(&word[..q]);
-                out.push_str("?\u{2026}");
-            }
-            _ => out.push_str(word),
-        }
-    }
-    out
 }
 
 /// Replaces stored secret values, and text shaped like an API key, with

@@ -120,6 +120,12 @@ pub fn hypervisor(provider: &str) -> Option<(String, String)> {
     }
 }
 
+/// Whether `machine init` needs `--user-mode-networking` for the endpoint
+/// host to exist: only on WSL, whose default networking has no gvproxy.
+pub fn needs_user_mode_networking(provider: &str) -> bool {
+    provider.eq_ignore_ascii_case("wsl")
+}
+
 /// Where podman (at `podman`) would find the helper `name`: its helper
 /// directories, `../libexec/podman` beside its own binary, then `PATH`.
 pub fn find_helper(name: &str, podman: &Path) -> Option<PathBuf> {
@@ -308,7 +314,7 @@ impl Podman {
         }
         // WSL's own networking has no gvproxy, so no host alias for the
         // WireGuard endpoint (see proxy::endpoint).
-        if crate::proxy::endpoint::needs_user_mode_networking(&self.provider) {
+        if needs_user_mode_networking(&self.provider) {
             inv = inv.arg("--user-mode-networking");
         }
         inv = inv
@@ -682,6 +688,13 @@ mod tests {
         assert!(podman("6.0.1", "wsl").allows_many_running());
         assert!(is_one_vm_refusal("Error: only one VM can be active at a time"));
         assert!(!is_one_vm_refusal("Error: machine not found"));
+    }
+
+    #[test]
+    fn only_wsl_needs_user_mode_networking() {
+        assert!(needs_user_mode_networking("wsl"));
+        assert!(needs_user_mode_networking("WSL"));
+        assert!(!needs_user_mode_networking("qemu"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! ppp's layers, kept by a test: the core never names the command line,
-//! and the sandbox lifecycle never names the kits built on it (issue 16;
-//! docs/architecture.md, "Layers").
+//! the sandbox lifecycle never names the kits built on it (issue 16), and
+//! no module imports itself back, directly or through others (issue 29,
+//! ADR 0046; docs/architecture.md, "Layers").
 //!
 //! Every file under `src/` is read with its comments and literals blanked
 //! out, and every path that starts at the crate root is followed to its
@@ -12,6 +13,7 @@
 //! re-export (`pub use crate::cli::X` in an allowed file) would hide an
 //! edge, and is itself the thing a review should catch.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// One rule: files for which `applies` holds may not name the crate's
@@ -22,10 +24,12 @@ struct Rule {
     why: &'static str,
 }
 
-/// The front ends: the only files that may name the command line. `tui/`,
-/// `setup.rs` and `diagnose.rs` are commands with more than one file.
+/// The front ends: the only files that may name the command line. `tui/`
+/// and `setup.rs` are commands with more than one file. `diagnose.rs` is
+/// not: it collects the report from the core (the daemon's status from
+/// `proxy::status`), and `cmd/diagnose.rs` prints it.
 fn below_the_command_line(file: &str) -> bool {
-    const FRONT: &[&str] = &["main.rs", "lib.rs", "cli.rs", "setup.rs", "diagnose.rs"];
+    const FRONT: &[&str] = &["main.rs", "lib.rs", "cli.rs", "setup.rs"];
     !(FRONT.contains(&file) || file.starts_with("cmd/") || file.starts_with("tui/"))
 }
 
@@ -68,6 +72,225 @@ fn layers_point_down() {
         }
     }
     assert!(broken.is_empty(), "imports against the layers (docs/architecture.md):\n{}\n", broken.join("\n"));
+}
+
+/// No two modules import each other, directly or through others (issue
+/// 29): a circle means neither side can be read, tested or moved without
+/// the other, and it grows. Every path from the crate root in every file
+/// (`crate::…`, `super::…`, `self::…`, in `use` and in code) is followed to
+/// the deepest module a file under `src/` holds; an edge between a module
+/// and one it contains (or is contained in) is not counted, since Rust
+/// makes those one unit (children see the parent's private items, a parent
+/// re-exports its children). Each circle found is named with the file and
+/// line of each of its imports.
+#[test]
+fn no_module_imports_itself_back() {
+    let graph = import_graph();
+    assert!(graph.len() > 20, "found only {} modules under `src/`", graph.len());
+    let circles = circles(&graph);
+    assert!(
+        circles.is_empty(),
+        "modules that import each other (cut each by moving what both sides need down a layer, \
+         into a small module or the lower one; docs/architecture.md):\n{}\n",
+        circles.join("\n")
+    );
+}
+
+/// A module (its path from the crate root) and, for each module it
+/// names, where it first does.
+type Graph = BTreeMap<Vec<String>, BTreeMap<Vec<String>, String>>;
+
+fn import_graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let rels: Vec<String> =
+        files.iter().map(|p| p.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/")).collect();
+    // `main.rs` is the binary, a crate of its own that calls the library.
+    let known: BTreeSet<Vec<String>> = rels.iter().filter(|r| *r != "main.rs").map(|r| module_path(r)).collect();
+    let mut graph = Graph::new();
+    for (path, rel) in files.iter().zip(&rels).filter(|(_, r)| *r != "main.rs") {
+        let from = module_path(rel);
+        let edges = graph.entry(from.clone()).or_default();
+        for (line, named) in crate_paths(&std::fs::read_to_string(path).unwrap(), &from) {
+            let to = resolve(&named, &known);
+            if !to.starts_with(&from) && !from.starts_with(&to) {
+                edges.entry(to).or_insert_with(|| format!("src/{rel}:{line}"));
+            }
+        }
+    }
+    graph
+}
+
+/// The deepest module in `known` that `path` starts with.
+fn resolve(path: &[String], known: &BTreeSet<Vec<String>>) -> Vec<String> {
+    (0..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| known.contains(p)).unwrap_or_default()
+}
+
+/// One line per circle: each set of modules that reach each other, shown
+/// as a shortest way round from its first module.
+fn circles(graph: &Graph) -> Vec<String> {
+    let reach = |from: &Vec<String>| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from];
+        while let Some(m) = todo.pop() {
+            for next in graph.get(m).into_iter().flat_map(BTreeMap::keys) {
+                if seen.insert(next) {
+                    todo.push(next);
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&Vec<String>, BTreeSet<&Vec<String>>> = graph.keys().map(|m| (m, reach(m))).collect();
+    let mut shown = BTreeSet::new();
+    let mut out = Vec::new();
+    for (m, from_m) in &reaches {
+        if shown.contains(m) || !from_m.contains(m) {
+            continue;
+        }
+        let circle: BTreeSet<&Vec<String>> =
+            from_m.iter().copied().filter(|n| reaches.get(n).is_some_and(|r| r.contains(m))).collect();
+        shown.extend(circle.iter().copied());
+        // Breadth first inside the circle, back to `m`.
+        let mut back: BTreeMap<&Vec<String>, &Vec<String>> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([*m]);
+        'search: while let Some(at) = queue.pop_front() {
+            for next in graph[at].keys().filter(|n| circle.contains(n)) {
+                if !back.contains_key(next) {
+                    back.insert(next, at);
+                    if next == *m {
+                        break 'search;
+                    }
+                    queue.push_back(next);
+                }
+            }
+        }
+        let mut way = vec![*m];
+        let mut at = back[*m];
+        while at != *m {
+            way.push(at);
+            at = back[at];
+        }
+        way.reverse();
+        way.insert(0, *m);
+        let name = |p: &Vec<String>| p.join("::");
+        let steps: Vec<String> = way.windows(2).map(|w| format!("{} ({})", name(w[1]), graph[w[0]][w[1]])).collect();
+        let others = circle.len() + 1 - way.len();
+        let more = if others > 0 { format!(" [and {others} more in the same circle]") } else { String::new() };
+        out.push(format!("  {} → {}{more}", name(m), steps.join(" → ")));
+    }
+    out
+}
+
+/// Every path from the crate root that `text` names, made absolute, with
+/// its line: `crate::a::b`, `$crate::a`, `self::a`, `super::…::a` (from the
+/// inline module it is written in), and each leaf of a `use` group
+/// (`crate::{a::{b, c}, d}`). The path stops at the first token that is not
+/// a name. A `#[cfg(test)] mod` is skipped: a unit test may build its input
+/// with a sibling module without either module depending on the other, and
+/// it is not in the product.
+fn crate_paths(text: &str, module: &[String]) -> Vec<(usize, Vec<String>)> {
+    let toks = tokens(&blank(text));
+    let mut found = Vec::new();
+    let mut depth = 0usize;
+    // The inline modules around the token: name, brace depth, `#[cfg(test)]`.
+    let mut inline: Vec<(String, usize, bool)> = Vec::new();
+    for i in 0..toks.len() {
+        let t = toks[i].text.as_str();
+        match t {
+            "{" => {
+                depth += 1;
+                if i >= 2 && toks[i - 2].text == "mod" && is_ident(&toks[i - 1].text) {
+                    let attr = ["#", "[", "cfg", "(", "test", ")", "]"];
+                    let cfg_test = i >= 9 && toks[i - 9..i - 2].iter().zip(attr).all(|(t, a)| t.text == a);
+                    inline.push((toks[i - 1].text.clone(), depth, cfg_test));
+                }
+            }
+            "}" => {
+                if inline.last().is_some_and(|(_, d, _)| *d == depth) {
+                    inline.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
+        }
+        let in_tests = inline.iter().any(|(_, _, test)| *test);
+        if in_tests || (i > 0 && toks[i - 1].text == "::") || !matches!(t, "crate" | "super" | "self") {
+            continue;
+        }
+        let mut here: Vec<String> = module.to_vec();
+        here.extend(inline.iter().map(|(n, _, _)| n.clone()));
+        let mut base = match t {
+            "crate" => Vec::new(),
+            _ => here,
+        };
+        let mut j = i;
+        if t == "super" {
+            while toks.get(j).is_some_and(|t| t.text == "super") && toks.get(j + 1).is_some_and(|t| t.text == "::") {
+                base.pop();
+                j += 2;
+            }
+            j -= 1; // onto the last `::`
+        } else {
+            j += 1;
+        }
+        if toks.get(j).is_some_and(|t| t.text == "::") {
+            use_tree(&toks, j + 1, base, &mut found);
+        }
+    }
+    found
+}
+
+/// The leaves of the path or `use` tree that starts at `at`, after `prefix`.
+fn use_tree(toks: &[Token], mut at: usize, mut prefix: Vec<String>, out: &mut Vec<(usize, Vec<String>)>) {
+    while let Some(t) = toks.get(at) {
+        if t.text == "{" {
+            let mut depth = 0;
+            let mut item_start = true;
+            for (k, u) in toks.iter().enumerate().skip(at) {
+                match u.text.as_str() {
+                    "{" => {
+                        depth += 1;
+                        if depth == 1 {
+                            continue;
+                        }
+                    }
+                    "}" => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    "," if depth == 1 => {
+                        item_start = true;
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 1 && item_start {
+                    item_start = false;
+                    if u.text == "self" || u.text == "*" {
+                        out.push((u.line, prefix.clone()));
+                    } else {
+                        use_tree(toks, k, prefix.clone(), out);
+                    }
+                }
+            }
+            return;
+        }
+        if !is_ident(&t.text) || t.text == "self" {
+            break;
+        }
+        prefix.push(t.text.clone());
+        if toks.get(at + 1).is_some_and(|n| n.text == "::") {
+            at += 2;
+        } else {
+            break;
+        }
+    }
+    let line = toks.get(at).or(toks.last()).map_or(0, |t| t.line);
+    out.push((line, prefix));
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -331,6 +554,55 @@ mod scanner {
         assert_eq!(named("use super::{kit, x};\n", "sandbox/mod.rs"), pairs(&[(1, "kit"), (1, "x")]));
         assert_eq!(named("use super::*;\n", "config.rs"), vec![]);
         assert_eq!(named("x::super::super::cli", "a/b.rs"), vec![]);
+    }
+
+    fn paths(text: &str, file: &str) -> Vec<(usize, String)> {
+        crate_paths(text, &module_path(file)).into_iter().map(|(l, p)| (l, p.join("::"))).collect()
+    }
+
+    #[test]
+    fn paths_are_made_absolute_from_where_they_are_written() {
+        let text = "use super::lifecycle::Ui;\nuse super::{Record, machine::{a, b}};\nfn f() { crate::x::y::z(); }\n\
+                    mod inner {\n    use super::super::up;\n    use self::deep;\n}\nuse crate::kit::{self, *};\n";
+        assert_eq!(
+            paths(text, "sandbox/verify.rs"),
+            [
+                (1, "sandbox::lifecycle::Ui"),
+                (2, "sandbox::Record"),
+                (2, "sandbox::machine::a"),
+                (2, "sandbox::machine::b"),
+                (3, "x::y::z"),
+                (5, "sandbox::up"),
+                (6, "sandbox::verify::inner::deep"),
+                (8, "kit"),
+                (8, "kit"),
+            ]
+            .map(|(l, s)| (l, s.to_owned()))
+        );
+        let tests = "#[cfg(test)]\nmod tests {\n    use super::*;\n    use crate::cmd::x;\n}\nuse crate::after;\n";
+        assert_eq!(paths(tests, "a.rs"), [(6, "after".to_owned())], "unit tests are skipped, code after them is not");
+    }
+
+    #[test]
+    fn a_circle_is_named_with_its_imports() {
+        let m = |s: &str| s.split("::").map(str::to_owned).collect::<Vec<_>>();
+        let edge = |g: &mut Graph, a: &str, b: &str, at: &str| {
+            g.entry(m(a)).or_default().insert(m(b), at.to_owned());
+            g.entry(m(b)).or_default();
+        };
+        let mut g = Graph::new();
+        edge(&mut g, "a", "b", "src/a.rs:1");
+        edge(&mut g, "b", "c::d", "src/b.rs:2");
+        edge(&mut g, "c::d", "a", "src/c/d.rs:3");
+        edge(&mut g, "c::d", "e", "src/c/d.rs:4");
+        edge(&mut g, "e", "f", "src/e.rs:5");
+        assert_eq!(circles(&g), ["  a → b (src/a.rs:1) → c::d (src/b.rs:2) → a (src/c/d.rs:3)"]);
+        edge(&mut g, "f", "e", "src/f.rs:6");
+        assert_eq!(circles(&g).len(), 2, "{:?}", circles(&g));
+        let known = [m("a"), m("c"), m("c::d"), vec![]].into_iter().collect();
+        assert_eq!(resolve(&m("c::d::Item"), &known), m("c::d"));
+        assert_eq!(resolve(&m("c::x::Item"), &known), m("c"));
+        assert_eq!(resolve(&m("Item"), &known), Vec::<String>::new());
     }
 
     #[test]

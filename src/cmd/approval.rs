@@ -11,7 +11,7 @@ use crate::cli::{ApprovalAnswerArgs, ApprovalCommand};
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{self, GlobalFile, Resource, ResourceKind, Rule, Source, Verdict};
-use crate::proxy::approvals::Pending;
+use crate::proxy::protocol::Pending;
 use crate::{output, proxy, state};
 use anyhow::Result;
 

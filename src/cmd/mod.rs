@@ -66,8 +66,8 @@ impl Ctx {
     }
 
     /// The sandbox lifecycle's progress switch.
-    pub fn ui(&self) -> crate::sandbox::lifecycle::Ui {
-        crate::sandbox::lifecycle::Ui { quiet: self.quiet }
+    pub fn ui(&self) -> crate::sandbox::ui::Ui {
+        crate::sandbox::ui::Ui { quiet: self.quiet }
     }
 
     /// ppp's directories; an error if they cannot be located.

@@ -21,8 +21,9 @@ use crate::exec;
 use crate::podman::Podman;
 use crate::policy::{self, GlobalFile, Preset, Source};
 use crate::sandbox::image;
-use crate::sandbox::lifecycle::{self, Ui};
+use crate::sandbox::lifecycle;
 use crate::sandbox::request::{Request, Spec};
+use crate::sandbox::ui::Ui;
 use crate::setup::{self, Check, Fix, Level, Report, Trust};
 use crate::{output, proxy, state};
 

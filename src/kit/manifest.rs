@@ -413,6 +413,11 @@ pub fn read_source(root: &Path, source: &str) -> Result<Vec<u8>> {
     read_bounded(&real, MAX_FILE_BYTES, "kit file")
 }
 
+/// `./a//b` → `a/b`: how a source path is stored in a packed zip.
+pub fn normalize(source: &str) -> String {
+    source.split('/').filter(|s| !s.is_empty() && *s != ".").collect::<Vec<_>>().join("/")
+}
+
 fn parse_mode(m: &Mode) -> Option<u32> {
     let digits = match m {
         Mode::Number(n) => n.to_string(),

@@ -12,8 +12,7 @@ use std::io::Write as _;
 use anyhow::Result;
 use zip::write::SimpleFileOptions;
 
-use super::manifest::{Kit, MANIFEST};
-use super::source::normalize;
+use super::manifest::{Kit, MANIFEST, normalize};
 
 /// The kit's archive bytes.
 pub fn pack(kit: &Kit) -> Result<Vec<u8>> {

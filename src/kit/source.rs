@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::manifest::{self, Kit, MANIFEST, MAX_FILE_BYTES, MAX_FILES, MAX_MANIFEST_BYTES, MAX_TOTAL_BYTES};
+use super::manifest::{self, Kit, MANIFEST, MAX_FILE_BYTES, MAX_FILES, MAX_MANIFEST_BYTES, MAX_TOTAL_BYTES, normalize};
 use crate::error::fail;
 use crate::exec::{self, Invocation};
 
@@ -141,11 +141,6 @@ pub fn load_zip_bytes(file: &Path, bytes: &[u8]) -> Result<Kit> {
             .cloned()
             .ok_or_else(|| fail(format!("kit file `{source}` is not in the archive `{}`", file.display())).into())
     })
-}
-
-/// `./a//b` → `a/b`: how a source path is stored in a packed zip.
-pub fn normalize(source: &str) -> String {
-    source.split('/').filter(|s| !s.is_empty() && *s != ".").collect::<Vec<_>>().join("/")
 }
 
 /// Clone a git URL (`--depth 1`) into a temporary directory and load it.

@@ -13,7 +13,8 @@
 //! guest sits on WSL's own NAT, where the host's loopback is out of reach,
 //! unless the machine has user-mode networking (gvproxy again). ppp creates
 //! WSL machines with `--user-mode-networking` for that reason (see
-//! [`needs_user_mode_networking`]), so the alias holds there too.
+//! [`crate::podman::needs_user_mode_networking`]), so the alias holds there
+//! too.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -43,12 +44,6 @@ pub struct Endpoint {
 /// provider that differs has one place to say so.
 pub fn default_for(_provider: &str) -> &'static str {
     GVPROXY_HOST_ALIAS
-}
-
-/// Whether `machine init` needs `--user-mode-networking` for the endpoint
-/// host to exist: only on WSL, whose default networking has no gvproxy.
-pub fn needs_user_mode_networking(provider: &str) -> bool {
-    provider.eq_ignore_ascii_case("wsl")
 }
 
 /// The endpoint host for `provider`: `env` (the value of
@@ -110,8 +105,6 @@ mod tests {
         for p in ["qemu", "applehv", "libkrun", "hyperv", "wsl", "QEMU", "something-new"] {
             assert_eq!(default_for(p), "192.168.127.254", "{p}");
         }
-        assert!(needs_user_mode_networking("wsl"));
-        assert!(!needs_user_mode_networking("qemu"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod dns;
 pub mod protocol;
 pub mod resolve;
 pub mod socket;
+pub mod status;
 pub mod supervisor;
 
 use std::io::{BufRead, BufReader, Write};
@@ -82,7 +83,7 @@ pub fn ask_daemon(dirs: &Dirs, request: &protocol::Request) -> anyhow::Result<Op
 
 /// The requests the running daemon holds for approval; `None` when no
 /// daemon runs (then nothing can be held).
-pub fn approvals(dirs: &Dirs) -> anyhow::Result<Option<Vec<approvals::Pending>>> {
+pub fn approvals(dirs: &Dirs) -> anyhow::Result<Option<Vec<protocol::Pending>>> {
     match ask_daemon(dirs, &protocol::Request::Approvals)? {
         None => Ok(None),
         Some(protocol::Response::Approvals(p)) => Ok(Some(p)),

@@ -124,6 +124,43 @@ pub enum Protocol {
     Tls,
 }
 
+/// One pending entry as `ppp policy approval ls` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    pub id: String,
+    pub sandbox: String,
+    pub host: Option<String>,
+    pub ip: Option<IpAddr>,
+    pub port: u16,
+    pub protocol: Option<Protocol>,
+    pub method: Option<String>,
+    pub path: Option<String>,
+    /// The body size the request declared, when it did.
+    pub size: Option<u64>,
+    /// How many identical requests wait on this entry.
+    pub count: usize,
+    /// Seconds since the first of them arrived.
+    pub waiting_secs: u64,
+    /// Seconds until the oldest is denied for lack of an answer.
+    pub remaining_secs: u64,
+}
+
+impl Pending {
+    /// `host:port`, or the address when the guest named no host.
+    #[must_use]
+    pub fn target(&self) -> String {
+        match (&self.host, self.ip) {
+            // An IPv6 literal in brackets: `2001:db8::1:80` is itself an
+            // address, and a rule written from it would name another one.
+            (Some(h), _) if h.parse::<std::net::Ipv6Addr>().is_ok() => format!("[{h}]:{}", self.port),
+            (Some(h), _) => format!("{h}:{}", self.port),
+            (None, Some(IpAddr::V6(a))) => format!("[{a}]:{}", self.port),
+            (None, Some(a)) => format!("{a}:{}", self.port),
+            (None, None) => format!("?:{}", self.port),
+        }
+    }
+}
+
 /// Why a request failed: the `"reason"` of an `"ok": false` reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -269,7 +306,7 @@ pub enum Response {
     /// `modes`.
     Modes(Vec<String>),
     /// `approvals`.
-    Approvals(Vec<super::approvals::Pending>),
+    Approvals(Vec<Pending>),
     /// `answer`: how many waiting requests it released.
     Released(usize),
     /// `{"ok":true}` and nothing else: what a bare acknowledgement (an older
@@ -425,7 +462,7 @@ struct Wire {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     modes: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    approvals: Option<Vec<super::approvals::Pending>>,
+    approvals: Option<Vec<Pending>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     released: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -595,5 +632,31 @@ mod tests {
         ));
         let s = Response::Substitutions(vec![Substitution { placeholder: "P".into(), value: Value::new("v".into()) }]);
         assert_eq!(s.to_line(None), "{\"ok\":true,\"substitutions\":[{\"placeholder\":\"P\",\"value\":\"v\"}]}\n");
+    }
+
+    #[test]
+    fn a_target_parses_back_as_what_was_held() {
+        let mut p = Pending {
+            id: "0".into(),
+            sandbox: "s".into(),
+            host: Some("2001:db8::1".into()),
+            ip: None,
+            port: 80,
+            protocol: None,
+            method: None,
+            path: None,
+            size: None,
+            count: 1,
+            waiting_secs: 0,
+            remaining_secs: 0,
+        };
+        assert_eq!(p.target(), "[2001:db8::1]:80");
+        let r = crate::policy::Resource::parse(&p.target()).unwrap();
+        assert_eq!(r.port(), Some(80));
+        p.host = Some("api.example.com".into());
+        assert_eq!(p.target(), "api.example.com:80");
+        p.host = None;
+        p.ip = Some("10.0.0.1".parse().unwrap());
+        assert_eq!(p.target(), "10.0.0.1:80");
     }
 }

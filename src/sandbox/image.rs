@@ -28,9 +28,9 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::lifecycle::Ui;
 use super::machine::{last_line, open_log, run_logged};
 use super::provision::{GUEST_CA_BUNDLE, GUEST_DIR};
+use super::ui::Ui;
 use super::{ImageOrigin, Record};
 use crate::agent::Agent;
 use crate::dirs::Dirs;

@@ -22,6 +22,7 @@ use super::claim::{Keep, claim, forget, rollback};
 use super::machine;
 use super::provision::provision;
 use super::request::Request;
+use super::ui::Ui;
 use super::verify::verify;
 use super::workspace::{clone_into, clone_remote, guest_path};
 use super::{PortRegistry, Record, Status};
@@ -30,41 +31,11 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Invocation};
 use crate::podman::{InitSpec, Podman};
-use crate::progress;
 use crate::proxy::{self, supervisor};
 use crate::state;
 
 /// How long a new WireGuard server may take to print its config.
 const WG0_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Progress on stderr: a spinner (or plain lines off a terminal) per long
-/// step; silent with `-q`. See [`crate::progress`].
-#[derive(Debug, Clone, Copy)]
-pub struct Ui {
-    pub quiet: bool,
-}
-
-impl Ui {
-    /// Start a timed step; the caller ends it with `.done()` on success.
-    fn step(self, what: &str) -> progress::Step {
-        progress::Progress::detect(self.quiet).start(what)
-    }
-
-    /// Run `f` as one timed step, ended as done when it succeeds.
-    pub(super) fn timed<T>(self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let step = self.step(what);
-        let result = f();
-        if result.is_ok() {
-            step.done();
-        }
-        result
-    }
-
-    /// An untimed line.
-    pub(super) fn note(self, what: &str) {
-        progress::Progress::detect(self.quiet).note(what);
-    }
-}
 
 /// Something a new sandbox gets once it is verified, before it is handed
 /// over: a kit, today. Defined here and implemented above (`kit/`), so the

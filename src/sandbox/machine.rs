@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::Record;
-use super::lifecycle::Ui;
+use super::ui::Ui;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Invocation};
@@ -136,7 +136,7 @@ pub fn start_lock(dirs: &Dirs) -> Result<state::Lock> {
 /// - the configured cap (`sandboxes.max_running`) is reached;
 /// - the running sandboxes' memory and its own would be more than the
 ///   host has, or its own more than the host can give now (see
-///   [`super::request::HostMemory`]);
+///   [`super::host::HostMemory`]);
 /// - it lives in the user's own podman home and another machine runs
 ///   there, where podman runs one machine at a time (every provider but
 ///   WSL): podman's own rule, said before podman is asked.
@@ -184,7 +184,7 @@ pub fn admit(dirs: &Dirs, podman: &Podman, name: &str, memory_mib: u64, own_home
         .hint(format!("{}, or raise `sandboxes.max_running`", stop_hint()))
         .into());
     }
-    if let Some(host) = super::request::host_memory() {
+    if let Some(host) = super::host::host_memory() {
         let committed: u64 = running.iter().map(|r| r.memory).sum();
         if committed + memory_mib > host.total_mib {
             return Err(fail(format!(

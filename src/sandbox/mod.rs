@@ -21,6 +21,7 @@ use time::OffsetDateTime;
 
 mod claim;
 pub mod guard;
+pub mod host;
 pub mod image;
 pub mod lifecycle;
 pub mod machine;
@@ -28,6 +29,7 @@ pub mod names;
 pub mod provision;
 pub mod request;
 pub mod session;
+pub mod ui;
 pub mod verify;
 pub mod workspace;
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::Record;
-use super::lifecycle::Ui;
 use super::machine::{open_log, run_logged};
+use super::ui::Ui;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Stdin};

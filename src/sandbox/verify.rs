@@ -10,9 +10,9 @@ use anyhow::Result;
 use sha2::{Digest, Sha256};
 
 use super::Record;
-use super::lifecycle::Ui;
 use super::machine::{last_line, open_log};
 use super::provision::provision_argv;
+use super::ui::Ui;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec;

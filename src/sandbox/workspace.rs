@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::Record;
-use super::lifecycle::Ui;
 use super::machine::run_logged;
 use super::provision::GUEST_DIR;
+use super::ui::Ui;
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::exec::{self, Invocation};

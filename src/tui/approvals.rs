@@ -15,7 +15,7 @@ use super::state::{App, Event};
 use crate::dirs::Dirs;
 use crate::output::printable;
 use crate::policy::Verdict;
-use crate::proxy::approvals::Pending;
+use crate::proxy::protocol::Pending;
 
 /// How often the daemon's queue is read.
 pub const INTERVAL: Duration = Duration::from_millis(500);

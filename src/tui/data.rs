@@ -7,9 +7,9 @@ use std::net::Ipv4Addr;
 
 use serde_json::Value;
 
-use crate::cmd::daemon::{self, Tunnel};
 use crate::dirs::Dirs;
 use crate::policy::{flowlog, follow};
+use crate::proxy::status::{self, Tunnel};
 use crate::sandbox;
 
 /// How many of the newest flows are read at each refresh. "Recent denials"
@@ -137,7 +137,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         if records.is_empty() { None } else { crate::cmd::ls::listing(dirs, &records, &mut |w| warnings.push(w)) };
     // The daemon's own view of each sandbox's tunnel, as `daemon status`
     // shows it; read from files, so a wedged daemon cannot stall this.
-    let daemon = daemon::status_report(dirs).map_err(|e| warnings.push(format!("daemon status: {e:#}"))).ok();
+    let daemon = status::status_report(dirs).map_err(|e| warnings.push(format!("daemon status: {e:#}"))).ok();
     let tunnels: std::collections::BTreeMap<&str, Tunnel> =
         daemon.as_ref().map(|d| d.sandboxes.iter().map(|s| (s.name.as_str(), s.tunnel)).collect()).unwrap_or_default();
     let flows: Vec<Flow> = flowlog::tail(&dirs.flows_log(), FLOW_TAIL, None)

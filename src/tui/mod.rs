@@ -11,6 +11,7 @@
 pub mod approvals;
 pub mod data;
 pub mod flows;
+pub mod live;
 mod runner;
 pub mod state;
 mod term;

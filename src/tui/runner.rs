@@ -23,7 +23,8 @@ use crate::dirs::Dirs;
 use crate::exec::{self, Stdin};
 use crate::podman::Podman;
 use crate::sandbox;
-use crate::sandbox::lifecycle::{self, Ui};
+use crate::sandbox::lifecycle;
+use crate::sandbox::ui::Ui;
 
 /// How often the data is read again when nothing asks sooner.
 pub(super) const POLL_INTERVAL: Duration = Duration::from_secs(2);

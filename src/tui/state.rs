@@ -56,7 +56,7 @@ pub enum Event {
     /// Flows just logged, oldest first ([`super::flows::watch`]).
     Flows(Vec<Flow>),
     /// The held requests now ([`super::approvals::watch`]).
-    Approvals(Vec<crate::proxy::approvals::Pending>),
+    Approvals(Vec<crate::proxy::protocol::Pending>),
 }
 
 /// A line under the list: the last outcome.
@@ -84,9 +84,9 @@ pub struct App {
     /// Spinner frame, advanced by [`Event::Tick`].
     pub spinner: usize,
     /// The newest flows of each sandbox, as they are logged.
-    pub live: super::flows::Live,
+    pub live: super::live::Live,
     /// Requests waiting for the user's answer, oldest first.
-    pub approvals: Vec<crate::proxy::approvals::Pending>,
+    pub approvals: Vec<crate::proxy::protocol::Pending>,
     pub approval_cursor: usize,
 }
 
