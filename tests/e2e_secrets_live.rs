@@ -327,6 +327,9 @@ fn a_revocation_holds_when_the_daemon_cannot_reload_the_policy() {
     std::fs::write(&policy, text).unwrap();
     let out = rig.daemon.ppp(&["secret", "rm", "-f", "-g", "anthropic"]).output().unwrap();
     assert!(out.status.success(), "{}", netns::describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("did not reload its policy"), "the failed reload is reported: {stderr}");
+    assert!(stderr.contains("applies to the next request all the same"), "{stderr}");
     let mut failures = Vec::new();
     for (kind, seen) in rig.each_kind("after-rm", &ports) {
         if seen.key.as_deref() == Some(k) {
