@@ -169,7 +169,6 @@ fn key(v: &str) -> Option<String> {
 #[test]
 fn secret_changes_apply_to_the_next_request_on_every_connection() {
     let mut rig = rig();
-    let d = &rig.daemon;
     // Warm every cache: the placeholder passes through unreplaced and no
     // key is injected while none is stored.
     let warm: Vec<u64> = ["keep", "h2"]
@@ -181,11 +180,11 @@ fn secret_changes_apply_to_the_next_request_on_every_connection() {
         })
         .collect();
     let ports = (warm[0], warm[1]);
-    let _ = d;
 
     let g1 = "sk-ant-live-GLOBAL-1111111111111111";
     let s1 = "sk-ant-live-SANDBOX-2222222222222222";
     let s2 = "sk-ant-live-ROTATED-3333333333333333";
+    let cg = "custom-live-GLOBAL-9999999999999999";
     let c1 = "custom-live-VALUE-4444444444444444";
     let c2 = "custom-live-ROTATED-5555555555555555";
     let mut failures = Vec::new();
@@ -203,6 +202,12 @@ fn secret_changes_apply_to_the_next_request_on_every_connection() {
             "set-sandbox",
             vec!["secret", "set", "red", "anthropic", "-t", s1],
             Seen { key: key(s1), custom: Some(CUSTOM.into()) },
+            vec![],
+        ),
+        (
+            "set-custom-global",
+            vec!["secret", "set-custom", "--placeholder", CUSTOM, "--host", SERVICE_NAME, "--value", cg],
+            Seen { key: key(s1), custom: Some(cg.into()) },
             vec![],
         ),
         (
@@ -229,7 +234,13 @@ fn secret_changes_apply_to_the_next_request_on_every_connection() {
             Seen { key: key(g1), custom: Some(c2.into()) },
             vec![s2],
         ),
-        ("rm-custom", vec!["secret", "rm", "-f", "red", CUSTOM], Seen { key: key(g1), custom: Some(CUSTOM.into()) }, vec![c2]),
+        ("rm-custom", vec!["secret", "rm", "-f", "red", CUSTOM], Seen { key: key(g1), custom: Some(cg.into()) }, vec![c2]),
+        (
+            "rm-custom-global",
+            vec!["secret", "rm", "-f", "-g", CUSTOM],
+            Seen { key: key(g1), custom: Some(CUSTOM.into()) },
+            vec![cg],
+        ),
         (
             "rm-global",
             vec!["secret", "rm", "-f", "-g", "anthropic"],
