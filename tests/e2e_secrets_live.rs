@@ -161,10 +161,9 @@ impl Rig {
     }
 }
 
-/// The key header the upstream gets for a key: anthropic's is the key itself.
-fn key(v: &str) -> Option<String> {
-    Some(v.to_owned())
-}
+/// One change: its name, the `ppp` command, what the upstream must see
+/// next, and the values it revokes.
+type Step<'a> = (&'a str, Vec<&'a str>, Seen, Vec<&'a str>);
 
 #[test]
 fn secret_changes_apply_to_the_next_request_on_every_connection() {
@@ -189,62 +188,66 @@ fn secret_changes_apply_to_the_next_request_on_every_connection() {
     let c2 = "custom-live-ROTATED-5555555555555555";
     let mut failures = Vec::new();
     let mut gone: Vec<&str> = Vec::new();
-    type Step<'a> = (&'a str, Vec<&'a str>, Seen, Vec<&'a str>);
     let steps: Vec<Step> = vec![
-        ("none", vec![], Seen { key: key("ppp-proxy-managed"), custom: Some(CUSTOM.into()) }, vec![]),
+        ("none", vec![], Seen { key: Some("ppp-proxy-managed".into()), custom: Some(CUSTOM.into()) }, vec![]),
         (
             "set-global",
             vec!["secret", "set", "-g", "anthropic", "-t", g1],
-            Seen { key: key(g1), custom: Some(CUSTOM.into()) },
+            Seen { key: Some(g1.into()), custom: Some(CUSTOM.into()) },
             vec![],
         ),
         (
             "set-sandbox",
             vec!["secret", "set", "red", "anthropic", "-t", s1],
-            Seen { key: key(s1), custom: Some(CUSTOM.into()) },
+            Seen { key: Some(s1.into()), custom: Some(CUSTOM.into()) },
             vec![],
         ),
         (
             "set-custom-global",
             vec!["secret", "set-custom", "--placeholder", CUSTOM, "--host", SERVICE_NAME, "--value", cg],
-            Seen { key: key(s1), custom: Some(cg.into()) },
+            Seen { key: Some(s1.into()), custom: Some(cg.into()) },
             vec![],
         ),
         (
             "set-custom",
             vec!["secret", "set-custom", "red", "--placeholder", CUSTOM, "--host", SERVICE_NAME, "--value", c1],
-            Seen { key: key(s1), custom: Some(c1.into()) },
+            Seen { key: Some(s1.into()), custom: Some(c1.into()) },
             vec![],
         ),
         (
             "rotate-sandbox",
             vec!["secret", "set", "red", "anthropic", "-t", s2],
-            Seen { key: key(s2), custom: Some(c1.into()) },
+            Seen { key: Some(s2.into()), custom: Some(c1.into()) },
             vec![s1],
         ),
         (
             "rotate-custom",
             vec!["secret", "set-custom", "red", "--placeholder", CUSTOM, "--host", SERVICE_NAME, "--value", c2],
-            Seen { key: key(s2), custom: Some(c2.into()) },
+            Seen { key: Some(s2.into()), custom: Some(c2.into()) },
             vec![c1],
         ),
         (
             "rm-sandbox",
             vec!["secret", "rm", "-f", "red", "anthropic"],
-            Seen { key: key(g1), custom: Some(c2.into()) },
+            Seen { key: Some(g1.into()), custom: Some(c2.into()) },
             vec![s2],
         ),
-        ("rm-custom", vec!["secret", "rm", "-f", "red", CUSTOM], Seen { key: key(g1), custom: Some(cg.into()) }, vec![c2]),
+        (
+            "rm-custom",
+            vec!["secret", "rm", "-f", "red", CUSTOM],
+            Seen { key: Some(g1.into()), custom: Some(cg.into()) },
+            vec![c2],
+        ),
         (
             "rm-custom-global",
             vec!["secret", "rm", "-f", "-g", CUSTOM],
-            Seen { key: key(g1), custom: Some(CUSTOM.into()) },
+            Seen { key: Some(g1.into()), custom: Some(CUSTOM.into()) },
             vec![cg],
         ),
         (
             "rm-global",
             vec!["secret", "rm", "-f", "-g", "anthropic"],
-            Seen { key: key("ppp-proxy-managed"), custom: Some(CUSTOM.into()) },
+            Seen { key: Some("ppp-proxy-managed".into()), custom: Some(CUSTOM.into()) },
             vec![g1],
         ),
     ];
@@ -324,7 +327,8 @@ fn a_request_racing_the_change_never_gets_the_old_key_after_the_cli_returned() {
 fn a_revocation_holds_when_the_daemon_cannot_reload_the_policy() {
     let mut rig = rig();
     let k = "sk-ant-broken-POLICY-888888888888888";
-    let warm: Vec<u64> = ["keep", "h2"].iter().map(|c| rig.probe().cmd(&format!("{c} warm"))["port"].as_u64().unwrap()).collect();
+    let warm: Vec<u64> =
+        ["keep", "h2"].iter().map(|c| rig.probe().cmd(&format!("{c} warm"))["port"].as_u64().unwrap()).collect();
     let ports = (warm[0], warm[1]);
     rig.daemon.ok(&["secret", "set", "-g", "anthropic", "-t", k]);
     for (kind, seen) in rig.each_kind("with-key", &ports) {

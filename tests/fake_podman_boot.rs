@@ -161,7 +161,8 @@ fn the_fake_boots_the_units_systemd_would_in_an_order_systemd_could() {
     for never in ["unlinked", "shutdown", "rescue", "original", "after-failure", "network-before-killswitch"] {
         assert!(!ran.contains(&never), "`{never}` ran at boot, as systemd would not: {ran:?}");
     }
-    for w in ["killswitch", "network-sees-killswitch", "plain", "pre", "after-ignored", "override", "pulled", "puller"] {
+    for w in ["killswitch", "network-sees-killswitch", "plain", "pre", "after-ignored", "override", "pulled", "puller"]
+    {
         at(w);
     }
     assert!(at("killswitch") < at("network-sees-killswitch"), "the kill switch comes before the network: {ran:?}");
