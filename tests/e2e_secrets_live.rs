@@ -288,10 +288,22 @@ fn race_requests(rig: &Rig) -> Vec<(u64, String)> {
 
 #[test]
 fn a_request_racing_the_change_never_gets_the_old_key_after_the_cli_returned() {
+    race("keep");
+}
+
+#[test]
+fn an_http2_stream_racing_the_change_never_gets_the_old_key_after_the_cli_returned() {
+    race("h2");
+}
+
+/// A connection of `kind` hammered with requests while the key is rotated,
+/// then removed: no request started after a command returned carries a
+/// value that command revoked.
+fn race(kind: &str) {
     let mut rig = rig();
     let (k1, k2) = ("sk-ant-race-FIRST-6666666666666666", "sk-ant-race-SECOND-777777777777777");
     rig.daemon.ok(&["secret", "set", "-g", "anthropic", "-t", k1]);
-    rig.probe().cmd("hammer");
+    rig.probe().cmd(&format!("hammer {kind}"));
     // Requests flow (and every cache is warm) before the change.
     netns::wait_until("the hammer to reach upstream with the key", netns::DEADLINE, || {
         race_requests(&rig).iter().filter(|(_, k)| k == k1).count() >= 20
@@ -319,7 +331,7 @@ fn a_request_racing_the_change_never_gets_the_old_key_after_the_cli_returned() {
             }
         }
     }
-    assert!(bad.is_empty(), "a revoked key was injected after the CLI returned:\n{}", bad.join("\n"));
+    assert!(bad.is_empty(), "{kind}: a revoked key was injected after the CLI returned:\n{}", bad.join("\n"));
     assert!(seen.iter().any(|(n, k)| *n >= marks[0].0 && *n < marks[1].0 && k == k2), "the rotated key was used");
 }
 

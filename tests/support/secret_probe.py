@@ -15,8 +15,9 @@ line on stdout:
   new TAG    a request on a new HTTP/1.1 connection, closed after it
   keep TAG   a request on the one kept-alive HTTP/1.1 connection
   h2 TAG     a new stream on the one open HTTP/2 connection
-  hammer     start sending `/race/<n>` back to back on a kept-alive
-             connection of its own, in a thread
+  hammer K   start sending `/race/<n>` back to back, in a thread, on a
+             connection of its own: kept-alive HTTP/1.1 (K = keep) or
+             HTTP/2 streams (K = h2)
   mark       {"next": n}: every race request from n on starts after
              this line was read
   stop       stop the hammer: {"sent": n}
@@ -106,9 +107,14 @@ class H2:
 
 
 class Hammer(threading.Thread):
-    def __init__(self):
+    def __init__(self, kind):
         super().__init__(daemon=True)
-        self.conn = http1(True)
+        if kind == "h2":
+            h2 = H2()
+            self.get = h2.get
+        else:
+            conn = http1(True)
+            self.get = lambda path: get1(conn, path, False)
         self.next = 0
         self.error = None
         self.lock = threading.Lock()
@@ -120,7 +126,7 @@ class Hammer(threading.Thread):
                 with self.lock:
                     n = self.next
                     self.next += 1
-                get1(self.conn, f"/race/{n}", False)
+                self.get(f"/race/{n}")
         except Exception as e:  # noqa: BLE001 - reported on stop
             self.error = f"{type(e).__name__}: {e}"
 
@@ -142,7 +148,7 @@ for line in sys.stdin:
         elif cmd == "h2":
             out = h2c.get(f"/live/{tag}")
         elif cmd == "hammer":
-            hammer = Hammer()
+            hammer = Hammer(tag or "keep")
             hammer.start()
             out = {"started": True}
         elif cmd == "mark":
