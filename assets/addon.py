@@ -2557,22 +2557,6 @@ class PppAddon:
             return
         try:
             self._poll()
-            fresh = ("inject", sandbox, host) not in self._secrets
-            r = self.secret("inject", sandbox, host)
-            if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
-                headers = flow.request.headers
-                # An uncompressed answer, so that a key echoed back can be
-                # found and scrubbed.
-                headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
-                flow.metadata["ppp"]["key_injected"] = True
-                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
-                if fresh:
-                    # Once per daemon answer, not per request: every log
-                    # record, debug included, is formatted and dispatched
-                    # to all addons by mitmproxy's handlers.
-                    log.debug("ppp: [%s] injecting a key for %s", sandbox, host)
-            elif r.get("reason") != "no-secret":
-                raise DaemonError(f"inject: {r.get('reason')}")
             subs = self.secret("secret", sandbox, host)
             if not subs.get("ok"):
                 raise DaemonError(f"substitutions: {subs.get('reason')}")
@@ -2581,13 +2565,42 @@ class PppAddon:
                 for s in subs.get("substitutions") or []
                 if isinstance(s, dict) and s.get("placeholder") and isinstance(s.get("value"), str)
             ]
+            headers = flow.request.headers
+            # A placeholder of the user's in an authentication header is this
+            # request's key, put there by the agent the user configured: the
+            # service key stored for the host must not overwrite it (it would
+            # strip that header). Either value goes only to a host it is
+            # stored for; the daemon decided both (docs/adr/0041).
+            own_key = bool(pairs) and any(
+                p in v for name in AUTH_HEADERS for v in headers.get_all(name) for p, _ in pairs
+            )
+            if not own_key:
+                fresh = ("inject", sandbox, host) not in self._secrets
+                r = self.secret("inject", sandbox, host)
+                if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
+                    # An uncompressed answer, so that a key echoed back can
+                    # be found and scrubbed.
+                    headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
+                    flow.metadata["ppp"]["key_injected"] = True
+                    self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
+                    if fresh:
+                        # Once per daemon answer, not per request: every log
+                        # record, debug included, is formatted and dispatched
+                        # to all addons by mitmproxy's handlers.
+                        log.debug("ppp: [%s] injecting a key for %s", sandbox, host)
+                elif r.get("reason") != "no-secret":
+                    raise DaemonError(f"inject: {r.get('reason')}")
             if pairs:
                 self._scrub[flow.id] = [*self._scrub.get(flow.id, []), *(v.encode() for _, v in pairs if v)]
-                for name in set(flow.request.headers.keys()):
-                    vals = flow.request.headers.get_all(name)
+                if own_key:
+                    # Uncompressed, as for an injected key: the value must be
+                    # found if echoed back.
+                    headers["accept-encoding"] = "identity"
+                for name in set(headers.keys()):
+                    vals = headers.get_all(name)
                     new = [self._sub(v, pairs) for v in vals]
                     if new != vals:
-                        flow.request.headers.set_all(name, new)
+                        headers.set_all(name, new)
         except DaemonError as e:
             log.warning("ppp: [%s] secrets unavailable for %s: %s", sandbox, host, e)
             # The daemon's error names host paths: the log has it, the

@@ -365,3 +365,24 @@ fn a_revocation_holds_when_the_daemon_cannot_reload_the_policy() {
     }
     assert!(failures.is_empty(), "revocation failed while the policy could not be reloaded:\n{}", failures.join("\n"));
 }
+
+/// The reported case: a custom placeholder for the service's own host, set
+/// while the daemon runs, used where the agent puts its key. The user's
+/// placeholder is substituted there; the service key stored for the host
+/// does not overwrite it.
+#[test]
+fn a_custom_placeholder_in_the_key_header_is_substituted_not_overwritten() {
+    let mut rig = rig();
+    let (g, c) = ("sk-ant-service-KEY-aaaaaaaaaaaaaaaa", "custom-in-KEY-HEADER-bbbbbbbbbbbbbb");
+    rig.daemon.ok(&["secret", "set", "-g", "anthropic", "-t", g]);
+    let mut seen = |rig: &mut Rig, tag: &str| {
+        let r = rig.probe().cmd(&format!("auth {tag}"));
+        assert_eq!(r["status"], 200, "{r}");
+        rig.seen(&format!("/live/{tag}")).key
+    };
+    assert_eq!(seen(&mut rig, "before").as_deref(), Some(g), "no such placeholder: the service key goes in");
+    rig.daemon.ok(&["secret", "set-custom", "--placeholder", CUSTOM, "--host", SERVICE_NAME, "--value", c]);
+    assert_eq!(seen(&mut rig, "custom").as_deref(), Some(c), "the user's placeholder is substituted in the key header");
+    rig.daemon.ok(&["secret", "rm", "-f", "-g", CUSTOM]);
+    assert_eq!(seen(&mut rig, "after").as_deref(), Some(g), "the placeholder removed: the service key again");
+}

@@ -14,6 +14,8 @@ line on stdout:
 
   new TAG    a request on a new HTTP/1.1 connection, closed after it
   keep TAG   a request on the one kept-alive HTTP/1.1 connection
+  auth TAG   a request on a new connection with the custom placeholder
+             as its key (`x-api-key: PPP_LIVE_TOKEN`), nothing else
   h2 TAG     a new stream on the one open HTTP/2 connection
   hammer K   start sending `/race/<n>` back to back, in a thread, on a
              connection of its own: kept-alive HTTP/1.1 (K = keep) or
@@ -56,8 +58,8 @@ def http1(keep):
     return conn
 
 
-def get1(conn, path, close):
-    headers = dict(HEADERS)
+def get1(conn, path, close, headers=None):
+    headers = dict(headers or HEADERS)
     if close:
         headers["connection"] = "close"
     local = conn.sock.getsockname()[1]
@@ -143,6 +145,9 @@ for line in sys.stdin:
     try:
         if cmd == "new":
             out = get1(http1(False), f"/live/{tag}", True)
+        elif cmd == "auth":
+            # The custom placeholder where an agent puts its key.
+            out = get1(http1(False), f"/live/{tag}", True, {"x-api-key": "PPP_LIVE_TOKEN", "host": name})
         elif cmd == "keep":
             out = get1(keep, f"/live/{tag}", False)
         elif cmd == "h2":
