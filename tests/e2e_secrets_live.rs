@@ -375,7 +375,7 @@ fn a_custom_placeholder_in_the_key_header_is_substituted_not_overwritten() {
     let mut rig = rig();
     let (g, c) = ("sk-ant-service-KEY-aaaaaaaaaaaaaaaa", "custom-in-KEY-HEADER-bbbbbbbbbbbbbb");
     rig.daemon.ok(&["secret", "set", "-g", "anthropic", "-t", g]);
-    let mut seen = |rig: &mut Rig, tag: &str| {
+    let seen = |rig: &mut Rig, tag: &str| {
         let r = rig.probe().cmd(&format!("auth {tag}"));
         assert_eq!(r["status"], 200, "{r}");
         rig.seen(&format!("/live/{tag}")).key
