@@ -1099,6 +1099,10 @@ class PppAddon:
         self.state_dir = ""
         self.generation: int | None = None
         self._gen_stamp: tuple[int, int, int] | None = None
+        # The stamp of `$PPP_DATA/secrets-index.json` the secret cache was
+        # filled under (see `_poll`).
+        self._index_stamp: tuple[int, int, int] | None = None
+        self._index_path = ""
         self._last_poll = 0.0
         # Keyed by what the guest chose (names, addresses): bounded.
         self._decisions: Lru = Lru(CACHE_MAX)
@@ -1179,6 +1183,7 @@ class PppAddon:
         if "ppp_state_dir" in updated or self.daemon is None:
             self.state_dir = ctx.options.ppp_state_dir or os.environ.get("PPP_DATA", "")
             self._gen_path = os.path.join(self.state_dir, "generation")
+            self._index_path = os.path.join(self.state_dir, "secrets-index.json")
             self._flow_path = os.path.join(self.state_dir, "flows.jsonl")
             self._registry_path = os.path.join(self.state_dir, "port-registry.json")
             if self.daemon is not None:
@@ -1382,12 +1387,12 @@ class PppAddon:
         if isinstance(g, int) and g != self.generation:
             self._invalidate(g)
 
-    def _read_stamp(self) -> tuple[int, int, int] | None:
+    def _read_stamp(self, path: str | None = None) -> tuple[int, int, int] | None:
         # The daemon replaces the file (temp file + rename) on every reload,
         # so its inode and mtime change each time. A stat is a fifth of the
         # cost of opening and reading it, and it runs twice per request.
         try:
-            st = os.stat(self._gen_path)
+            st = os.stat(self._gen_path if path is None else path)
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -1406,6 +1411,17 @@ class PppAddon:
         if stamp != self._gen_stamp:
             self._gen_stamp = stamp
             self._invalidate(None)
+        # Every change to the secret store (set, set-custom, rm, a sandbox
+        # removed) rewrites its index, atomically and under state.lock,
+        # before the command returns: the store's own commit point, whether
+        # or not the daemon then reloads (a policy it cannot parse keeps the
+        # generation where it was). A revoked key is never served from the
+        # cache after that (docs/adr/0040).
+        index = self._read_stamp(self._index_path)
+        if index != self._index_stamp:
+            self._index_stamp = index
+            self._secrets.clear()
+            Scrubber._tables.clear()
         now = time.monotonic()
         if self.generation is not None and now - self._last_poll < GENERATION_POLL_HOOK:
             return
@@ -2492,10 +2508,7 @@ class PppAddon:
                     # goes in now, before mitmproxy sends the headers on.
                     meta["injected"] = True
                     if meta.get("secret_ok"):
-                        # Polled in this same hook run: by _http_decide, or
-                        # by _ask_in_thread as the daemon's answer arrived
-                        # (not after a hold's wait, as before ADR 0023).
-                        self._inject(flow, meta["sandbox"], meta["host"], polled=True)
+                        self._inject(flow, meta["sandbox"], meta["host"])
             if flow.response is None:
                 # The limit is known once the key is in: the default upload
                 # limit does not apply to a request that carries one.
@@ -2535,31 +2548,15 @@ class PppAddon:
             log.exception("ppp: secret injection failed, denying")
             self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
 
-    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None, polled: bool = False) -> None:
-        """Inject the key and substitute placeholders. `polled`: the caller
-        checked the generation in this same hook run (requestheaders, right
-        after deciding), so the caches are as fresh as that check."""
+    def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None) -> None:
+        """Inject the key and substitute placeholders. Polled here, never
+        trusted from the decision: a hold for approval, or a turn in the
+        decision queue, may lie between the two, and a key revoked
+        meanwhile must not be served from the cache (two stats)."""
         if not host:
             return
         try:
-            if not polled:
-                self._poll()
-            fresh = ("inject", sandbox, host) not in self._secrets
-            r = self.secret("inject", sandbox, host)
-            if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
-                headers = flow.request.headers
-                # An uncompressed answer, so that a key echoed back can be
-                # found and scrubbed.
-                headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
-                flow.metadata["ppp"]["key_injected"] = True
-                self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
-                if fresh:
-                    # Once per daemon answer, not per request: every log
-                    # record, debug included, is formatted and dispatched
-                    # to all addons by mitmproxy's handlers.
-                    log.debug("ppp: [%s] injecting a key for %s", sandbox, host)
-            elif r.get("reason") != "no-secret":
-                raise DaemonError(f"inject: {r.get('reason')}")
+            self._poll()
             subs = self.secret("secret", sandbox, host)
             if not subs.get("ok"):
                 raise DaemonError(f"substitutions: {subs.get('reason')}")
@@ -2568,13 +2565,42 @@ class PppAddon:
                 for s in subs.get("substitutions") or []
                 if isinstance(s, dict) and s.get("placeholder") and isinstance(s.get("value"), str)
             ]
+            headers = flow.request.headers
+            # A placeholder of the user's in an authentication header is this
+            # request's key, put there by the agent the user configured: the
+            # service key stored for the host must not overwrite it (it would
+            # strip that header). Either value goes only to a host it is
+            # stored for; the daemon decided both (docs/adr/0041).
+            own_key = bool(pairs) and any(
+                p in v for name in AUTH_HEADERS for v in headers.get_all(name) for p, _ in pairs
+            )
+            if not own_key:
+                fresh = ("inject", sandbox, host) not in self._secrets
+                r = self.secret("inject", sandbox, host)
+                if r.get("ok") and isinstance(r.get("header"), str) and isinstance(r.get("value"), str):
+                    # An uncompressed answer, so that a key echoed back can
+                    # be found and scrubbed.
+                    headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
+                    flow.metadata["ppp"]["key_injected"] = True
+                    self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
+                    if fresh:
+                        # Once per daemon answer, not per request: every log
+                        # record, debug included, is formatted and dispatched
+                        # to all addons by mitmproxy's handlers.
+                        log.debug("ppp: [%s] injecting a key for %s", sandbox, host)
+                elif r.get("reason") != "no-secret":
+                    raise DaemonError(f"inject: {r.get('reason')}")
             if pairs:
                 self._scrub[flow.id] = [*self._scrub.get(flow.id, []), *(v.encode() for _, v in pairs if v)]
-                for name in set(flow.request.headers.keys()):
-                    vals = flow.request.headers.get_all(name)
+                if own_key:
+                    # Uncompressed, as for an injected key: the value must be
+                    # found if echoed back.
+                    headers["accept-encoding"] = "identity"
+                for name in set(headers.keys()):
+                    vals = headers.get_all(name)
                     new = [self._sub(v, pairs) for v in vals]
                     if new != vals:
-                        flow.request.headers.set_all(name, new)
+                        headers.set_all(name, new)
         except DaemonError as e:
             log.warning("ppp: [%s] secrets unavailable for %s: %s", sandbox, host, e)
             # The daemon's error names host paths: the log has it, the

@@ -31,6 +31,18 @@ pub fn run(cmd: &SecretCommand, ctx: &Ctx) -> Result<ExitCode> {
     }
 }
 
+/// Tell a running daemon. The proxy sees a secret change without it (the
+/// store's index moved, docs/adr/0040), so a failed reload only means the
+/// daemon's policy is still the old one: say that, not that the secret
+/// change is pending.
+fn reload(dirs: &Dirs) {
+    if let proxy::Reload::Failed(why) = proxy::notify_reload(dirs) {
+        eprintln!("warning: the running daemon did not reload its policy: {why}");
+        eprintln!("note: the secret change applies to the next request all the same");
+        eprintln!("hint: fix the policy, or restart the daemon with `ppp daemon stop && ppp daemon start -d`");
+    }
+}
+
 /// Resolve `[-g | SANDBOX] NAME`. One name alone is global: that is what
 /// `ppp secret set usai --host …` means.
 fn scope_and_name(names: &[String], global: bool) -> Result<(Scope, String)> {
@@ -117,7 +129,7 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
     let value = read_value(a.token.as_deref(), a.password_stdin, &format!("`{service}`"), "--password-stdin")?;
     let store = Store::open(dirs)?;
     store.set_service(&scope, &service, &a.hosts, &value)?;
-    proxy::reload_or_warn(dirs);
+    reload(dirs);
     output::println(&format!("stored `{service}` {} ({})", scope_words(&scope), store.backend()))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -190,7 +202,7 @@ fn set_custom(dirs: &Dirs, a: &SecretSetCustomArgs) -> Result<ExitCode> {
     let value = read_value(given, a.password_stdin, &format!("placeholder `{}`", a.placeholder), "--password-stdin")?;
     let store = Store::open(dirs)?;
     store.set_custom(&scope, &a.placeholder, &a.hosts, a.env.as_deref(), &value)?;
-    proxy::reload_or_warn(dirs);
+    reload(dirs);
     output::println(&format!(
         "stored a value for placeholder `{}` {} ({})",
         a.placeholder,
@@ -254,7 +266,7 @@ pub(crate) fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, 
         output::println(&line)?;
     }
     if imported > 0 {
-        proxy::reload_or_warn(dirs);
+        reload(dirs);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -347,7 +359,7 @@ fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     store.remove(&scope, &name, kind)?;
-    proxy::reload_or_warn(dirs);
+    reload(dirs);
     output::println(&format!("removed `{name}` {}", scope_words(&scope)))?;
     Ok(ExitCode::SUCCESS)
 }

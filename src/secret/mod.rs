@@ -832,6 +832,48 @@ mod tests {
         assert_eq!(got(&custom, "a.example"), None, "custom secrets are substituted, not injected");
     }
 
+    /// The addon drops its secret cache when `secrets-index.json` changes
+    /// (docs/adr/0040): every change to the store must rewrite it, even
+    /// one that leaves the index's text as it was.
+    #[test]
+    fn every_change_rewrites_the_index() {
+        use std::os::unix::fs::MetadataExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = Dirs { config: tmp.path().join("c"), data: tmp.path().join("d"), cache: tmp.path().join("k") };
+        std::fs::create_dir_all(&dirs.data).unwrap();
+        std::fs::create_dir_all(&dirs.config).unwrap();
+        let store = Store::open_with(&dirs, &Settings { backend: Some(Backend::File), age_identity: None }).unwrap();
+        let stamp = || {
+            let m = std::fs::metadata(dirs.secrets_index()).unwrap();
+            (m.ino(), m.mtime_nsec(), m.mtime(), m.size())
+        };
+        let v = |s: &str| Value::new(s.to_owned());
+        let red = Scope::Sandbox("red".into());
+        let hosts = ["a.example".to_owned()];
+        store.set_service(&Scope::Global, "anthropic", &[], &v("k1")).unwrap();
+        let mut last = stamp();
+        let mut changed = |what: &str| {
+            let now = stamp();
+            assert_ne!(now, last, "{what} left the index as it was");
+            last = now;
+        };
+        store.set_service(&Scope::Global, "anthropic", &[], &v("k1")).unwrap();
+        changed("setting the same value again");
+        store.set_service(&red, "anthropic", &[], &v("k2")).unwrap();
+        changed("a sandbox's key");
+        store.set_custom(&Scope::Global, "PPP_TOKEN_A", &hosts, None, &v("c1")).unwrap();
+        changed("a custom secret");
+        store.set_custom(&Scope::Global, "PPP_TOKEN_A", &hosts, None, &v("c2")).unwrap();
+        changed("a rotated custom secret");
+        assert!(store.remove(&red, "anthropic", Kind::Service).unwrap());
+        changed("a removal");
+        store.set_custom(&red, "PPP_TOKEN_B", &hosts, None, &v("c3")).unwrap();
+        changed("a sandbox's custom secret");
+        let lock = Lock::acquire(&dirs.state_lock()).unwrap();
+        assert_eq!(store.remove_scope(&red, &lock).unwrap(), 1);
+        changed("removing a sandbox's secrets");
+    }
+
     #[test]
     fn typed_errors_survive_context() {
         let err = anyhow::Error::new(fail("dbus said no"))

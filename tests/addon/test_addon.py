@@ -778,6 +778,43 @@ class Live(Base):
         self.addon.decide("red-fox", "x.allowed.test", "93.184.216.34", 443, "http")
         self.assertFalse(self.addon._secrets)
 
+    def rewrite_secrets_index(self) -> None:
+        """What every `ppp secret set`/`rm` does to the store's index: an
+        atomic rewrite (same entries here, so the store stays as it was)."""
+        idx = Path(STATE) / "secrets-index.json"
+        tmp = idx.with_name(idx.name + ".tmp")
+        tmp.write_text(idx.read_text() + " ")  # another size even within one mtime tick
+        os.replace(tmp, idx)
+
+    def test_a_secret_change_applies_without_a_reload(self) -> None:
+        # The daemon may not reload after a secret change (a policy it
+        # cannot parse keeps the generation): the store's index moving is
+        # enough for the next request to ask for its key again.
+        calls = self.count_daemon_calls()
+        for _ in range(2):
+            self.addon._last_poll = time.monotonic()
+            self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        self.assertEqual((calls.count("inject"), calls.count("secret")), (1, 1), calls)
+        self.rewrite_secrets_index()
+        self.addon._last_poll = time.monotonic()
+        f = self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        self.assertEqual((calls.count("inject"), calls.count("secret")), (2, 2), calls)
+        self.assertEqual(f.request.headers["x-api-key"], "sk-ant-FOX-2222")
+        self.assertEqual(calls.count("decide"), 1, "a secret change leaves the decisions cached")
+
+    def test_the_key_is_looked_up_after_the_decision_not_with_it(self) -> None:
+        # Between the decision and the injection a flow may wait (held for
+        # approval, queued for the daemon); a key revoked meanwhile must not
+        # come from the cache the decision saw.
+        self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"}))
+        calls = self.count_daemon_calls()
+        f = http_flow(51820, "api.anthropic.com", headers={"x-api-key": "d"})
+        self.addon._last_poll = time.monotonic()
+        self.assertIsNone(self.addon._http_decide(f))
+        self.rewrite_secrets_index()
+        self.addon._after_headers(f)
+        self.assertEqual(calls.count("inject"), 1, calls)
+
     def test_registry_reloads_when_the_file_changes(self) -> None:
         reg = Path(STATE) / "port-registry.json"
         before = reg.read_text()
