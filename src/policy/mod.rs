@@ -213,9 +213,12 @@ pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
     engine_from(global, sandboxes)
 }
 
+/// The global file, if any, and each sandbox's by name.
+pub type Files = (Option<GlobalFile>, Vec<(String, SandboxFile)>);
+
 /// The policy files as they are on disk: the global one (if any) and every
 /// sandbox's that exists.
-pub fn load_files(dirs: &crate::dirs::Dirs) -> anyhow::Result<(Option<GlobalFile>, Vec<(String, SandboxFile)>)> {
+pub fn load_files(dirs: &crate::dirs::Dirs) -> anyhow::Result<Files> {
     use anyhow::Context as _;
     let global = load_global(&dirs.global_policy())?;
     let mut sandboxes = Vec::new();

@@ -103,7 +103,7 @@ pub fn parse(line: &[u8]) -> Result<Record<'_>, Bad> {
 }
 
 /// Which field made a line fail, found again on the slow path (a generic
-/// JSON value), since serde_json's error names a column, not a field.
+/// JSON value), since `serde_json`'s error names a column, not a field.
 fn diagnose(line: &[u8], e: &serde_json::Error) -> Bad {
     use serde_json::Value;
     let Ok(v) = serde_json::from_slice::<Value>(line) else {

@@ -76,7 +76,7 @@ impl Summary {
     pub fn add(&mut self, engine: &Engine, r: &Record<'_>) -> Change {
         let dns = r.kind.as_deref() == Some("dns");
         let port = r.port.unwrap_or(if dns { 53 } else { super::DEFAULT_PORT });
-        let chain: Vec<String> = r.chain.iter().flatten().map(|c| c.to_string()).collect();
+        let chain: Vec<String> = r.chain.iter().flatten().map(std::string::ToString::to_string).collect();
         let flow = Flow {
             sandbox: r.sandbox.as_deref(),
             host: r.host.as_deref(),

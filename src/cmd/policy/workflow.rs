@@ -28,7 +28,7 @@ pub(super) fn learn(dirs: &Dirs, name: Option<&str>, off: bool) -> Result<ExitCo
         if learning.is_empty() {
             output::println("no sandbox is learning; `ppp policy learn SANDBOX` or `ppp run --learn` starts")?;
         } else {
-            output::print(&learning.iter().map(|n| format!("{n}\n")).collect::<String>())?;
+            output::print(&learning.iter().fold(String::new(), |acc, n| acc + n + "\n"))?;
         }
         return Ok(ExitCode::SUCCESS);
     };
