@@ -1796,6 +1796,10 @@ class PppAddon:
             # Lines of this sandbox not logged since its previous one (the
             # throttle of `_throttle`).
             record["suppressed"] = fields["suppressed"]
+        if g("injected"):
+            # A key went into this request: `ppp policy suggest` marks the
+            # host (ADR 0048). Whether, never which or what.
+            record["injected"] = True
         if not self.state_dir:
             return True
         line = (_JSON.encode(record) + "\n").encode()
@@ -2876,6 +2880,7 @@ class PppAddon:
             reason=meta.get("aborted"),
             resolved=meta.get("resolved"),
             chain=meta.get("chain"),
+            injected=meta.get("key_injected"),
             duration_ms=duration_ms(flow.request.timestamp_start),
         )
 

@@ -305,6 +305,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub strict: bool,
 
+    /// Learn what the agent needs: allow what no rule decides and log it
+    /// as `learned` (deny rules and internal addresses still refuse), until
+    /// `ppp policy learn --off` or `ppp policy apply`; then `ppp policy
+    /// suggest` writes the policy it used
+    #[arg(long)]
+    pub learn: bool,
+
     /// Arguments passed to the agent, after `--`
     #[arg(last = true, value_name = "AGENT_ARGS")]
     pub agent_args: Vec<String>,
@@ -887,6 +894,68 @@ pub enum PolicyCommand {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Show, start or stop learning: a learning sandbox is allowed what no rule decides, logged as `learned`
+    #[command(after_help = LEARN_HELP)]
+    Learn {
+        /// The sandbox; without it, list the sandboxes that are learning
+        #[arg(value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Stop learning: the sandbox's default decides again
+        #[arg(long)]
+        off: bool,
+    },
+    /// Print the least policy that allows what a sandbox used, from its logged flows
+    #[command(after_help = SUGGEST_HELP)]
+    Suggest {
+        /// Only this sandbox's flows, and print that sandbox's policy file;
+        /// without it, every sandbox's flows as a global policy file
+        #[arg(value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Only flows logged since this time (RFC 3339) or this long ago (30m, 2h, 7d)
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        /// Turn two or more sibling hosts into `*.parent` (never across a public suffix)
+        #[arg(long)]
+        collapse: bool,
+        /// One rule per host, any port, instead of one per port seen
+        #[arg(long)]
+        any_port: bool,
+        /// Read this flow log instead of ppp's own
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+    },
+    /// Decide logged flows again under a candidate policy and show what would change
+    #[command(after_help = REPLAY_HELP)]
+    Replay {
+        /// The candidate: a sandbox's policy file with SANDBOX, else the global one
+        #[arg(long, value_name = "FILE")]
+        policy: PathBuf,
+        /// Replay this sandbox's flows, the candidate in place of its file
+        #[arg(value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Only flows logged since this time (RFC 3339) or this long ago (30m, 2h, 7d)
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+        /// Read this flow log instead of ppp's own
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
+    },
+    /// Replace the global or a sandbox's policy with a file, after showing its replay
+    #[command(after_help = APPLY_HELP)]
+    Apply {
+        /// The new policy file (`ppp policy suggest` writes one)
+        #[arg(value_name = "FILE", required_unless_present = "undo", conflicts_with = "undo")]
+        file: Option<PathBuf>,
+        /// Replace this sandbox's policy instead of the global one
+        #[arg(long, value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Put back the file the last apply replaced
+        #[arg(long)]
+        undo: bool,
+    },
     /// Remove every rule you added, globally and in every sandbox
     Reset {
         /// Do not ask for confirmation
@@ -916,6 +985,32 @@ pub enum PolicyCommand {
         source: Option<String>,
     },
 }
+
+const LEARN_HELP: &str = "While a sandbox learns, a flow no rule decides is allowed instead of going to the default\n\
+(allow, deny or ask) and is logged with the rule `learned`. Deny rules, internal addresses, the\n\
+DNS-rebinding defences, key injection and the guest's kill switch are unchanged. `ppp ls`, the TUI\n\
+and `ppp policy log` show it.\n\n\
+Examples:\n  ppp run --learn opencode .\n  ppp policy learn red-fox\n  ppp policy learn\n  ppp policy learn red-fox --off";
+
+const SUGGEST_HELP: &str = "Allowed flows become exact rules: `host:port` for each port seen and `host:53` for its DNS\n\
+(or `host` with --any-port), and an address rule for an address without a name or an internal\n\
+address a name went to. Each rule comes after a comment: how many flows, how many learned, first\n\
+and last seen, kinds, and `secret injected` for hosts a key was injected for (never collapsed).\n\
+The same log gives the same file.\n\n\
+Examples:\n  ppp policy suggest red-fox > red-fox.yaml\n  ppp policy suggest red-fox --since 2h --collapse";
+
+const REPLAY_HELP: &str = "Every logged flow (of SANDBOX, or all) is decided again by the engine the daemon uses, with FILE\n\
+in place of the sandbox's policy (or the global one), and counted as newly denied, newly allowed,\n\
+newly held (an `ask` default) or unchanged.\n\n\
+Exit status: 0 when nothing would be newly denied, 3 when something would, 2 for a mistake\n\
+(a malformed FILE or flow line), 1 for other errors\n\n\
+Examples:\n  ppp policy replay --policy red-fox.yaml red-fox\n  ppp policy replay --policy policies.yaml --since 1d --json";
+
+const APPLY_HELP: &str = "The file is checked and replayed against the logged flows first (the summary is printed), then\n\
+replaces the sandbox's policy.yaml (or the global policies.yaml) atomically under state.lock;\n\
+the file it replaced is kept beside it (`.prev`), which `--undo` puts back (and undo again redoes).\n\
+Applying a sandbox's file ends its learning unless the file says `learn: true`.\n\n\
+Examples:\n  ppp policy apply red-fox.yaml --sandbox red-fox\n  ppp policy apply --undo --sandbox red-fox";
 
 const RESOURCE_HELP: &str = "\
 Resources (comma-separated):

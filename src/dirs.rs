@@ -74,6 +74,11 @@ impl Dirs {
     pub fn global_policy(&self) -> PathBuf {
         self.config.join("policies.yaml")
     }
+    /// `$PPP_CONFIG/policies.yaml.prev`: the file the last `ppp policy
+    /// apply` replaced, for `--undo`.
+    pub fn global_policy_prev(&self) -> PathBuf {
+        self.config.join("policies.yaml.prev")
+    }
     /// `$PPP_CONFIG/age-identity.txt`: the key of the file secret store.
     /// Kept in the config root, away from `secrets.age`, so that a copy of the
     /// data directory alone never carries both lock and key.
@@ -95,6 +100,11 @@ impl Dirs {
     /// `$PPP_DATA/sandboxes/<name>/policy.yaml`.
     pub fn sandbox_policy(&self, name: &str) -> PathBuf {
         self.sandbox(name).join("policy.yaml")
+    }
+    /// `$PPP_DATA/sandboxes/<name>/policy.yaml.prev`: the file the last
+    /// `ppp policy apply --sandbox` replaced, for `--undo`.
+    pub fn sandbox_policy_prev(&self, name: &str) -> PathBuf {
+        self.sandbox(name).join("policy.yaml.prev")
     }
     /// `$PPP_DATA/sandboxes/<name>/wg0.conf`.
     pub fn sandbox_wg_conf(&self, name: &str) -> PathBuf {

@@ -213,7 +213,7 @@ pub fn parse_yaml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Par
 
 /// serde's messages end in " at line L column C"; we print the location
 /// ourselves, in front, so drop the duplicate.
-fn strip_location(msg: &str) -> String {
+pub(crate) fn strip_location(msg: &str) -> String {
     match msg.rfind(" at line ") {
         Some(i) => msg[..i].to_owned(),
         None => msg.to_owned(),

@@ -24,6 +24,7 @@ fn sandbox(name: &str, state: &str, port: u8, tunnel: Link, denials: usize) -> S
         inner_ip: std::net::Ipv4Addr::new(10, 0, 0, port),
         tunnel,
         denials,
+        learning: false,
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Row {
     /// The workspace guard (ADR 0036): `on`, `strict`, `off` or `clone`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protection: Option<crate::sandbox::guard::Protection>,
+    /// The sandbox's policy file says `learn: true` (ADR 0048).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub learning: bool,
 }
 
 /// Run `ppp ls`.
@@ -48,7 +51,12 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
     let listing = if records.is_empty() { None } else { listing(dirs, &records, &mut |w| eprintln!("warning: {w}")) };
     let mut rows = merge(records, listing.as_ref());
     let config = crate::config::load(dirs)?;
+    let learning = crate::policy::learning(dirs).unwrap_or_else(|e| {
+        eprintln!("warning: {e:#}");
+        Vec::new()
+    });
     for r in &mut rows {
+        r.learning = learning.contains(&r.record.name);
         r.protection =
             Some(crate::sandbox::guard::Settings::for_sandbox(&config, &r.record.name).protection(&r.record));
     }
@@ -94,7 +102,7 @@ pub fn merge(records: Vec<Record>, listing: Option<&machine::Listing>) -> Vec<Ro
                 Some(Ok(None)) => ("missing".to_owned(), None),
             };
             let home = if record.podman_run.is_some() { "own" } else { "user" }.to_owned();
-            Row { record, state, machine, home, protection: None }
+            Row { record, state, machine, home, protection: None, learning: false }
         })
         .collect()
 }
@@ -117,7 +125,7 @@ pub fn render(rows: &[Row]) -> String {
             vec![
                 r.record.name.clone(),
                 r.record.agent.clone(),
-                r.state.clone(),
+                if r.learning { format!("{} (learning)", r.state) } else { r.state.clone() },
                 r.record.cpus.to_string(),
                 memory(r.record.memory),
                 ports,

@@ -24,6 +24,7 @@ use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
 
 mod flows;
+pub(crate) mod workflow;
 
 /// Run `ppp policy …`.
 pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
@@ -61,6 +62,20 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
         }
         PolicyCommand::Log { sandbox, json, limit, quiet, kind, follow: false } => {
             log(dirs, sandbox.as_deref(), *json, *limit, *quiet, *kind)
+        }
+        PolicyCommand::Learn { sandbox, off } => workflow::learn(dirs, sandbox.as_deref(), *off),
+        PolicyCommand::Suggest { sandbox, since, collapse, any_port, log } => workflow::suggest(
+            dirs,
+            sandbox.as_deref(),
+            since.as_deref(),
+            policy::suggest::Options { collapse: *collapse, any_port: *any_port },
+            log.as_deref(),
+        ),
+        PolicyCommand::Replay { policy, sandbox, since, json, log } => {
+            workflow::replay(dirs, policy, sandbox.as_deref(), since.as_deref(), *json, log.as_deref())
+        }
+        PolicyCommand::Apply { file, sandbox, undo } => {
+            workflow::apply(dirs, file.as_deref(), sandbox.as_deref(), *undo)
         }
         PolicyCommand::Reset { force } => reset(dirs, *force),
         PolicyCommand::Rm { sandbox, id, resource, source, .. } => {
@@ -700,6 +715,13 @@ fn log(
         };
         output::println(&why)?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(s) = sandbox_name
+        && !json
+        && !quiet
+        && policy::learning(dirs).unwrap_or_default().iter().any(|n| n == s)
+    {
+        eprintln!("note: sandbox `{s}` is learning: flows no rule decided are allowed, shown as `learned`");
     }
     let field = flows::field;
     let mut text = String::new();

@@ -54,6 +54,15 @@ pub fn run(args: &RunArgs, ctx: &Ctx) -> Result<ExitCode> {
         }
         None => lifecycle::create(dirs, &podman, &req, &super::create::extensions(&kits), ui)?,
     };
+    if args.learn {
+        // Before the agent starts, so its first flow is learned.
+        super::policy::workflow::set_learning(dirs, &rec.name, true)?;
+        eprintln!(
+            "sandbox `{0}` is learning: what no rule decides is allowed and logged as `learned`; \
+             afterwards `ppp policy suggest {0}`",
+            rec.name
+        );
+    }
     let tty = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let settings = super::stop::guard_settings(dirs, &rec.name, args.strict)?;
     let (code, moved) = session::run_guarded(dirs, &podman, rec, &args.agent_args, tty, ctx.quiet, &settings)?;

@@ -16,7 +16,7 @@
 //!   probed once per prefix length present, so at most 33 or 129 probes.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use anyhow::{Context, Result, bail};
@@ -37,6 +37,10 @@ pub struct Decision<'a> {
     /// default decided.
     pub matched_rule: Option<Matched<'a>>,
     pub default_used: bool,
+    /// The sandbox is learning and no rule decided: allowed in place of
+    /// the default, and logged as `learned` (ADR 0048).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub learned: bool,
 }
 
 /// A rule that decided, and which file it came from.
@@ -58,6 +62,8 @@ pub struct Engine {
     sandbox_limits: HashMap<String, Limits>,
     /// Sandboxes whose file sets a default of its own.
     sandbox_defaults: HashMap<String, Verdict>,
+    /// Sandboxes whose file says `learn: true`.
+    learning: HashSet<String>,
     approval_timeout: u32,
 }
 
@@ -150,6 +156,7 @@ impl Engine {
             global_limits: Limits::default(),
             sandbox_limits: HashMap::new(),
             sandbox_defaults: HashMap::new(),
+            learning: HashSet::new(),
             approval_timeout: super::APPROVAL_TIMEOUT,
         })
     }
@@ -194,11 +201,37 @@ impl Engine {
                 let index = if verdict == Verdict::Deny { &c.deny } else { &c.allow };
                 if let Some(order) = index.first_match(&q) {
                     let rule = &c.rules[order as usize];
-                    return Decision { verdict, matched_rule: Some(Matched { rule, scope }), default_used: false };
+                    return Decision {
+                        verdict,
+                        matched_rule: Some(Matched { rule, scope }),
+                        default_used: false,
+                        learned: false,
+                    };
                 }
             }
         }
-        Decision { verdict: self.default_for(sandbox), matched_rule: None, default_used: true }
+        if self.learning(sandbox) {
+            // In place of the default, `ask` included: learning is for
+            // finding out what an agent needs, with nobody answering.
+            // Without a rule, the checks of `decide_flow` that need one
+            // (internal addresses, rebinding) still refuse.
+            return Decision { verdict: Verdict::Allow, matched_rule: None, default_used: true, learned: true };
+        }
+        Decision { verdict: self.default_for(sandbox), matched_rule: None, default_used: true, learned: false }
+    }
+
+    /// The engine with these sandboxes learning (their file's `learn:`).
+    #[must_use]
+    pub fn with_learning(mut self, sandboxes: impl IntoIterator<Item = String>) -> Engine {
+        self.learning = sandboxes.into_iter().collect();
+        self
+    }
+
+    /// Whether `sandbox` is learning: no rule decided means allowed and
+    /// logged as `learned`.
+    #[must_use]
+    pub fn learning(&self, sandbox: Option<&str>) -> bool {
+        sandbox.is_some_and(|s| self.learning.contains(s))
     }
 
     /// The engine with the sandboxes' own defaults and the global file's
@@ -290,7 +323,8 @@ impl Engine {
     /// go through (its CDN's) are not the user's to list.
     #[must_use]
     pub fn decide_flow(&self, flow: &Flow<'_>) -> (Decision<'_>, Option<Refusal>) {
-        let refused = |r| (Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false }, Some(r));
+        let refused =
+            |r| (Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false, learned: false }, Some(r));
         if flow.chain.len() > MAX_CHAIN {
             return refused(Refusal::LongChain);
         }
@@ -351,7 +385,7 @@ impl Engine {
         // address: an approval must not open one the user cannot see is.
         if d.verdict != Verdict::Deny && d.matched_rule.is_none() && (local || is_internal(addr)) {
             return (
-                Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false },
+                Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false, learned: false },
                 Some(Refusal::Internal(addr)),
             );
         }
@@ -949,7 +983,7 @@ mod tests {
         assert_eq!(
             e.decide_flow(&f),
             (
-                Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false },
+                Decision { verdict: Verdict::Deny, matched_rule: None, default_used: false, learned: false },
                 Some(Refusal::Unresolved(ip("10.77.0.9")))
             )
         );
@@ -964,6 +998,44 @@ mod tests {
         f.resolved = Some(false);
         let (d, r) = e.decide_flow(&f);
         assert_eq!((d.verdict, r, d.matched_rule.is_some()), (Verdict::Deny, None, true));
+    }
+
+    /// Learning (ADR 0048) replaces only the default: a deny rule, an
+    /// internal address, a name rebound to one, an alias of a denied name
+    /// and an unresolved name are refused exactly as without it.
+    #[test]
+    fn learning_allows_only_what_the_default_would_have_decided() {
+        let e = Engine::build(Verdict::Ask, vec![deny("blocked.test"), allow("ok.test")], vec![("s".into(), vec![])])
+            .unwrap()
+            .with_learning(["s".to_owned()]);
+        assert!(e.learning(Some("s")) && !e.learning(Some("t")) && !e.learning(None));
+        let (d, r) = e.decide_flow(&in_s(Some("new.test"), "93.184.216.34", 443));
+        assert_eq!((d.verdict, d.learned, d.matched_rule.is_none(), r), (Verdict::Allow, true, true, None));
+        // A rule's allow is the rule's, not learned.
+        let (d, _) = e.decide_flow(&in_s(Some("ok.test"), "93.184.216.34", 443));
+        assert_eq!((d.verdict, d.learned), (Verdict::Allow, false));
+        let (d, _) = e.decide_flow(&in_s(Some("blocked.test"), "93.184.216.34", 443));
+        assert_eq!((d.verdict, d.learned), (Verdict::Deny, false));
+        for addr in ["10.1.2.3", "127.0.0.1", "169.254.169.254", "::ffff:10.1.2.3"] {
+            let want = addr.parse::<IpAddr>().unwrap().to_canonical();
+            assert_eq!(e.decide_flow(&in_s(None, addr, 80)).1, Some(Refusal::Internal(want)), "{addr}");
+            assert_eq!(e.decide_flow(&in_s(Some("new.test"), addr, 80)).1, Some(Refusal::Rebinding(want)), "{addr}");
+        }
+        let chain = ["blocked.test".to_owned()];
+        let mut aliased = in_s(Some("new.test"), "93.184.216.34", 443);
+        aliased.chain = &chain;
+        assert_eq!(e.decide_flow(&aliased).1, Some(Refusal::Alias(0)));
+        let mut unresolved = in_s(Some("new.test"), "93.184.216.34", 443);
+        unresolved.resolved = Some(false);
+        assert_eq!(e.decide_flow(&unresolved).0.verdict, Verdict::Deny);
+        // Another sandbox still gets the default.
+        let mut other = in_s(Some("new.test"), "93.184.216.34", 443);
+        other.sandbox = Some("t");
+        assert_eq!(e.decide_flow(&other).0.verdict, Verdict::Ask);
+    }
+
+    fn in_s<'a>(host: Option<&'a str>, ip: &str, port: u16) -> Flow<'a> {
+        Flow { sandbox: Some("s"), ..flow(host, ip, port) }
     }
 
     #[test]

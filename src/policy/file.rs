@@ -50,6 +50,11 @@ pub struct SandboxFile {
     pub upload: Option<Size>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<Size>,
+    /// Learning (ADR 0048): what no rule decides is allowed and logged as
+    /// `learned` instead of going to the default. Deny rules, internal
+    /// addresses and the rebinding defences still refuse.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub learn: bool,
     #[serde(default)]
     pub rules: Vec<Rule>,
 }
@@ -177,17 +182,20 @@ mod fast {
     pub(super) fn sandbox(text: &str) -> Option<SandboxFile> {
         let mut lines = Lines::new(text)?;
         let (mut upload, mut download, mut rules, mut default) = (None, None, None, None);
+        let mut learn = None;
         while let Some(line) = lines.next_line() {
             let (key, value) = top_level(line)?;
             match key {
                 "default" if default.is_none() => default = Some(default_verdict(value?)?),
+                // Only the spelling ppp writes; `yes`, `True` go to serde.
+                "learn" if learn.is_none() => learn = Some(matches!(plain(value?)?, "true").then_some(true)?),
                 "upload" if upload.is_none() => upload = Some(size(value?)?),
                 "download" if download.is_none() => download = Some(size(value?)?),
                 "rules" if rules.is_none() => rules = Some(rule_list(value, &mut lines)?),
                 _ => return None,
             }
         }
-        Some(SandboxFile { default, upload, download, rules: rules? })
+        Some(SandboxFile { default, upload, download, learn: learn.unwrap_or(false), rules: rules? })
     }
 
     /// A limit as `Size` writes it (`64MiB`, `none`); other spellings
@@ -610,7 +618,8 @@ rules:
         let text = serde_norway::to_string(&f).unwrap();
         assert!(text.contains("upload: 8MiB\n") && text.contains("download: none\n"), "{text}");
         assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
-        let s = SandboxFile { default: None, upload: Some(Size::Unlimited), download: None, rules: f.rules };
+        let s =
+            SandboxFile { default: None, upload: Some(Size::Unlimited), download: None, learn: false, rules: f.rules };
         let text = serde_norway::to_string(&s).unwrap();
         assert_eq!(fast::sandbox(&text), Some(s.clone()));
         assert_eq!(parse_sandbox(Path::new("p"), &text).unwrap(), s);

@@ -16,7 +16,10 @@ pub mod flowlog;
 pub mod follow;
 pub mod limits;
 mod preset;
+pub mod record;
+pub mod replay;
 mod resource;
+pub mod suggest;
 mod target;
 
 use serde::{Deserialize, Serialize};
@@ -190,6 +193,10 @@ impl Rule {
     }
 }
 
+/// The rule id flows.jsonl records for a flow a learning sandbox made that
+/// no rule decided (ADR 0048).
+pub const LEARNED: &str = "learned";
+
 /// The policy default when `policies.yaml` does not exist: fail closed
 /// (ADR 0005).
 pub const DEFAULT_WITHOUT_FILE: Verdict = Verdict::Deny;
@@ -202,25 +209,23 @@ pub const APPROVAL_TIMEOUT: u32 = 60;
 /// Build the engine from the global file (absent: deny by default) and every
 /// sandbox directory's `policy.yaml`.
 pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
+    let (global, sandboxes) = load_files(dirs)?;
+    engine_from(global, sandboxes)
+}
+
+/// The global file, if any, and each sandbox's by name.
+pub type Files = (Option<GlobalFile>, Vec<(String, SandboxFile)>);
+
+/// The policy files as they are on disk: the global one (if any) and every
+/// sandbox's that exists.
+pub fn load_files(dirs: &crate::dirs::Dirs) -> anyhow::Result<Files> {
     use anyhow::Context as _;
-    let (default, global, global_limits, timeout) = match load_global(&dirs.global_policy())? {
-        Some(f) => {
-            let limits = f.limits();
-            (f.default, f.rules, limits, f.approval_timeout)
-        }
-        None => (DEFAULT_WITHOUT_FILE, Vec::new(), Limits::default(), None),
-    };
+    let global = load_global(&dirs.global_policy())?;
     let mut sandboxes = Vec::new();
-    let mut limits = Vec::new();
-    let mut defaults = Vec::new();
     let root = dirs.sandboxes();
     let entries = match std::fs::read_dir(&root) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(Engine::build(default, global, sandboxes)?
-                .with_limits(global_limits, limits)
-                .with_defaults(defaults, timeout));
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((global, sandboxes)),
         Err(e) => return Err(e).with_context(|| format!("could not list `{}`", root.display())),
     };
     for entry in entries {
@@ -231,14 +236,49 @@ pub fn load_engine(dirs: &crate::dirs::Dirs) -> anyhow::Result<Engine> {
             continue;
         }
         if let Some(f) = load_sandbox(&dirs.sandbox_policy(&name))? {
-            if !f.limits().is_empty() {
-                limits.push((name.clone(), f.limits()));
-            }
-            if let Some(d) = f.default {
-                defaults.push((name.clone(), d));
-            }
-            sandboxes.push((name, f.rules));
+            sandboxes.push((name, f));
         }
     }
-    Ok(Engine::build(default, global, sandboxes)?.with_limits(global_limits, limits).with_defaults(defaults, timeout))
+    // Directory order is the file system's; the engine does not care, but
+    // a deterministic order keeps errors and output stable.
+    sandboxes.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((global, sandboxes))
+}
+
+/// The sandboxes whose file says `learn: true` (ADR 0048), by name.
+pub fn learning(dirs: &crate::dirs::Dirs) -> anyhow::Result<Vec<String>> {
+    let (_, files) = load_files(dirs)?;
+    Ok(files.into_iter().filter(|(_, f)| f.learn).map(|(n, _)| n).collect())
+}
+
+/// The engine for these files: what [`load_engine`] builds from disk, and
+/// what `ppp policy replay` builds with a candidate in place of one file.
+pub fn engine_from(global: Option<GlobalFile>, files: Vec<(String, SandboxFile)>) -> anyhow::Result<Engine> {
+    let (default, global, global_limits, timeout) = match global {
+        Some(f) => {
+            let limits = f.limits();
+            (f.default, f.rules, limits, f.approval_timeout)
+        }
+        None => (DEFAULT_WITHOUT_FILE, Vec::new(), Limits::default(), None),
+    };
+    let mut sandboxes = Vec::new();
+    let mut limits = Vec::new();
+    let mut defaults = Vec::new();
+    let mut learning = Vec::new();
+    for (name, f) in files {
+        if !f.limits().is_empty() {
+            limits.push((name.clone(), f.limits()));
+        }
+        if let Some(d) = f.default {
+            defaults.push((name.clone(), d));
+        }
+        if f.learn {
+            learning.push(name.clone());
+        }
+        sandboxes.push((name, f.rules));
+    }
+    Ok(Engine::build(default, global, sandboxes)?
+        .with_limits(global_limits, limits)
+        .with_defaults(defaults, timeout)
+        .with_learning(learning))
 }

@@ -202,7 +202,25 @@ pub struct MatchedRule {
     pub decision: Verdict,
     pub resource: String,
     pub scope: Scope,
-    pub source: Source,
+    /// Absent for the `learned` pseudo-rule, which no file holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+}
+
+impl MatchedRule {
+    /// What decided a flow of a learning sandbox that no rule decided: the
+    /// id `learned` (not a rule's uuid, like the addon's own
+    /// `builtin:mitm.it`) is what flows.jsonl records as its rule.
+    #[must_use]
+    pub fn learned() -> MatchedRule {
+        MatchedRule {
+            id: crate::policy::LEARNED.to_owned(),
+            decision: Verdict::Allow,
+            resource: "**".to_owned(),
+            scope: Scope::Sandbox,
+            source: None,
+        }
+    }
 }
 
 impl From<&crate::policy::Matched<'_>> for MatchedRule {
@@ -212,7 +230,7 @@ impl From<&crate::policy::Matched<'_>> for MatchedRule {
             decision: m.rule.decision,
             resource: m.rule.resource.to_string(),
             scope: m.scope,
-            source: m.rule.source,
+            source: Some(m.rule.source),
         }
     }
 }

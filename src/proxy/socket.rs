@@ -508,7 +508,8 @@ async fn hold(state: &State, key: Key, size: Option<u64>) -> Response {
         // with the limits a flow the default allowed would get.
         Verdict::Ask if answered == HeldOutcome::Allowed => {
             let engine = state.engine();
-            let d = policy::Decision { verdict: Verdict::Allow, matched_rule: None, default_used: true };
+            let d =
+                policy::Decision { verdict: Verdict::Allow, matched_rule: None, default_used: true, learned: false };
             now.verdict = Verdict::Allow;
             now.limits = Some(engine.limits(Some(&key.sandbox), &d));
         }
@@ -574,7 +575,13 @@ async fn decide_chain(
     }
     let mut out = protocol::Decision {
         verdict: d.verdict,
-        matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
+        // A learned flow names the pseudo-rule `learned`, which the addon
+        // logs as the flow's rule, as it does any other (ADR 0048).
+        matched_rule: if d.learned {
+            Some(MatchedRule::learned())
+        } else {
+            d.matched_rule.as_ref().map(MatchedRule::from)
+        },
         default_used: d.default_used,
         generation: snap.generation,
         rebinding: None,

@@ -35,6 +35,8 @@ pub struct Sandbox {
     pub tunnel: Link,
     /// Denied flows among the last [`FLOW_TAIL`].
     pub denials: usize,
+    /// Its policy file says `learn: true` (ADR 0048).
+    pub learning: bool,
 }
 
 /// A sandbox's tunnel in the dashboard's words.
@@ -148,6 +150,10 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         .iter()
         .map(Flow::from_json)
         .collect();
+    let learning = crate::policy::learning(dirs).unwrap_or_else(|e| {
+        warnings.push(format!("{e:#}"));
+        Vec::new()
+    });
     let sandboxes = crate::cmd::ls::merge(records, listing.as_ref())
         .into_iter()
         .map(|row| {
@@ -163,6 +169,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
                 Some(Tunnel::None) | None => Link::Down,
             };
             let denials = flows.iter().filter(|f| f.denied && f.sandbox == r.name).count();
+            let learning = learning.contains(&r.name);
             Sandbox {
                 name: r.name,
                 agent: r.agent,
@@ -174,6 +181,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
                 inner_ip: r.inner_ip,
                 tunnel,
                 denials,
+                learning,
             }
         })
         .collect();

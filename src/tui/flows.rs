@@ -142,6 +142,7 @@ mod tests {
             inner_ip: std::net::Ipv4Addr::new(10, 0, 0, 1),
             tunnel: crate::tui::data::Link::Down,
             denials: 0,
+            learning: false,
         });
         assert_eq!(split(&app, Rect::new(0, 0, 80, 11)), (Rect::new(0, 0, 80, 11), None));
         let (list, pane) = split(&app, area);

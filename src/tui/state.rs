@@ -329,6 +329,7 @@ mod tests {
             inner_ip: std::net::Ipv4Addr::new(10, 0, 0, 1),
             tunnel: Link::Down,
             denials: 0,
+            learning: false,
         }
     }
 

@@ -143,7 +143,10 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
             Row::new(vec![
                 Cell::from(s.name.clone()),
                 Cell::from(s.agent.clone()),
-                Cell::from(s.state.clone()).style(status_style),
+                // Learning is said where the state is: it changes what the
+                // sandbox may reach.
+                Cell::from(if s.learning { format!("{} (learning)", s.state) } else { s.state.clone() })
+                    .style(status_style),
                 Cell::from(s.cpus.to_string()),
                 Cell::from(crate::cmd::ls::memory(s.memory_mib)),
                 Cell::from(s.tunnel.label()).style(tunnel_style),

@@ -38,6 +38,17 @@ pub(super) fn field(v: &Value, k: &str) -> String {
     }
 }
 
+/// A flow's DECISION cell: `learned` for what a learning sandbox was
+/// allowed with no rule deciding (ADR 0048), else the decision.
+pub(super) fn decision(f: &Value) -> String {
+    if f.get("decision").and_then(Value::as_str) == Some("allow")
+        && f.get("matched_rule").and_then(Value::as_str) == Some(crate::policy::LEARNED)
+    {
+        return crate::policy::LEARNED.to_owned();
+    }
+    field(f, "decision")
+}
+
 /// A flow's row under [`HEADER`]: sizes and durations in short units, the
 /// path without its query ([`follow::scrub`]).
 pub(super) fn row(f: &Value) -> Vec<String> {
@@ -46,7 +57,7 @@ pub(super) fn row(f: &Value) -> Vec<String> {
     let cells = vec![
         field(f, "timestamp"),
         field(f, "sandbox"),
-        field(f, "decision"),
+        decision(f),
         field(f, "method"),
         super::destination(f),
         field(f, "status"),

@@ -1,0 +1,223 @@
+//! `ppp policy replay`: recorded flows decided again by the one engine
+//! ([`Engine::decide_flow`], what the daemon calls live) under a candidate
+//! policy, and what would change. Pure: records and an engine in, counts
+//! out; no second matcher, no I/O.
+//!
+//! What a record lets replay reproduce, and what it does not:
+//! - the name, the destination address and port, the aliases its
+//!   resolution went through (`chain`), and a name that did not resolve
+//!   to its address (`resolved: false`): as the daemon judged them;
+//! - a DNS record's question (the name, port 53, no address: the logged
+//!   `ip` is the resolver's), as `dns_request` asks it;
+//! - not the host's own addresses (`Flow::local`), which the daemon knows
+//!   and the log does not: such a flow replays as an ordinary address.
+//!
+//! Memory is flat: counts, plus at most [`MAX_CHANGES`] distinct changed
+//! destinations (the rest counted in `changes_left_off`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use super::record::Record;
+use super::{Engine, Flow, Verdict};
+
+/// Distinct changed destinations kept for the report.
+pub const MAX_CHANGES: usize = 1000;
+
+/// How one flow fared under the candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Change {
+    /// Allowed then, denied now.
+    NewlyDenied,
+    /// Denied then, allowed now.
+    NewlyAllowed,
+    /// Would wait for an answer now (an `ask` default).
+    NewlyHeld,
+    Unchanged,
+}
+
+/// A changed destination and how many flows to it changed so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Changed {
+    pub change: Change,
+    pub sandbox: Option<String>,
+    pub kind: Option<String>,
+    pub host: Option<String>,
+    pub ip: Option<IpAddr>,
+    pub port: u16,
+    /// The candidate's rule that decided (its resource), if a rule did.
+    pub rule: Option<String>,
+    pub count: u64,
+}
+
+type Key = (Change, Option<String>, Option<String>, Option<String>, Option<IpAddr>, u16);
+
+/// The running tally.
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    /// Flows decided again.
+    pub flows: u64,
+    pub newly_denied: u64,
+    pub newly_allowed: u64,
+    pub newly_held: u64,
+    pub unchanged: u64,
+    /// Changed destinations, newly denied first.
+    pub changes: Vec<Changed>,
+    pub changes_left_off: u64,
+    #[serde(skip)]
+    by_key: BTreeMap<Key, (Option<String>, u64)>,
+}
+
+impl Summary {
+    /// Decide `r` again under `engine` and count it.
+    pub fn add(&mut self, engine: &Engine, r: &Record<'_>) -> Change {
+        let dns = r.kind.as_deref() == Some("dns");
+        let port = r.port.unwrap_or(if dns { 53 } else { super::DEFAULT_PORT });
+        let chain: Vec<String> = r.chain.iter().flatten().map(std::string::ToString::to_string).collect();
+        let flow = Flow {
+            sandbox: r.sandbox.as_deref(),
+            host: r.host.as_deref(),
+            // A DNS question is decided without an address (the logged one
+            // is the resolver's); for an answer the address is not logged.
+            ip: if dns { None } else { r.addr() },
+            port: if dns { 53 } else { port },
+            resolved: r.resolved.filter(|x| !x),
+            local: false,
+            chain: &chain,
+        };
+        let (d, _) = engine.decide_flow(&flow);
+        // What the daemon does with `ask` where nobody can wait.
+        let now = match (d.verdict, r.kind.as_deref()) {
+            (Verdict::Ask, Some("dns")) => Verdict::Allow,
+            (Verdict::Ask, Some("udp")) => Verdict::Deny,
+            (v, _) => v,
+        };
+        let change = match (r.decision, now) {
+            (Verdict::Allow, Verdict::Deny) => Change::NewlyDenied,
+            (Verdict::Deny, Verdict::Allow) => Change::NewlyAllowed,
+            (Verdict::Allow | Verdict::Deny, Verdict::Ask) => Change::NewlyHeld,
+            _ => Change::Unchanged,
+        };
+        self.flows += 1;
+        match change {
+            Change::NewlyDenied => self.newly_denied += 1,
+            Change::NewlyAllowed => self.newly_allowed += 1,
+            Change::NewlyHeld => self.newly_held += 1,
+            Change::Unchanged => {
+                self.unchanged += 1;
+                return change;
+            }
+        }
+        let key: Key = (
+            change,
+            r.sandbox.as_deref().map(str::to_owned),
+            r.kind.as_deref().map(str::to_owned),
+            r.host.as_deref().map(|h| super::normalize_host(h).into_owned()),
+            flow.ip.map(|a| a.to_canonical()),
+            flow.port,
+        );
+        if let Some(e) = self.by_key.get_mut(&key) {
+            e.1 += 1;
+        } else if self.by_key.len() < MAX_CHANGES {
+            let rule = d.matched_rule.map(|m| m.rule.resource.to_string());
+            self.by_key.insert(key, (rule, 1));
+        } else {
+            self.changes_left_off += 1;
+        }
+        change
+    }
+
+    /// The tally with its changes listed (newly denied first, then by
+    /// sandbox, kind, host).
+    #[must_use]
+    pub fn finish(mut self) -> Summary {
+        self.changes = std::mem::take(&mut self.by_key)
+            .into_iter()
+            .map(|((change, sandbox, kind, host, ip, port), (rule, count))| Changed {
+                change,
+                sandbox,
+                kind,
+                host,
+                ip,
+                port,
+                rule,
+                count,
+            })
+            .collect();
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Resource, Rule, Source};
+
+    fn allow(r: &str) -> Rule {
+        Rule::new(Verdict::Allow, Resource::parse(r).unwrap(), Source::Local)
+    }
+
+    fn line(host: &str, ip: &str, port: u16, kind: &str, decision: &str) -> String {
+        format!(
+            r#"{{"sandbox":"s","timestamp":"2026-05-01T12:00:00Z","kind":"{kind}","host":"{host}","ip":"{ip}","port":{port},"decision":"{decision}"}}"#
+        )
+    }
+
+    fn replay(engine: &Engine, lines: &[String]) -> Summary {
+        let mut s = Summary::default();
+        for l in lines {
+            s.add(engine, &crate::policy::record::parse(l.as_bytes()).unwrap());
+        }
+        s.finish()
+    }
+
+    #[test]
+    fn the_engine_decides_again_with_the_live_defences() {
+        let e =
+            Engine::build(Verdict::Deny, vec![allow("api.example.com:443"), allow("new.example.com")], vec![]).unwrap();
+        let lines = [
+            line("api.example.com", "93.184.216.34", 443, "http", "allow"),
+            line("api.example.com", "93.184.216.34", 8443, "http", "allow"),
+            line("new.example.com", "93.184.216.34", 443, "http", "deny"),
+            line("gone.example.com", "93.184.216.34", 443, "http", "allow"),
+            line("gone.example.com", "93.184.216.34", 443, "http", "allow"),
+            // An allowed name on an internal address: the rebinding
+            // defence refuses it without an address rule.
+            line("new.example.com", "10.1.2.3", 443, "http", "allow"),
+            // A DNS question: decided on the name alone, port 53.
+            line("new.example.com", "10.0.0.53", 53, "dns", "deny"),
+        ];
+        let s = replay(&e, &lines);
+        assert_eq!((s.flows, s.newly_denied, s.newly_allowed, s.unchanged), (7, 4, 2, 1));
+        let gone = s.changes.iter().find(|c| c.host.as_deref() == Some("gone.example.com")).unwrap();
+        assert_eq!((gone.change, gone.count, gone.rule.as_deref()), (Change::NewlyDenied, 2, None));
+        let dns = s.changes.iter().find(|c| c.kind.as_deref() == Some("dns")).unwrap();
+        assert_eq!((dns.change, dns.ip, dns.port), (Change::NewlyAllowed, None, 53));
+        assert!(s.changes.iter().any(|c| c.ip == Some("10.1.2.3".parse().unwrap()) && c.change == Change::NewlyDenied));
+    }
+
+    #[test]
+    fn ask_is_held_except_where_the_daemon_cannot_wait() {
+        let e = Engine::build(Verdict::Ask, vec![], vec![]).unwrap();
+        let lines = [
+            line("a.example.com", "93.184.216.34", 443, "http", "allow"),
+            line("a.example.com", "93.184.216.34", 443, "udp", "allow"),
+            line("a.example.com", "10.0.0.53", 53, "dns", "deny"),
+        ];
+        let s = replay(&e, &lines);
+        assert_eq!((s.newly_held, s.newly_denied, s.newly_allowed), (1, 1, 1));
+    }
+
+    #[test]
+    fn the_report_is_bounded() {
+        let e = Engine::build(Verdict::Deny, vec![], vec![]).unwrap();
+        let lines: Vec<String> = (0..MAX_CHANGES + 10)
+            .map(|i| line(&format!("h{i}.example.com"), "93.184.216.34", 443, "http", "allow"))
+            .collect();
+        let s = replay(&e, &lines);
+        assert_eq!((s.changes.len(), s.changes_left_off, s.newly_denied), (MAX_CHANGES, 10, (MAX_CHANGES + 10) as u64));
+    }
+}
