@@ -52,6 +52,7 @@ from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import commands, mode_servers, mode_specs, server_hooks
 from mitmproxy.proxy import events as proxy_events
 from mitmproxy.proxy import server as proxy_server
+from mitmproxy.proxy.layers import dns as dns_layer
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import websocket as ws_layer
 from mitmproxy.proxy.layers.http import _http1
@@ -176,6 +177,14 @@ DECIDE_TOTAL_MAX = 4096
 DECIDE_TRIES = 3
 # The longest hold reply read (a decision is a few hundred bytes).
 HOLD_REPLY_MAX = 64 * 1024
+# DNS queries one DNS connection may have waiting for the upstream's
+# answer. mitmproxy 12.2.3's DNSLayer keeps every query's flow in
+# `flows` (by message id) for as long as the connection lives, answered or
+# not: a guest sending distinct names on one socket grew mitmdump by about
+# 1.5 KB a name (issue 22, point 3). Answered flows are dropped at once;
+# past this many unanswered ones, the oldest is forgotten (its client has
+# long given up: resolvers wait about 5 s).
+DNS_PENDING_MAX = 256
 # Client connections remembered as denied (dropped on disconnect anyway).
 DENIED_MAX = 16384
 # Client connections one sandbox may hold open at once, per transport (TCP,
@@ -766,6 +775,54 @@ def _cap_websocket_messages() -> None:
     ws_layer.WebsocketLayer.relay_messages = relay_messages
 
 
+def _forget_answered_dns() -> None:
+    """Keep mitmproxy's DNS layer from holding every query it answered.
+
+    `DNSLayer.flows` (proxy/layers/dns.py in 12.2.3) maps a message id to
+    its flow so that the upstream's answer finds it; nothing ever removes
+    an entry, so one UDP or TCP DNS connection keeps up to 65,536 flows
+    (request, response, connection references) until it closes, and a
+    guest chooses the ids. `handle_response` and `handle_error` are wrapped
+    once: after the answer went to the client the flow leaves `flows` (a
+    later reply with its id is then a new flow, answered on its own); and
+    `state_query` drops the oldest pending flows past DNS_PENDING_MAX."""
+    cls = dns_layer.DNSLayer
+    if getattr(cls.handle_response, "ppp_bounded", False):
+        return
+    orig_response, orig_error, orig_query = cls.handle_response, cls.handle_error, cls.state_query
+
+    def forget(self: Any, flow: Any) -> None:
+        flows = self.flows
+        req = flow.request
+        if req is not None and flows.get(req.id) is flow:
+            del flows[req.id]
+        elif flow in flows.values():
+            # A reply with no query of ours: keyed by the reply's id.
+            for mid in [k for k, f in flows.items() if f is flow]:
+                del flows[mid]
+
+    def handle_response(self: Any, flow: Any, msg: Any, _orig: Any = orig_response) -> Any:
+        yield from _orig(self, flow, msg)
+        forget(self, flow)
+
+    def handle_error(self: Any, flow: Any, err: str, _orig: Any = orig_error) -> Any:
+        yield from _orig(self, flow, err)
+        forget(self, flow)
+
+    def state_query(self: Any, event: Any, _orig: Any = orig_query) -> Any:
+        yield from _orig(self, event)
+        flows = self.flows
+        while len(flows) > DNS_PENDING_MAX:
+            # Insertion order: the oldest query first.
+            flows.pop(next(iter(flows)), None)
+
+    handle_response.ppp_bounded = True  # type: ignore[attr-defined]
+    cls.handle_response = handle_response
+    cls.handle_error = handle_error
+    # state_start binds `self.state_query` by name: the wrapper.
+    cls.state_query = state_query
+
+
 def _size_text(n: int) -> str:
     """Bytes as ppp's sizes print them: the largest binary unit that
     divides them (`64MiB`, `1536KiB`, `100B`), as `Size`'s Display does."""
@@ -1171,6 +1228,7 @@ class PppAddon:
         _cap_http1_headers()
         _cap_websocket_messages()
         _cap_buffered_request_bodies()
+        _forget_answered_dns()
         _frame_converted_bodies()
         _share_the_loop()
         _quiet_streaming_notes()

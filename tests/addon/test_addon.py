@@ -1545,5 +1545,70 @@ class NoDaemon(Base):
         self.assertEqual(d.response.response_code, dns.response_codes.REFUSED)
 
 
+class DnsLayerTest(unittest.TestCase):
+    """Issue 22, point 3: mitmproxy's DNS layer kept every query's flow (by
+    message id) until its connection closed; 20,000 refused names on one
+    socket grew mitmdump by about 30 MiB. Driven through the real layer,
+    patched as `load` patches it. Failed on the code before: 3,000 flows
+    kept."""
+
+    def setUp(self) -> None:
+        import struct
+
+        from mitmproxy.proxy import commands, events
+        from mitmproxy.proxy.layers import dns as dns_layer
+
+        self.struct, self.commands, self.events, self.dns_layer = struct, commands, events, dns_layer
+        A._forget_answered_dns()
+        self.tctx = taddons.context()
+        self.tctx.__enter__()
+
+    def tearDown(self) -> None:
+        self.tctx.__exit__(None, None, None)
+
+    def query(self, i: int) -> bytes:
+        q = self.struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0)
+        q += b"".join(bytes([len(p)]) + p.encode() for p in f"n{i}.flood.test".split(".")) + b"\0"
+        return q + self.struct.pack(">HH", 1, 1)
+
+    def layer(self, refuse: bool) -> tuple[Any, Any]:
+        c = connection.Client(
+            peername=("10.0.0.1", 5000), sockname=("10.0.0.53", 53), transport_protocol="udp",
+            state=connection.ConnectionState.OPEN,
+        )
+        cx = Context(c, self.tctx.options)
+        cx.server.address = ("10.0.0.53", 53)
+        layer = self.dns_layer.DNSLayer(cx)
+        ev, cmds = self.events, self.commands
+
+        def run(event: Any) -> None:
+            todo = [event]
+            while todo:
+                for cmd in layer.handle_event(todo.pop()):
+                    if isinstance(cmd, self.dns_layer.DnsRequestHook) and refuse:
+                        cmd.flow.response = cmd.flow.request.fail(dns.response_codes.REFUSED)
+                    if isinstance(cmd, cmds.StartHook):
+                        todo.append(ev.HookCompleted(cmd))
+                    elif isinstance(cmd, cmds.OpenConnection):
+                        todo.append(ev.OpenConnectionCompleted(cmd, None))
+
+        run(ev.Start())
+        return layer, lambda i: run(ev.DataReceived(c, self.query(i)))
+
+    def test_answered_queries_leave_the_layer(self) -> None:
+        layer, send = self.layer(refuse=True)
+        for i in range(3000):
+            send(i)
+        self.assertEqual(len(layer.flows), 0)
+
+    def test_unanswered_queries_are_bounded(self) -> None:
+        # Forwarded upstream, never answered: the oldest are forgotten.
+        layer, send = self.layer(refuse=False)
+        for i in range(3000):
+            send(i)
+        self.assertEqual(len(layer.flows), A.DNS_PENDING_MAX)
+        self.assertIn(2999, layer.flows)
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv)

@@ -13,6 +13,10 @@ usage:
                                      back for each (status line or "closed")
   flood.py dns IP PORT PREFIX N      N DNS A queries over UDP to IP:PORT for
                                      distinct names PREFIX<i>.flood.test
+  flood.py dns-sockets IP PORT PREFIX N
+                                     the same, each query from a socket
+                                     (source port) of its own, as
+                                     getaddrinfo does
   flood.py udp IP PORT SECONDS SIZE  SIZE-byte datagrams to IP:PORT as fast
                                      as they go, for SECONDS
   flood.py conns IP PORT N EXPECT    N idle TCP connections to IP:PORT held
@@ -137,6 +141,29 @@ def dns(ip, port, prefix, n):
         if i % 200 == 199:
             time.sleep(0.05)  # ~4,000 a second: a flood, not a tunnel overrun
     return {"sent": sent}
+
+
+def dns_sockets(ip, port, prefix, n):
+    """`dns`, but a new socket for each name: a new UDP connection each for
+    the proxy. Closed after its answer (or 0.2 s), so the guest's own
+    descriptors stay few."""
+    sent = answered = 0
+    for i in range(n):
+        name = f"{prefix}{i}.flood.test"
+        q = struct.pack(">HHHHHH", i & 0xFFFF, 0x0100, 1, 0, 0, 0)
+        q += b"".join(bytes([len(label)]) + label.encode() for label in name.split(".")) + b"\0"
+        q += struct.pack(">HH", 1, 1)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(0.2)
+        s.sendto(q, (ip, port))
+        sent += 1
+        try:
+            s.recv(4096)
+            answered += 1
+        except OSError:
+            pass
+        s.close()
+    return {"sent": sent, "answered": answered}
 
 
 def udp(ip, port, seconds, size):
@@ -287,6 +314,8 @@ def main():
         out = headers(args[0], args[1], int(args[2]), int(args[3]))
     elif cmd == "dns":
         out = dns(args[0], int(args[1]), args[2], int(args[3]))
+    elif cmd == "dns-sockets":
+        out = dns_sockets(args[0], int(args[1]), args[2], int(args[3]))
     elif cmd == "udp":
         out = udp(args[0], int(args[1]), float(args[2]), int(args[3]))
     elif cmd == "conns":
