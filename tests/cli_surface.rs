@@ -76,8 +76,8 @@ fn top_level_surface_is_complete() {
     assert_eq!(
         verbs("policy"),
         [
-            "init", "allow", "deny", "limits", "default", "approval", "check", "ls", "inspect", "log", "learn", "suggest",
-            "replay", "apply", "reset", "rm"
+            "init", "allow", "deny", "limits", "default", "approval", "check", "ls", "inspect", "log", "learn",
+            "suggest", "replay", "apply", "reset", "rm"
         ]
     );
     assert_eq!(verbs("secret"), ["set", "set-custom", "import", "ls", "rm"]);
