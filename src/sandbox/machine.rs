@@ -9,6 +9,7 @@ use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -325,6 +326,31 @@ pub(super) fn start(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui:
             .hint(format!("see `{}`", dirs.sandbox_machine_log(name).display()))
             .into())
     })
+}
+
+/// The guest kernel's boot id (`None` when the guest does not answer).
+pub(super) fn boot_id(podman: &Podman, machine: &str) -> Option<String> {
+    let inv = podman.ssh(machine, &["cat", "/proc/sys/kernel/random/boot_id"]).timeout(Duration::from_secs(60));
+    let (code, out) = exec::output(&inv).ok()?;
+    let id = out.stdout.trim();
+    (code == 0 && !id.is_empty()).then(|| id.to_owned())
+}
+
+/// Whether the guest rebooted by itself since podman started it, and so
+/// lost the workspace mounts: podman mounts them over ssh at `machine
+/// start` only, and still calls the machine running. Judged on both the
+/// boot id (a new boot) and the first mount (not a mount point), so a
+/// machine started outside ppp, whose mounts podman made, is left alone.
+pub(super) fn lost_its_mounts(podman: &Podman, rec: &Record) -> bool {
+    let (Some(was), Some(ws)) = (rec.boot_id.as_deref(), super::workspace::guest_workspaces(rec).into_iter().next())
+    else {
+        return false;
+    };
+    if rec.clone.is_some() || boot_id(podman, &rec.machine_name).is_none_or(|now| now == was) {
+        return false;
+    }
+    let inv = podman.ssh(&rec.machine_name, &["mountpoint", "-q", &ws]).timeout(Duration::from_secs(60));
+    matches!(exec::output(&inv), Ok((code, _)) if code != 0)
 }
 
 /// The sandbox's disk lock, or an error when `ppp template save` holds it
