@@ -310,7 +310,7 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
     ensure_daemon(dirs, ui)?;
     wait_for_wg0(dirs, name, rec.port)?;
     let mut running = vm.running;
-    if running && machine::lost_its_mounts(podman, &rec) {
+    if running && lost_its_mounts(podman, &rec) {
         // A reboot from inside the guest: the machine runs, its workspace
         // is not mounted, and only podman's own start mounts it again.
         ui.timed(&format!("the VM of `{name}` rebooted by itself and lost the workspace: restarting it"), || {
@@ -418,6 +418,23 @@ fn set_image(dirs: &Dirs, name: &str, image: &str, origin: Option<super::ImageOr
 }
 
 /// Under `state.lock`: set a sandbox's status.
+/// Whether the guest rebooted by itself since podman started it, and so
+/// lost the workspace mounts: podman mounts them over ssh at `machine
+/// start` only, and still calls the machine running. Judged on both the
+/// boot id (a new boot) and the first mount (not a mount point), so a
+/// machine started outside ppp, whose mounts podman made, is left alone.
+fn lost_its_mounts(podman: &Podman, rec: &Record) -> bool {
+    let (Some(was), Some(ws)) = (rec.boot_id.as_deref(), super::workspace::guest_workspaces(rec).into_iter().next())
+    else {
+        return false;
+    };
+    if rec.clone.is_some() || machine::boot_id(podman, &rec.machine_name).is_none_or(|now| now == was) {
+        return false;
+    }
+    let inv = podman.ssh(&rec.machine_name, &["mountpoint", "-q", &ws]).timeout(Duration::from_secs(60));
+    matches!(exec::output(&inv), Ok((code, _)) if code != 0)
+}
+
 /// Under `state.lock`: record the boot id podman's start left the guest in.
 fn set_boot_id(dirs: &Dirs, name: &str, boot_id: Option<String>) -> Result<Record> {
     let _lock = state::Lock::acquire(&dirs.state_lock())?;

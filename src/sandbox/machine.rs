@@ -336,23 +336,6 @@ pub(super) fn boot_id(podman: &Podman, machine: &str) -> Option<String> {
     (code == 0 && !id.is_empty()).then(|| id.to_owned())
 }
 
-/// Whether the guest rebooted by itself since podman started it, and so
-/// lost the workspace mounts: podman mounts them over ssh at `machine
-/// start` only, and still calls the machine running. Judged on both the
-/// boot id (a new boot) and the first mount (not a mount point), so a
-/// machine started outside ppp, whose mounts podman made, is left alone.
-pub(super) fn lost_its_mounts(podman: &Podman, rec: &Record) -> bool {
-    let (Some(was), Some(ws)) = (rec.boot_id.as_deref(), super::workspace::guest_workspaces(rec).into_iter().next())
-    else {
-        return false;
-    };
-    if rec.clone.is_some() || boot_id(podman, &rec.machine_name).is_none_or(|now| now == was) {
-        return false;
-    }
-    let inv = podman.ssh(&rec.machine_name, &["mountpoint", "-q", &ws]).timeout(Duration::from_secs(60));
-    matches!(exec::output(&inv), Ok((code, _)) if code != 0)
-}
-
 /// The sandbox's disk lock, or an error when `ppp template save` holds it
 /// (a flock: a save that dies lets go of it).
 pub fn disk_lease(dirs: &Dirs, name: &str) -> Result<state::Lock> {
