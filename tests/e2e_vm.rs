@@ -45,6 +45,15 @@ fn a_real_podman_machine_from_run_to_rm() {
         rig.first_run
     );
 
+    // Issue 26: the .envrc the agent planted (nothing can prevent a new
+    // file) is reported when `ppp run` ends.
+    assert!(
+        rig.first_run.contains("created or changed files that can run code on this host")
+            && rig.first_run.contains(".envrc"),
+        "the planted .envrc reported at the end of ppp run:\n{}",
+        rig.first_run
+    );
+
     // The management channel is let through and nothing else: a guest
     // process (core, then root) reaches neither gvproxy's gateway on other
     // ports, nor its host side (the host alias, podman's ssh port there),
@@ -157,10 +166,98 @@ fn a_real_podman_machine_from_run_to_rm() {
         assert_eq!(env.ok(&["exec", "vm", "--", "sh", "-c", &cmd]), "200", "{size}-byte body");
     }
     assert_eq!(env.denied_status("vm"), "403");
+    // 200 MiB through kernel WireGuard inside gvproxy's 1500-byte link, whole.
+    let big: u64 = 200 * 1024 * 1024;
+    let want = std::process::Command::new("sh")
+        .args(["-c", &format!("head -c {big} /dev/zero | sha256sum")])
+        .output()
+        .unwrap();
+    let want = String::from_utf8_lossy(&want.stdout).split_whitespace().next().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let got = env.run(&[
+        "exec",
+        "vm",
+        "--",
+        "sh",
+        "-c",
+        &format!("curl -sS -m 1500 https://echo.test/chunked/{big} | sha256sum"),
+    ]);
+    eprintln!("real VM: 200 MiB through the tunnel took {:.0?}", started.elapsed());
+    assert!(
+        String::from_utf8_lossy(&got.stdout).starts_with(&want),
+        "200 MiB download, sha256 {want}: {}",
+        describe(&got)
+    );
 
     // 3. The image came through the tunnel, its big layer whole.
     let size = env.ok(&["exec", "vm", "--", "podman", "image", "inspect", "--format", "{{.Size}}", &image]);
     assert!(size.trim().parse::<u64>().unwrap() > 10 * 1024 * 1024, "{size}");
+
+    // 3b. A reboot from inside the guest (issue 23.3, 22.5): with the
+    //     tunnel up before it, the guest comes back with the kill switch in
+    //     force before the network and no wg0; nothing leaves, from the VM
+    //     or a bridged container, until ppp provisions it again (`ppp run`).
+    let boot_before = String::from_utf8_lossy(&rig.guest("cat /proc/sys/kernel/random/boot_id").stdout).into_owned();
+    let out = rig.guest("sudo systemd-run --on-active=2 systemctl reboot");
+    assert!(out.status.success(), "reboot scheduled in the guest: {}", describe(&out));
+    let rebooted = std::time::Instant::now();
+    let mut came_back = false;
+    while rebooted.elapsed() < std::time::Duration::from_secs(600) {
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        let out = rig.guest("cat /proc/sys/kernel/random/boot_id");
+        let id = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && !id.trim().is_empty() && id != boot_before {
+            came_back = true;
+            break;
+        }
+    }
+    eprintln!(
+        "real VM: reboot from inside the guest: back in {:.0?} ({})",
+        rebooted.elapsed(),
+        rig.podman(&["machine", "inspect", "--format", "{{.State}}", "ppp-vm"]).trim()
+    );
+    assert!(
+        came_back,
+        "the guest came back from its reboot:\nconsole (tail):\n{}",
+        vm::tail(&rig.state.join("home/qemu-console.log"), 60)
+    );
+    let order = rig.guest(
+        "systemctl show -p ActiveEnterTimestampMonotonic --value ppp-killswitch.service network-pre.target systemd-networkd.service",
+    );
+    let stamps: Vec<u64> =
+        String::from_utf8_lossy(&order.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert!(
+        stamps.len() == 3 && stamps[0] > 0 && stamps[0] <= stamps[1] && stamps[1] <= stamps[2],
+        "after the reboot: kill switch, then network-pre.target, then systemd-networkd: {}",
+        describe(&order)
+    );
+    let out = rig.guest("sudo nft list table inet ppp >/dev/null && ! ip link show wg0 2>/dev/null && echo closed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("closed"), "after the reboot: {}", describe(&out));
+    let out = rig.guest(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/direct-after-reboot"));
+    assert!(blocked(&out), "direct egress right after the reboot: {}", describe(&out));
+    let out = rig.guest(&format!(
+        "podman run --rm --network bridge {image} curl -sS -m 5 http://{UPSTREAM_IP}/direct-after-reboot"
+    ));
+    assert!(!out.status.success(), "a bridged container right after the reboot: {}", describe(&out));
+    let out = rig.guest("curl -sS -m 10 -o /dev/null -w '%{http_code}' https://echo.test/after-reboot");
+    assert!(!out.status.success(), "no tunnel until ppp provisions again: {}", describe(&out));
+    let out = rig.run_agent("vm");
+    assert_eq!(out.status.code(), Some(7), "ppp run after the reboot: {}", rig.explain("vm", &out));
+    let code = env.ok(&[
+        "exec",
+        "vm",
+        "--",
+        "curl",
+        "-sS",
+        "-m",
+        "30",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "https://echo.test/after-reboot-run",
+    ]);
+    assert_eq!(code, "200", "the tunnel after ppp run re-provisioned the rebooted guest");
 
     // 4. With wg0 gone, nothing leaves: not the VM, not a bridged container.
     env.ok(&["exec", "vm", "--", "sudo", "ip", "link", "del", "wg0"]);
@@ -189,8 +286,36 @@ fn a_real_podman_machine_from_run_to_rm() {
     //    on podman 5.4), rm.
     env.ok(&["stop", "vm"]);
     assert_eq!(env.ls()[0]["state"], "stopped");
+    // Issue 26 on the real VM: the workspace is a git repository now; the
+    // agent's hook and config writes fail (read-only binds over virtiofs),
+    // the rest of .git stays writable. (The .envrc it writes again has the
+    // same bytes as in the first run, which reported it: no change now.)
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(["-c", "safe.directory=*", "-C", &env.ws()])
+            .args(args)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", env.root())
+            .output()
+            .unwrap()
+    };
+    assert!(git(&["init", "-q"]).status.success());
+    assert!(std::process::Command::new("chown").args(["-R", "1000:1000", &env.ws()]).status().unwrap().success());
+    let config_before = std::fs::read_to_string(Path::new(&env.ws()).join(".git/config")).unwrap();
     let out = env.run(&["run", "--name", "vm", "opencode", &env.ws()]);
     assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    for want in ["vm-agent hook: refused", "vm-agent config: refused", "vm-agent git-dir: writable"] {
+        assert!(text.contains(want), "{want} in the agent's run on the real VM: {}", describe(&out));
+    }
+    assert!(!Path::new(&env.ws()).join(".git/hooks/pre-commit").exists(), "no hook planted");
+    assert_eq!(std::fs::read_to_string(Path::new(&env.ws()).join(".git/config")).unwrap(), config_before);
+    // The host's git afterwards runs nothing planted.
+    std::fs::write(Path::new(&env.ws()).join("README"), "hello\n").unwrap();
+    assert!(git(&["add", "README"]).status.success());
+    let c = git(&["-c", "user.name=h", "-c", "user.email=h@h", "commit", "-qm", "host"]);
+    assert!(c.status.success(), "{}", describe(&c));
+    assert!(!Path::new("/tmp/planted").exists(), "a planted hook ran on the host");
     assert!(env.ok(&["exec", "vm", "--", "ip", "-d", "link", "show", "wg0"]).contains("wireguard"));
     let file = env.root().join("note.txt");
     std::fs::write(&file, "from the host\n").unwrap();
@@ -217,11 +342,19 @@ fn a_real_podman_machine_from_run_to_rm() {
     assert_eq!(report["endpoint"]["host"], "192.168.127.254");
     assert_eq!(env.ls()[0]["state"], "running");
 
+    // Killing gvproxy mid-download fails closed (the download stops, no
+    // direct egress), but `ppp stop` then fails on podman 5.4.2's "unable
+    // to clean up gvproxy" and `ppp ls` still says running: that step is on
+    // branch `vm-gvproxy` until ppp handles it (docs/harness.md).
     env.ok(&["rm", "-f", "vm"]);
     assert!(env.ls().is_empty());
+    assert!(!env.dirs().sandbox_podman("vm").exists(), "the sandbox's podman home is gone");
     assert!(!rig.podman(&["machine", "list", "--format", "json"]).contains("ppp-vm"));
     // Nothing of the machine is left running.
     // pgrep directly: through `sh -c`, the shell's own command line matched.
     let leftovers = std::process::Command::new("pgrep").arg("-af").arg(&state).output().unwrap();
     assert!(leftovers.stdout.is_empty(), "{}", describe(&leftovers));
+    let ws = env.ws();
+    let virtiofsd = std::process::Command::new("pgrep").arg("-af").arg("virtiofsd").output().unwrap();
+    assert!(!String::from_utf8_lossy(&virtiofsd.stdout).contains(&ws), "virtiofsd left: {}", describe(&virtiofsd));
 }

@@ -62,6 +62,7 @@ pub(super) fn claim(dirs: &Dirs, req: &Request, all: &[Machine]) -> Result<Claim
         image: None,
         image_origin: None,
         podman_run: Some(dirs.podman_runtime(&name, Dirs::runtime_base().as_deref())),
+        boot_id: None,
     };
     state::create_private_dir(&dirs.sandbox(&name))?;
     // The port is saved before the record: a crash in between leaves a

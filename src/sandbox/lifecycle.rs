@@ -144,6 +144,7 @@ pub fn create(dirs: &Dirs, podman: &Podman, req: &Request, extensions: &[&dyn Ex
             let _start = machine::start_lock(dirs)?;
             machine::admit(dirs, podman, &name, req.memory_mib, true)?;
             machine::start(dirs, podman, &name, machine_name, ui)?;
+            set_boot_id(dirs, &name, machine::boot_id(podman, machine_name))?;
         }
         interrupt.check()?;
         provision(dirs, podman, &claim.record, req.image.to_pull(), ui)?;
@@ -279,10 +280,20 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
     })?;
     ensure_daemon(dirs, ui)?;
     wait_for_wg0(dirs, name, rec.port)?;
-    if !vm.running {
+    let mut running = vm.running;
+    if running && lost_its_mounts(podman, &rec) {
+        // A reboot from inside the guest: the machine runs, its workspace
+        // is not mounted, and only podman's own start mounts it again.
+        ui.timed(&format!("the VM of `{name}` rebooted by itself and lost the workspace: restarting it"), || {
+            machine::run_logged(dirs, name, &podman.stop(&rec.machine_name), "podman machine stop")
+        })?;
+        running = false;
+    }
+    if !running {
         let _start = machine::start_lock(dirs)?;
         machine::admit(dirs, podman, name, rec.memory, rec.podman_run.is_some())?;
         machine::start(dirs, podman, name, &rec.machine_name, ui)?;
+        set_boot_id(dirs, name, machine::boot_id(podman, &rec.machine_name))?;
     }
     let choice = super::image::choose(agent::find(&rec.agent)?, |k| std::env::var(k).ok())?;
     provision(dirs, podman, &rec, choice.to_pull(), ui)?;
@@ -378,6 +389,32 @@ fn set_image(dirs: &Dirs, name: &str, image: &str, origin: Option<super::ImageOr
 }
 
 /// Under `state.lock`: set a sandbox's status.
+/// Whether the guest rebooted by itself since podman started it, and so
+/// lost the workspace mounts: podman mounts them over ssh at `machine
+/// start` only, and still calls the machine running. Judged on both the
+/// boot id (a new boot) and the first mount (not a mount point), so a
+/// machine started outside ppp, whose mounts podman made, is left alone.
+fn lost_its_mounts(podman: &Podman, rec: &Record) -> bool {
+    let (Some(was), Some(ws)) = (rec.boot_id.as_deref(), super::workspace::guest_workspaces(rec).into_iter().next())
+    else {
+        return false;
+    };
+    if rec.clone.is_some() || machine::boot_id(podman, &rec.machine_name).is_none_or(|now| now == was) {
+        return false;
+    }
+    let inv = podman.ssh(&rec.machine_name, &["mountpoint", "-q", &ws]).timeout(Duration::from_secs(60));
+    matches!(exec::output(&inv), Ok((code, _)) if code != 0)
+}
+
+/// Under `state.lock`: record the boot id podman's start left the guest in.
+fn set_boot_id(dirs: &Dirs, name: &str, boot_id: Option<String>) -> Result<Record> {
+    let _lock = state::Lock::acquire(&dirs.state_lock())?;
+    let mut rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
+    rec.boot_id = boot_id;
+    super::save_locked(dirs, &rec)?;
+    Ok(rec)
+}
+
 fn set_status(dirs: &Dirs, name: &str, status: Status) -> Result<Record> {
     let _lock = state::Lock::acquire(&dirs.state_lock())?;
     let mut rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;

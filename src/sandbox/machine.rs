@@ -9,6 +9,7 @@ use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -325,6 +326,14 @@ pub(super) fn start(dirs: &Dirs, podman: &Podman, name: &str, machine: &str, ui:
             .hint(format!("see `{}`", dirs.sandbox_machine_log(name).display()))
             .into())
     })
+}
+
+/// The guest kernel's boot id (`None` when the guest does not answer).
+pub(super) fn boot_id(podman: &Podman, machine: &str) -> Option<String> {
+    let inv = podman.ssh(machine, &["cat", "/proc/sys/kernel/random/boot_id"]).timeout(Duration::from_secs(60));
+    let (code, out) = exec::output(&inv).ok()?;
+    let id = out.stdout.trim();
+    (code == 0 && !id.is_empty()).then(|| id.to_owned())
 }
 
 /// The sandbox's disk lock, or an error when `ppp template save` holds it

@@ -147,6 +147,12 @@ pub struct Record {
     /// podman home, where it stays (ADR 0030).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub podman_run: Option<std::path::PathBuf>,
+    /// The guest kernel's boot id when podman last started the machine
+    /// (and mounted the workspace). A different one later means the guest
+    /// rebooted by itself, which podman does not see and after which
+    /// nothing mounts the workspace again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// How the agent's image reached a sandbox's VM (`ppp diagnose` shows it).

@@ -72,6 +72,7 @@ impl World {
             image: None,
             image_origin: None,
             podman_run: None,
+            boot_id: None,
         };
         ppp::sandbox::save_locked(&dirs, &rec).unwrap();
         dirs

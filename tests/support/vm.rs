@@ -39,6 +39,15 @@ pub const AGENT: &str = r#"#!/bin/sh
 echo "vm-agent args: $*"
 echo "vm-agent cwd: $(pwd) as $(id -u)"
 echo "written by the agent in the VM" > from-agent.txt || ls -ld .
+# Issue 26, as an agent would: plant a hook and git config (refused: mounted
+# read-only), and an .envrc (cannot be prevented: reported by ppp run).
+if [ -d .git ]; then
+  if (echo 'touch /tmp/planted' > .git/hooks/pre-commit) 2>/dev/null; then echo "vm-agent hook: written"; else echo "vm-agent hook: refused"; fi
+  if (printf '[core]\n\thooksPath = /tmp\n' >> .git/config) 2>/dev/null; then echo "vm-agent config: written"; else echo "vm-agent config: refused"; fi
+  if (echo "agent $$" > .git/agent-object) 2>/dev/null; then echo "vm-agent git-dir: writable"; else echo "vm-agent git-dir: refused"; fi
+  rm -f .git/agent-object
+fi
+echo "echo planted by the agent $$" > .envrc
 
 code=$(curl -sS -m 60 -o /dev/null -w '%{http_code}' https://echo.test/agent-tls)
 echo "vm-agent tls: $code"
