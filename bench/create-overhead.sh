@@ -28,15 +28,7 @@ ip netns add "$ns"
 ip netns exec "$ns" ip link set lo up
 
 # Every podman call goes through this wrapper, which logs its wall time.
-cat >"$work/podman" <<WRAP
-#!/usr/bin/env bash
-t0=\$(date +%s%N)
-"$root/tests/fake-podman/podman" "\$@"
-rc=\$?
-echo "\$t0 \$(date +%s%N)" >>"$work/podman-times"
-exit \$rc
-WRAP
-chmod +x "$work/podman"
+bench_timed_podman "$work"
 mkdir -p "$work/ws" "$work/images/localhost_agent_latest/bin"
 export PPP_DATA=$work/data PPP_CONFIG=$work/config PPP_CACHE=$work/cache PPP_MITMDUMP=$mitm
 export PPP_SECRET_BACKEND=file PPP_PODMAN=$work/podman PPP_OPENCODE_IMAGE=localhost/agent:latest

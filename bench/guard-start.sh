@@ -35,15 +35,7 @@ ip netns exec "$ns" ip link set lo up
 # Every podman call goes through this wrapper, which logs its wall time,
 # so ppp's own part (planning the binds, the snapshot and its comparison)
 # shows apart from the container's start (where the binds are mounted).
-cat >"$work/podman" <<WRAP
-#!/usr/bin/env bash
-t0=\$(date +%s%N)
-"$root/tests/fake-podman/podman" "\$@"
-rc=\$?
-echo "\$t0 \$(date +%s%N)" >>"$work/podman-times"
-exit \$rc
-WRAP
-chmod +x "$work/podman"
+bench_timed_podman "$work"
 
 # The stub agent: starts and exits 0.
 mkdir -p "$work/images/localhost_agent_latest/bin" "$work/home" "$work/config"

@@ -19,3 +19,19 @@ bench_netns_prereqs() {
   [ "$(id -u)" -eq 0 ] || { echo "error: needs root for ip netns" >&2; exit 1; }
   [ -x "$mitm" ] || { echo "error: $mitm is missing; run make test-deps" >&2; exit 1; }
 }
+
+# Write `$1/podman`: the fake podman behind a wrapper that appends each
+# call's start and end (ns) to `$1/podman-times`, so a script can tell
+# ppp's own time apart from podman's.
+bench_timed_podman() {
+  local dir=$1
+  cat >"$dir/podman" <<WRAP
+#!/usr/bin/env bash
+t0=\$(date +%s%N)
+"$root/tests/fake-podman/podman" "\$@"
+rc=\$?
+echo "\$t0 \$(date +%s%N)" >>"$dir/podman-times"
+exit \$rc
+WRAP
+  chmod +x "$dir/podman"
+}
