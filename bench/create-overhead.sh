@@ -33,6 +33,7 @@ mkdir -p "$work/ws" "$work/images/localhost_agent_latest/bin"
 export PPP_DATA=$work/data PPP_CONFIG=$work/config PPP_CACHE=$work/cache PPP_MITMDUMP=$mitm
 export PPP_SECRET_BACKEND=file PPP_PODMAN=$work/podman PPP_OPENCODE_IMAGE=localhost/agent:latest
 export FAKE_PODMAN_ROOT=$work/fake FAKE_PODMAN_IMAGES=$work/images FAKE_PODMAN_PROVIDER=qemu
+export PATH=$root/tests/fake-podman/host-bin:$PATH
 
 now() { date +%s%N; }
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
