@@ -40,13 +40,7 @@ fn rig() -> Rig {
     let upstream = Upstream::start(&topo);
     let public = Upstream::start_public(&topo, &upstream, PUBLIC_IP, &NAMES);
     let etc = NetnsEtc::new(&topo);
-    let root = topo.path().join("ppp");
-    std::fs::create_dir_all(&root).unwrap();
-    let daemon = Daemon { root };
-    let dirs = daemon.dirs();
-    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("red")).unwrap(), RED);
-    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("blue")).unwrap(), BLUE);
-    daemon.ok(&["policy", "init", "deny-all"]);
+    let daemon = Daemon::deny_all(&topo, &[("red", RED), ("blue", BLUE)]);
     daemon.ok(&["policy", "default", "ask"]);
     // A rule still decides before the default: this name is never held.
     daemon.ok(&["policy", "allow", "network", "--sandbox", "red", "open.test"]);

@@ -60,14 +60,7 @@ fn rig() -> Rig {
     let topo = Topology::new(3);
     let upstream = Upstream::start(&topo);
     let etc = NetnsEtc::new(&topo);
-    let root = topo.path().join("ppp");
-    std::fs::create_dir_all(&root).unwrap();
-    let daemon = Daemon { root };
-    let dirs = daemon.dirs();
-    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("red")).unwrap(), RED);
-    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate("blue")).unwrap(), BLUE);
-
-    daemon.ok(&["policy", "init", "deny-all"]);
+    let daemon = Daemon::deny_all(&topo, &[("red", RED), ("blue", BLUE)]);
     // 198.18.0.0/15 is not a public range, so the DNS-rebinding defence
     // refuses names that resolve there unless an address rule allows it.
     daemon.ok(&["policy", "allow", "network", "--sandbox", "red", "echo.test,api.anthropic.com,198.18.0.10"]);

@@ -25,11 +25,7 @@ fn rig() -> Rig {
     let topo = Topology::new(1);
     let upstream = Upstream::start(&topo);
     let etc = NetnsEtc::new(&topo);
-    let root = topo.path().join("ppp");
-    std::fs::create_dir_all(&root).unwrap();
-    let daemon = Daemon { root };
-    assert_eq!(ppp::sandbox::with_registry(&daemon.dirs(), |r| r.allocate("red")).unwrap(), RED);
-    daemon.ok(&["policy", "init", "deny-all"]);
+    let daemon = Daemon::deny_all(&topo, &[("red", RED)]);
     daemon.start(&topo, &upstream);
     let guests = vec![Guest::up(&topo, 1, &daemon.conf(RED), RED)];
     assert!(guests[0].handshake_within(netns::DEADLINE), "the guest got no handshake");

@@ -43,11 +43,7 @@ fn rig() -> Rig {
     names.extend([DENIED, OUTSIDE]);
     let public = Upstream::start_public(&topo, &upstream, PUBLIC_IP, &names);
     let etc = NetnsEtc::new(&topo);
-    let root = topo.path().join("ppp");
-    std::fs::create_dir_all(&root).unwrap();
-    let daemon = Daemon { root };
-    assert_eq!(ppp::sandbox::with_registry(&daemon.dirs(), |r| r.allocate("red")).unwrap(), RED);
-    daemon.ok(&["policy", "init", "deny-all"]);
+    let daemon = Daemon::deny_all(&topo, &[("red", RED)]);
     daemon.ok(&["policy", "deny", "network", DENIED]);
     // The key's service is on a non-public test address, which needs an
     // address rule: kept global, so applying red's file leaves it.

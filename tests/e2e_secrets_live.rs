@@ -91,11 +91,7 @@ fn rig() -> Rig {
     let topo = Topology::new(1);
     let upstream = Upstream::start(&topo);
     let etc = NetnsEtc::new(&topo);
-    let root = topo.path().join("ppp");
-    std::fs::create_dir_all(&root).unwrap();
-    let daemon = Daemon { root };
-    assert_eq!(ppp::sandbox::with_registry(&daemon.dirs(), |r| r.allocate("red")).unwrap(), RED);
-    daemon.ok(&["policy", "init", "deny-all"]);
+    let daemon = Daemon::deny_all(&topo, &[("red", RED)]);
     // 198.18.0.0/15 is not a public range: the rebinding defence wants an
     // address rule for the test upstream's address.
     daemon.ok(&["policy", "allow", "network", "--sandbox", "red", &format!("{SERVICE_NAME},{UPSTREAM_IP}")]);

@@ -301,12 +301,8 @@ fn rig() -> Rig {
     let topo = Topology::new(1);
     let upstream = Upstream::start(&topo);
     let etc = netns::NetnsEtc::new(&topo);
-    let root = topo.path().join("ppp");
-    std::fs::create_dir_all(&root).unwrap();
-    let daemon = Daemon { root };
+    let daemon = Daemon::deny_all(&topo, &[(NAME, PORT)]);
     let dirs = daemon.dirs();
-    assert_eq!(ppp::sandbox::with_registry(&dirs, |r| r.allocate(NAME)).unwrap(), PORT);
-    daemon.ok(&["policy", "init", "deny-all"]);
     // The default: the servers listen on loopback, where gvproxy (played
     // by the rig's NAT) delivers the guest's datagrams.
     std::fs::create_dir_all(dirs.config.clone()).unwrap();

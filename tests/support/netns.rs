@@ -935,6 +935,20 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Where every netns test's daemon starts: its state under `topo`, each
+    /// of `sandboxes` holding the pool port it must get, and the deny-all
+    /// preset. Not started: the caller adds its rules first.
+    pub fn deny_all(topo: &Topology, sandboxes: &[(&str, u16)]) -> Daemon {
+        let root = topo.path().join("ppp");
+        std::fs::create_dir_all(&root).unwrap();
+        let daemon = Daemon { root };
+        for &(name, port) in sandboxes {
+            assert_eq!(ppp::sandbox::with_registry(&daemon.dirs(), |r| r.allocate(name)).unwrap(), port);
+        }
+        daemon.ok(&["policy", "init", "deny-all"]);
+        daemon
+    }
+
     /// The client config the daemon captured for `port`.
     pub fn conf(&self, port: u16) -> ClientConf {
         let confs: serde_json::Value =
