@@ -130,22 +130,7 @@ fn a_real_podman_machine_from_run_to_rm() {
     // tunnel, and nothing leaves, from the VM or from a bridged container.
     rig.podman(&["machine", "stop", "ppp-vm"]);
     rig.podman(&["machine", "start", "ppp-vm"]);
-    let order = rig.guest(
-        "systemctl show -p ActiveEnterTimestampMonotonic --value ppp-killswitch.service network-pre.target systemd-networkd.service",
-    );
-    let stamps: Vec<u64> =
-        String::from_utf8_lossy(&order.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
-    assert!(
-        stamps.len() == 3 && stamps[0] > 0 && stamps[0] <= stamps[1] && stamps[1] <= stamps[2],
-        "kill switch, then network-pre.target, then systemd-networkd: {}",
-        describe(&order)
-    );
-    let out = rig.guest("sudo nft list table inet ppp >/dev/null && ! ip link show wg0 2>/dev/null && echo closed");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("closed"), "{}", describe(&out));
-    let out = rig.guest(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/direct"));
-    assert!(blocked(&out), "direct egress right after boot: {}", describe(&out));
-    let out = rig.guest(&format!("podman run --rm --network bridge {image} curl -sS -m 5 http://{UPSTREAM_IP}/direct"));
-    assert!(!out.status.success(), "a bridged container right after boot: {}", describe(&out));
+    closed_after_boot(&rig, &image, "after boot", "direct");
     let out = rig.run_agent("vm");
     assert_eq!(out.status.code(), Some(7), "ppp run on top: {}", rig.explain("vm", &out));
 
@@ -221,24 +206,7 @@ fn a_real_podman_machine_from_run_to_rm() {
         "the guest came back from its reboot:\nconsole (tail):\n{}",
         vm::tail(&rig.state.join("home/qemu-console.log"), 60)
     );
-    let order = rig.guest(
-        "systemctl show -p ActiveEnterTimestampMonotonic --value ppp-killswitch.service network-pre.target systemd-networkd.service",
-    );
-    let stamps: Vec<u64> =
-        String::from_utf8_lossy(&order.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
-    assert!(
-        stamps.len() == 3 && stamps[0] > 0 && stamps[0] <= stamps[1] && stamps[1] <= stamps[2],
-        "after the reboot: kill switch, then network-pre.target, then systemd-networkd: {}",
-        describe(&order)
-    );
-    let out = rig.guest("sudo nft list table inet ppp >/dev/null && ! ip link show wg0 2>/dev/null && echo closed");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("closed"), "after the reboot: {}", describe(&out));
-    let out = rig.guest(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/direct-after-reboot"));
-    assert!(blocked(&out), "direct egress right after the reboot: {}", describe(&out));
-    let out = rig.guest(&format!(
-        "podman run --rm --network bridge {image} curl -sS -m 5 http://{UPSTREAM_IP}/direct-after-reboot"
-    ));
-    assert!(!out.status.success(), "a bridged container right after the reboot: {}", describe(&out));
+    closed_after_boot(&rig, &image, "after the reboot", "direct-after-reboot");
     let out = rig.guest("curl -sS -m 10 -o /dev/null -w '%{http_code}' https://echo.test/after-reboot");
     assert!(!out.status.success(), "no tunnel until ppp provisions again: {}", describe(&out));
     let out = rig.run_agent("vm");
@@ -357,4 +325,28 @@ fn a_real_podman_machine_from_run_to_rm() {
     let ws = env.ws();
     let virtiofsd = std::process::Command::new("pgrep").arg("-af").arg("virtiofsd").output().unwrap();
     assert!(!String::from_utf8_lossy(&virtiofsd.stdout).contains(&ws), "virtiofsd left: {}", describe(&virtiofsd));
+}
+
+/// A boot outside ppp (podman's own start, a reboot from inside the guest)
+/// comes up closed, in systemd's real order: the kill switch active before
+/// `network-pre.target` and that before `systemd-networkd`, its table
+/// loaded and no wg0, and direct egress to `/{path}` refused from the VM
+/// and from a bridged container.
+fn closed_after_boot(rig: &Rig, image: &str, when: &str, path: &str) {
+    let order = rig.guest(
+        "systemctl show -p ActiveEnterTimestampMonotonic --value ppp-killswitch.service network-pre.target systemd-networkd.service",
+    );
+    let stamps: Vec<u64> =
+        String::from_utf8_lossy(&order.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert!(
+        stamps.len() == 3 && stamps[0] > 0 && stamps[0] <= stamps[1] && stamps[1] <= stamps[2],
+        "{when}: kill switch, then network-pre.target, then systemd-networkd: {}",
+        describe(&order)
+    );
+    let out = rig.guest("sudo nft list table inet ppp >/dev/null && ! ip link show wg0 2>/dev/null && echo closed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("closed"), "{when}: {}", describe(&out));
+    let out = rig.guest(&format!("curl -sS -m 5 http://{UPSTREAM_IP}/{path}"));
+    assert!(blocked(&out), "direct egress right {when}: {}", describe(&out));
+    let out = rig.guest(&format!("podman run --rm --network bridge {image} curl -sS -m 5 http://{UPSTREAM_IP}/{path}"));
+    assert!(!out.status.success(), "a bridged container right {when}: {}", describe(&out));
 }
