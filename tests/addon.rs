@@ -1,4 +1,4 @@
-//! The mitmproxy addon (`assets/addon.py`) against the real daemon socket:
+//! The mitmproxy addon (`assets/addon/`) against the real daemon socket:
 //! each test builds a `$PPP_DATA` (policy files, the file secret store, a
 //! port registry), serves `secret.sock` in-process, and runs the Python
 //! suite `tests/addon/test_addon.py` in the test venv, which drives the
@@ -136,6 +136,9 @@ fn python_suite(data: &Path, names: &[&str]) -> usize {
         .args(names)
         .current_dir(root)
         .env("PPP_STATE_DIR", data)
+        // The suite imports the package from assets/: no bytecode there,
+        // where the build would embed it.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("PPP_DATA")
         .stdin(Stdio::null())
         .output()
@@ -225,7 +228,7 @@ impl Drop for Cleanup {
     }
 }
 
-/// `mitmdump -s addon.py` starts a WireGuard server with the addon loaded
+/// `mitmdump -s addon-<hash>/addon.py` starts a WireGuard server with the addon loaded
 /// and logs no error, in a namespace with no route anywhere.
 #[test]
 fn mitmdump_loads_the_addon() {

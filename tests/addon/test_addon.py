@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import types
 import unittest
@@ -46,7 +47,8 @@ SECRETS = ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-sec
 
 
 def load_addon_module() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("ppp_addon", ROOT / "assets" / "addon.py")
+    """The entry file, as mitmdump loads it; it imports its `ppp_addon`."""
+    spec = importlib.util.spec_from_file_location("ppp_addon_entry", ROOT / "assets" / "addon" / "addon.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -54,6 +56,7 @@ def load_addon_module() -> types.ModuleType:
 
 
 A = load_addon_module()
+from ppp_addon import common, daemon, decisions, flowlog, limits, names, patches, scheduler, scrubber  # noqa: E402
 
 
 def ask(req: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +156,7 @@ def http_flow(
     else:
         f.client_conn.timestamp_tls_setup = None
         f.client_conn.sni = None
-    if resolve and A.ip_text(name) is None:
+    if resolve and names.ip_text(name) is None:
         resolved(port, name, ip)
     r = f.request
     r.scheme, r.host, r.port, r.authority = ("https" if dport == 443 else "http"), ip, dport, ""
@@ -227,7 +230,7 @@ class Base(unittest.TestCase):
 
         def flaky(req: dict[str, Any]) -> dict[str, Any]:
             if down[0] and req["op"] == "decide":
-                raise A.DaemonError("down")
+                raise daemon.DaemonError("down")
             return real(req)
 
         self.addon.daemon.ask = flaky  # type: ignore[method-assign]
@@ -444,7 +447,7 @@ class Live(Base):
 
     def test_a_refused_request_body_is_never_buffered(self) -> None:
         # Small declared bodies are read, so the guest gets its 403.
-        f = http_flow(51820, "blocked.test", content=b"x" * A.REFUSED_BODY_DRAIN)
+        f = http_flow(51820, "blocked.test", content=b"x" * limits.REFUSED_BODY_DRAIN)
         self.addon.requestheaders(f)
         self.assertEqual(f.response.status_code, 403)
         self.assertIsNone(f.error)
@@ -465,7 +468,7 @@ class Live(Base):
         self.assertEqual(f.response.status_code, 403)
         self.assertIsNone(f.error)
         # Header blocks over the limit get 431 and go nowhere.
-        f = http_flow(51820, "www.allowed.test", headers={"x-big": "h" * A.MAX_HEADER_BYTES})
+        f = http_flow(51820, "www.allowed.test", headers={"x-big": "h" * limits.MAX_HEADER_BYTES})
         self.addon.requestheaders(f)
         self.assertEqual(f.response.status_code, 431)
         self.assertEqual(f.metadata["ppp"]["decision"], "deny")
@@ -482,7 +485,7 @@ class Live(Base):
             self.addon.client_connected(c)
             return c
 
-        held = [connect(51820) for _ in range(A.MAX_CONNECTIONS)]
+        held = [connect(51820) for _ in range(limits.MAX_CONNECTIONS)]
         self.assertTrue(all(c.error is None for c in held))
         extra = connect(51820)
         self.assertIn("more than 1024 open TCP connections", extra.error or "")
@@ -510,13 +513,13 @@ class Live(Base):
         self.assertEqual(len(self.addon._decisions), 50)
         # The most recent are kept; a hit refreshes an entry.
         self.assertIn(("blue", "n119.refused.test", None, 53, "dns"), self.addon._decisions)
-        lru = A.Lru(2)
+        lru = common.Lru(2)
         lru["a"], lru["b"] = 1, 2
         self.assertEqual(lru.get("a"), 1)
         lru["c"] = 3
         self.assertEqual(list(lru), ["a", "c"])
-        for cache in (self.addon._secrets, self.addon._denied, self.addon._seen, self.addon._logged, A._IP_MEMO):
-            self.assertIsInstance(cache, A.Lru)
+        for cache in (self.addon._secrets, self.addon._denied, self.addon._seen, self.addon._logged, names._IP_MEMO):
+            self.assertIsInstance(cache, common.Lru)
 
     def test_stream_messages_are_dropped_and_counted(self) -> None:
         f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.1", 5432))
@@ -558,16 +561,16 @@ class Live(Base):
         rows = self.flows()[before:]
         self.assertEqual(len(rows), 1, rows)
         self.assertEqual((rows[0]["host"], rows[0]["port"]), ("same.refused.test", 5353))
-        for i in range(A.LOG_BUDGET + 100):
+        for i in range(flowlog.LOG_BUDGET + 100):
             query(f"d{i}.refused.test", 53)
         rows = self.flows()[before:]
-        self.assertEqual(len(rows), A.LOG_BUDGET, "one sandbox's denials per window are capped")
+        self.assertEqual(len(rows), flowlog.LOG_BUDGET, "one sandbox's denials per window are capped")
         self.assertEqual((rows[1]["host"], rows[1]["suppressed"]), ("d0.refused.test", 49))
-        saved, A.LOG_WINDOW = A.LOG_WINDOW, 0.0
+        saved, flowlog.LOG_WINDOW = flowlog.LOG_WINDOW, 0.0
         try:
             query("next.refused.test", 53)
         finally:
-            A.LOG_WINDOW = saved
+            flowlog.LOG_WINDOW = saved
         row = self.flows()[-1]
         self.assertEqual(row["host"], "next.refused.test")
         self.assertEqual(row["suppressed"], 100 + 1, "what was not logged is counted")
@@ -575,7 +578,7 @@ class Live(Base):
     def test_flow_log_rotates(self) -> None:
         path = Path(STATE) / "flows.jsonl"
         old = Path(str(path) + ".1")
-        saved, A.FLOW_LOG_MAX = A.FLOW_LOG_MAX, 2000
+        saved, flowlog.FLOW_LOG_MAX = flowlog.FLOW_LOG_MAX, 2000
         try:
             for i in range(40):
                 self.run_http(http_flow(51820, f"r{i}.allowed.test"))
@@ -585,7 +588,7 @@ class Live(Base):
             hosts = [json.loads(x)["host"] for p in (old, path) for x in p.read_text().splitlines()]
             self.assertEqual(hosts[-1], "r39.allowed.test")
         finally:
-            A.FLOW_LOG_MAX = saved
+            flowlog.FLOW_LOG_MAX = saved
             old.unlink(missing_ok=True)
 
     def test_flow_log_has_the_path_without_its_query_and_the_duration(self) -> None:
@@ -606,15 +609,15 @@ class Live(Base):
         ok, denied, long = self.flows()[-3:]
         self.assertEqual((ok["method"], ok["path"], ok["status"]), ("GET", "/v1/items", 200))
         self.assertEqual((denied["path"], denied["status"], denied["decision"]), ("/deny/me", 403, "deny"))
-        self.assertEqual(len(long["path"]), A.MAX_LOGGED_PATH)
+        self.assertEqual(len(long["path"]), flowlog.MAX_LOGGED_PATH)
         self.assertTrue(long["path"].endswith("\u2026"))
         for row in (ok, denied, long):
             self.assertIsInstance(row["duration_ms"], int, row)
             self.assertGreaterEqual(row["duration_ms"], 0)
-        self.assertEqual(A.logged_path(""), None)
-        self.assertEqual(A.logged_path("/a?b"), "/a")
-        self.assertEqual(A.duration_ms(None), None)
-        self.assertGreaterEqual(A.duration_ms(time.time() - 2), 1990)
+        self.assertEqual(flowlog.logged_path(""), None)
+        self.assertEqual(flowlog.logged_path("/a?b"), "/a")
+        self.assertEqual(flowlog.duration_ms(None), None)
+        self.assertGreaterEqual(flowlog.duration_ms(time.time() - 2), 1990)
 
     def test_tls_denial_refuses_upstream_and_requests(self) -> None:
         c = self.tls(51821, "www.allowed.test", "93.184.216.34")
@@ -954,9 +957,9 @@ class Live(Base):
         self.assertTrue(callable(stream))
         # The key split over chunk boundaries is still caught.
         body = b"".join(flat(stream(c)) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
-        self.assertEqual(body, b"aaa " + A.redaction(b"sk-ant-FOX-2222") + b" bbb")
+        self.assertEqual(body, b"aaa " + scrubber.redaction(b"sk-ant-FOX-2222") + b" bbb")
         # Same length, so a Content-Length stays true.
-        self.assertEqual(len(A.redaction(b"sk-ant-FOX-2222")), len(b"sk-ant-FOX-2222"))
+        self.assertEqual(len(scrubber.redaction(b"sk-ant-FOX-2222")), len(b"sk-ant-FOX-2222"))
 
     def test_scrubber_never_loses_or_reorders_bytes(self) -> None:
         import random
@@ -968,25 +971,25 @@ class Live(Base):
             whole = b"".join(parts)
             cuts = sorted(rnd.sample(range(len(whole) + 1), min(len(whole) + 1, rnd.randint(0, 5))))
             chunks = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
-            sc = A.Scrubber([secret])
+            sc = scrubber.Scrubber([secret])
             out = b"".join(flat(sc(c)) for c in [*chunks, b""])
-            self.assertEqual(out, whole.replace(secret, A.redaction(secret)), (parts, chunks))
+            self.assertEqual(out, whole.replace(secret, scrubber.redaction(secret)), (parts, chunks))
 
     def test_scrubber_holds_back_only_what_could_start_a_secret(self) -> None:
         import random
 
         # An SSE event or a gRPC message goes on whole and at once (before,
         # the last len(secret) - 1 bytes of every chunk waited for the next).
-        sc = A.Scrubber([b"sk-ant-SECRET-123", b"tok-9"])
+        sc = scrubber.Scrubber([b"sk-ant-SECRET-123", b"tok-9"])
         self.assertEqual(flat(sc(b"data: 1\n\n")), b"data: 1\n\n")
         self.assertEqual(flat(sc(b"x tok")), b"x ")
-        self.assertEqual(flat(sc(b"-9 data: sk-ant-S")), A.redaction(b"tok-9") + b" data: ")
-        self.assertEqual(flat(sc(b"ECRET-123!")), A.redaction(b"sk-ant-SECRET-123") + b"!")
+        self.assertEqual(flat(sc(b"-9 data: sk-ant-S")), scrubber.redaction(b"tok-9") + b" data: ")
+        self.assertEqual(flat(sc(b"ECRET-123!")), scrubber.redaction(b"sk-ant-SECRET-123") + b"!")
         # Against a slow reference, on bytes that overlap themselves.
         rnd = random.Random(11)
         for _ in range(3000):
             values = [bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(2, 7))) for _ in range(rnd.randint(1, 3))]
-            sc = A.Scrubber(values)
+            sc = scrubber.Scrubber(values)
             data = bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(0, 20)))
             want = max(
                 [n for v in sc.values for n in range(1, min(len(v) - 1, len(data)) + 1) if data.endswith(v[:n])],
@@ -1022,7 +1025,7 @@ class Live(Base):
 
         def failing(req: dict[str, Any]) -> dict[str, Any]:
             if req.get("op") == "inject":
-                raise A.DaemonError(f"daemon socket {STATE}/secret.sock: [Errno 111] Connection refused")
+                raise daemon.DaemonError(f"daemon socket {STATE}/secret.sock: [Errno 111] Connection refused")
             return real(req)
 
         self.addon.daemon.ask = failing  # type: ignore[method-assign]
@@ -1036,7 +1039,7 @@ class Live(Base):
 
     def test_flow_log_reopened_when_the_file_is_replaced(self) -> None:
         path = Path(STATE) / "flows.jsonl"
-        saved, A.FLOW_LOG_RECHECK = A.FLOW_LOG_RECHECK, 0.0
+        saved, flowlog.FLOW_LOG_RECHECK = flowlog.FLOW_LOG_RECHECK, 0.0
         try:
             self.run_http(http_flow(51820, "a.allowed.test"))
             self.assertTrue(path.exists())
@@ -1048,7 +1051,7 @@ class Live(Base):
             path.unlink()
             backup.rename(path)
         finally:
-            A.FLOW_LOG_RECHECK = saved
+            flowlog.FLOW_LOG_RECHECK = saved
 
 
     def test_a_reload_applies_to_the_very_next_request(self) -> None:
@@ -1100,7 +1103,7 @@ class Live(Base):
         real = self.addon.daemon.ask
 
         def down(req: dict[str, Any]) -> dict[str, Any]:
-            raise A.DaemonError("down")
+            raise daemon.DaemonError("down")
 
         self.addon.daemon.ask = down  # type: ignore[method-assign]
         self.addon._last_poll = 0.0
@@ -1117,25 +1120,25 @@ class Live(Base):
 
     def test_parse_ip_and_ip_text(self) -> None:
         for _ in range(2):  # the second round comes from the memo
-            self.assertEqual(A.parse_ip("[::ffff:10.0.0.1]"), ipaddress.ip_address("10.0.0.1"))
-            self.assertEqual(A.ip_text("[::ffff:10.0.0.1]"), "10.0.0.1")
-            self.assertEqual(A.ip_text("fe80::1%eth0"), "fe80::1")
-            self.assertIsNone(A.parse_ip("api.anthropic.com"))
-            self.assertIsNone(A.ip_text("api.anthropic.com"))
-            self.assertIsNone(A.ip_text(""))
-            self.assertIsNone(A.parse_ip(None))
+            self.assertEqual(names.parse_ip("[::ffff:10.0.0.1]"), ipaddress.ip_address("10.0.0.1"))
+            self.assertEqual(names.ip_text("[::ffff:10.0.0.1]"), "10.0.0.1")
+            self.assertEqual(names.ip_text("fe80::1%eth0"), "fe80::1")
+            self.assertIsNone(names.parse_ip("api.anthropic.com"))
+            self.assertIsNone(names.ip_text("api.anthropic.com"))
+            self.assertIsNone(names.ip_text(""))
+            self.assertIsNone(names.parse_ip(None))
 
     def test_ip_memo_is_bounded(self) -> None:
-        for i in range(A._IP_MEMO_MAX + 10):
-            A.ip_text(f"host{i}.test")
-        self.assertLessEqual(len(A._IP_MEMO), A._IP_MEMO_MAX)
-        self.assertEqual(A.ip_text("10.1.2.3"), "10.1.2.3")
+        for i in range(names._IP_MEMO_MAX + 10):
+            names.ip_text(f"host{i}.test")
+        self.assertLessEqual(len(names._IP_MEMO), names._IP_MEMO_MAX)
+        self.assertEqual(names.ip_text("10.1.2.3"), "10.1.2.3")
 
     def test_timestamp_format(self) -> None:
         from datetime import datetime, timezone
 
         a = datetime.now(timezone.utc)
-        s = A.now_rfc3339()
+        s = common.now_rfc3339()
         b = datetime.now(timezone.utc)
         self.assertRegex(s, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
         t = datetime.fromisoformat(s.replace("Z", "+00:00"))
@@ -1143,9 +1146,9 @@ class Live(Base):
 
     def test_header_text_matches_headers_get(self) -> None:
         h = http.Headers([(b"Content-Length", b"10"), (b"X-A", b"1"), (b"content-length", b"12")])
-        self.assertEqual(A.header_text(h, b"content-length"), h.get("content-length", ""))
-        self.assertEqual(A.header_text(h, b"x-a"), "1")
-        self.assertEqual(A.header_text(h, b"nope"), "")
+        self.assertEqual(common.header_text(h, b"content-length"), h.get("content-length", ""))
+        self.assertEqual(common.header_text(h, b"x-a"), "1")
+        self.assertEqual(common.header_text(h, b"nope"), "")
 
 
 class AskTest(Base):
@@ -1191,7 +1194,7 @@ class LoopShareTest(unittest.TestCase):
 
     def setUp(self) -> None:
         self.now = 100.0
-        self.share = A.LoopShare(clock=lambda: self.now)
+        self.share = scheduler.LoopShare(clock=lambda: self.now)
 
     def test_a_sandbox_alone_never_waits(self) -> None:
         for _ in range(100):
@@ -1202,21 +1205,21 @@ class LoopShareTest(unittest.TestCase):
     def test_a_flood_waits_while_another_sandbox_is_active_and_the_other_never(self) -> None:
         self.share.charge(51821, 0.001)  # blue's small request
         self.share.charge(51820, 0.01)  # red's chunk
-        self.assertAlmostEqual(self.share.wait(51820), 0.01 * A.LOOP_YIELD)
+        self.assertAlmostEqual(self.share.wait(51820), 0.01 * scheduler.LOOP_YIELD)
         self.assertEqual(self.share.wait(51821), 0.0)
         # Debt adds up, but one wait is bounded.
         for _ in range(50):
             self.share.charge(51820, 0.01)
-        self.assertEqual(self.share.wait(51820), A.LOOP_MAX_WAIT)
+        self.assertEqual(self.share.wait(51820), scheduler.LOOP_MAX_WAIT)
         # A hook that waited (a held flow) is charged at most LOOP_MAX_CHARGE.
         self.share.charge(51822, 60.0)
-        self.assertLessEqual(self.share._usage[51822][0], A.LOOP_MAX_CHARGE)
+        self.assertLessEqual(self.share._usage[51822][0], scheduler.LOOP_MAX_CHARGE)
 
     def test_the_wait_ends_when_the_other_goes_quiet(self) -> None:
         self.share.charge(51821, 0.001)
         self.share.charge(51820, 0.05)
         self.assertGreater(self.share.wait(51820), 0.0)
-        self.now += A.LOOP_ACTIVE + 0.01
+        self.now += scheduler.LOOP_ACTIVE + 0.01
         self.assertEqual(self.share.wait(51820), 0.0)
         self.share.charge(51820, 0.05)
         self.assertEqual(self.share.wait(51820), 0.0)
@@ -1238,7 +1241,7 @@ class LoopShareTest(unittest.TestCase):
         self.assertGreater(used[51820], 0.2)
         # Equal floods are not held: first come first served already
         # alternates them, and holding either would leave the loop idle.
-        self.share = A.LoopShare(clock=lambda: self.now)
+        self.share = scheduler.LoopShare(clock=lambda: self.now)
         for _ in range(100):
             for k in cost:
                 self.assertEqual(self.share.wait(k), 0.0)
@@ -1249,7 +1252,7 @@ class LoopShareTest(unittest.TestCase):
         for port in range(1000, 3000):
             self.share.charge(port, 0.0001)
             self.now += 0.001
-        self.now += 10 * A.LOOP_ACTIVE + 1
+        self.now += 10 * scheduler.LOOP_ACTIVE + 1
         self.share.charge(51820, 0.0001)
         self.assertEqual(set(self.share._seen), {51820})
         self.assertLessEqual(len(self.share._usage), 1)
@@ -1259,16 +1262,16 @@ class LoopShareTest(unittest.TestCase):
 
         from mitmproxy.proxy import server as proxy_server
 
-        A._share_the_loop()
+        scheduler._share_the_loop()
         self.assertTrue(getattr(proxy_server.ConnectionHandler.server_event, "ppp_shared", False))
         handler = types.SimpleNamespace(
             client=client(51820), transports={}, _drain_lock=asyncio.Lock()
         )
         other = types.SimpleNamespace(client=client(51821))
-        share = A.LOOP_SHARE
-        share.charge(A._share_key(other), 0.0001)
-        share.charge(A._share_key(handler), 0.05)
-        self.assertIsNone(A._share_key(types.SimpleNamespace(client=connection.Client(
+        share = scheduler.LOOP_SHARE
+        share.charge(scheduler._share_key(other), 0.0001)
+        share.charge(scheduler._share_key(handler), 0.05)
+        self.assertIsNone(scheduler._share_key(types.SimpleNamespace(client=connection.Client(
             peername=("10.0.0.2", 1), sockname=("0.0.0.0", 8080), timestamp_start=0.0,
             proxy_mode=ProxyMode.parse("regular")))))
         t = time.monotonic()
@@ -1342,7 +1345,7 @@ class HookDispatchTest(unittest.TestCase):
         events = [HttpRequestHook(f), HttpResponseHook(f), UpdateHook([f])]
         with self.assertLogs(level="ERROR") as logged:
             plain = self.fire(*events)
-            A._cache_hook_dispatch(self.manager)
+            patches._cache_hook_dispatch(self.manager)
             cached = self.fire(*events)
             again = self.fire(*events)  # from the table
         self.assertEqual(
@@ -1361,12 +1364,12 @@ class HookDispatchTest(unittest.TestCase):
             raise mexc.AddonHalt()
 
         self.manager.add(self.hooks("a", request=halt), self.hooks("b", request=None))
-        A._cache_hook_dispatch(self.manager)
+        patches._cache_hook_dispatch(self.manager)
         self.assertEqual(self.fire(HttpRequestHook(tflow.tflow())), ["a:request"])
 
     def test_a_change_to_the_chain_is_seen_by_the_next_event(self) -> None:
         parent = self.build_chain()
-        A._cache_hook_dispatch(self.manager)
+        patches._cache_hook_dispatch(self.manager)
         ev = HttpRequestHook(tflow.tflow())
         self.fire(ev)
         self.assertTrue(self.manager.ppp_hook_table)
@@ -1400,7 +1403,7 @@ class HookDispatchTest(unittest.TestCase):
         odd = self.hooks("odd")
         odd.request = 42
         self.manager.add(self.hooks("a", request=None), odd, self.hooks("b", request=None))
-        A._cache_hook_dispatch(self.manager)
+        patches._cache_hook_dispatch(self.manager)
         with self.assertLogs(level="ERROR") as logged:
             calls = self.fire(HttpRequestHook(tflow.tflow()))
         self.assertEqual(calls, ["a:request", "b:request"])
@@ -1430,7 +1433,7 @@ class OffLoopTest(Base):
 
         def recording(req: dict[str, Any]) -> dict[str, Any]:
             if req["op"] == "decide":
-                threads.append(A.threading.current_thread().name)
+                threads.append(threading.current_thread().name)
             return real(req)
 
         self.addon.daemon.ask = recording  # type: ignore[method-assign]
@@ -1462,7 +1465,7 @@ class OffLoopTest(Base):
         self.assertEqual(t.metadata["ppp"]["decision"], "allow")
 
     def test_one_sandbox_cannot_take_every_thread_and_past_its_bound_is_denied(self) -> None:
-        release = A.threading.Event()
+        release = threading.Event()
         real = self.addon.daemon.ask
 
         def slow_for_red(req: dict[str, Any]) -> dict[str, Any]:
@@ -1471,17 +1474,17 @@ class OffLoopTest(Base):
             return real(req)
 
         self.addon.daemon.ask = slow_for_red  # type: ignore[method-assign]
-        saved = A.DECIDE_MAX
-        A.DECIDE_MAX = 2 * A.DECIDE_RUNNING
+        saved = decisions.DECIDE_MAX
+        decisions.DECIDE_MAX = 2 * decisions.DECIDE_RUNNING
         results: dict[str, Any] = {}
 
         async def run() -> None:
-            red = [http_flow(51820, f"r{i}.allowed.test") for i in range(A.DECIDE_MAX + 1)]
+            red = [http_flow(51820, f"r{i}.allowed.test") for i in range(decisions.DECIDE_MAX + 1)]
             tasks = [asyncio.ensure_future(self.addon.requestheaders(f)) for f in red]
             await asyncio.sleep(0.05)
             # The one past the bound was denied at once; the others wait.
             results["over"] = red[-1].response
-            results["held"] = all(f.client_conn.id in A.HELD_CLIENTS for f in red[:-1])
+            results["held"] = all(f.client_conn.id in scheduler.HELD_CLIENTS for f in red[:-1])
             results["pending"] = sum(1 for f in red[:-1] if "ppp" not in f.metadata)
             blue = http_flow(51821, "b.allowed.test")
             # Blue's new decision gets a thread while red's are all stuck.
@@ -1496,16 +1499,16 @@ class OffLoopTest(Base):
             asyncio.run(run())
         finally:
             release.set()
-            A.DECIDE_MAX = saved
+            decisions.DECIDE_MAX = saved
         self.assertIsNotNone(results["over"])
         self.assertEqual(results["over"].status_code, 403)
         self.assertIn("already wait for the policy daemon", results["over"].text)
         self.assertTrue(results["held"], "a client waiting for its decision reads nothing more")
-        self.assertEqual(results["pending"], 2 * A.DECIDE_RUNNING)
+        self.assertEqual(results["pending"], 2 * decisions.DECIDE_RUNNING)
         self.assertEqual(results["blue"], "allow")
-        self.assertEqual(results["red_still_pending"], 2 * A.DECIDE_RUNNING)
-        self.assertEqual(results["red"], ["allow"] * (2 * A.DECIDE_RUNNING))
-        self.assertEqual(A.HELD_CLIENTS, {})
+        self.assertEqual(results["red_still_pending"], 2 * decisions.DECIDE_RUNNING)
+        self.assertEqual(results["red"], ["allow"] * (2 * decisions.DECIDE_RUNNING))
+        self.assertEqual(scheduler.HELD_CLIENTS, {})
         self.assertEqual((self.addon._asking, self.addon._asking_total), ({}, 0))
 
     def test_a_daemon_failure_in_the_thread_denies_and_is_not_cached(self) -> None:
@@ -1559,7 +1562,7 @@ class DnsLayerTest(unittest.TestCase):
         from mitmproxy.proxy.layers import dns as dns_layer
 
         self.struct, self.commands, self.events, self.dns_layer = struct, commands, events, dns_layer
-        A._forget_answered_dns()
+        patches._forget_answered_dns()
         self.tctx = taddons.context()
         self.tctx.__enter__()
 
@@ -1606,7 +1609,7 @@ class DnsLayerTest(unittest.TestCase):
         layer, send = self.layer(refuse=False)
         for i in range(3000):
             send(i)
-        self.assertEqual(len(layer.flows), A.DNS_PENDING_MAX)
+        self.assertEqual(len(layer.flows), limits.DNS_PENDING_MAX)
         self.assertIn(2999, layer.flows)
 
 
