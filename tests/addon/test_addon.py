@@ -28,15 +28,16 @@ import threading
 import time
 import types
 import unittest
-from pathlib import Path
 from collections.abc import Iterator
+from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 from mitmproxy import connection, dns, http, tcp, websocket
 from mitmproxy.hooks import UpdateHook
 from mitmproxy.proxy import server_hooks
-from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
 from mitmproxy.tls import ClientHelloData
@@ -401,7 +402,9 @@ class Live(Base):
         self.assertEqual(f.response.stream(b"z" * 65536), [])
         body = f.response.stream(b"")
         self.assertIn(b"larger than the download limit of 10MiB (this sandbox's policy)", body)
-        self.assertIn(b"to raise it: ppp policy allow network --sandbox red-fox --download 20MiB www.allowed.test", body)
+        self.assertIn(
+            b"to raise it: ppp policy allow network --sandbox red-fox --download 20MiB www.allowed.test", body
+        )
         self.assertEqual(int(f.response.headers["content-length"]), len(body))
         self.assertEqual(f.response.stream(b""), [])
         self.addon.response(f)
@@ -417,8 +420,12 @@ class Live(Base):
             self.assertEqual(f.response.stream(chunk), chunk)
         self.assertEqual(f.response.stream(chunk), [])
         self.assertIn("response body exceeds the download limit of 10MiB", f.metadata["ppp"]["aborted"])
-        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413)
-        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200)
+        self.assertEqual(
+            self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413
+        )
+        self.assertEqual(
+            self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200
+        )
 
     def test_limits_come_from_the_policy_and_keys_lift_the_default_upload_gate(self) -> None:
         big = b"x" * (2 * 1024 * 1024)
@@ -427,7 +434,9 @@ class Live(Base):
         self.addon.requestheaders(f)
         self.assertEqual(f.response.status_code, 413)
         self.assertIn("larger than the upload limit of 1MiB (ppp's default)", f.response.text)
-        self.assertIn("to raise it: ppp policy allow network --sandbox red-fox --upload 2MiB www.allowed.test", f.response.text)
+        self.assertIn(
+            "to raise it: ppp policy allow network --sandbox red-fox --upload 2MiB www.allowed.test", f.response.text
+        )
         # A request that carries an injected key is not gated by default.
         f = http_flow(51820, "api.anthropic.com", content=big)
         self.addon.requestheaders(f)
@@ -830,7 +839,6 @@ class Live(Base):
         finally:
             reg.write_text(before)
 
-
     def test_modes_follow_the_daemon_once_per_generation(self) -> None:
         wg = Path(STATE) / "wg"
         want = [f"wireguard:{wg}/keys-{p}.conf@{p}" for p in (51820, 51821)]
@@ -860,7 +868,6 @@ class Live(Base):
         self.addon.save_tunnels(force=True)
         self.assertFalse(path.exists())
 
-
     def test_mitm_it_is_served_locally_and_never_upstream(self) -> None:
         confdir = Path(STATE) / "mitmproxy-test-confdir"
         confdir.mkdir(exist_ok=True)
@@ -883,7 +890,6 @@ class Live(Base):
         stranger = http_flow(51899, "mitm.it", ip="10.0.0.53", dport=80)
         stranger.request.path = "/cert/pem"
         self.assertEqual(self.run_http(stranger).response.status_code, 403)
-
 
     def test_mitm_it_tls_serves_only_mitm_it(self) -> None:
         # SNI mitm.it is let through without policy; a request inside it for
@@ -1053,7 +1059,6 @@ class Live(Base):
         finally:
             flowlog.FLOW_LOG_RECHECK = saved
 
-
     def test_a_reload_applies_to_the_very_next_request(self) -> None:
         # No socket poll in between (_last_poll is fresh): only the stat of
         # $PPP_DATA/generation tells the addon, before any cached answer.
@@ -1135,11 +1140,11 @@ class Live(Base):
         self.assertEqual(names.ip_text("10.1.2.3"), "10.1.2.3")
 
     def test_timestamp_format(self) -> None:
-        from datetime import datetime, timezone
+        from datetime import datetime
 
-        a = datetime.now(timezone.utc)
+        a = datetime.now(UTC)
         s = common.now_rfc3339()
-        b = datetime.now(timezone.utc)
+        b = datetime.now(UTC)
         self.assertRegex(s, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
         t = datetime.fromisoformat(s.replace("Z", "+00:00"))
         self.assertTrue(a.replace(microsecond=a.microsecond // 1000 * 1000) <= t <= b, (a, s, b))
@@ -1264,16 +1269,23 @@ class LoopShareTest(unittest.TestCase):
 
         scheduler._share_the_loop()
         self.assertTrue(getattr(proxy_server.ConnectionHandler.server_event, "ppp_shared", False))
-        handler = types.SimpleNamespace(
-            client=client(51820), transports={}, _drain_lock=asyncio.Lock()
-        )
+        handler = types.SimpleNamespace(client=client(51820), transports={}, _drain_lock=asyncio.Lock())
         other = types.SimpleNamespace(client=client(51821))
         share = scheduler.LOOP_SHARE
         share.charge(scheduler._share_key(other), 0.0001)
         share.charge(scheduler._share_key(handler), 0.05)
-        self.assertIsNone(scheduler._share_key(types.SimpleNamespace(client=connection.Client(
-            peername=("10.0.0.2", 1), sockname=("0.0.0.0", 8080), timestamp_start=0.0,
-            proxy_mode=ProxyMode.parse("regular")))))
+        self.assertIsNone(
+            scheduler._share_key(
+                types.SimpleNamespace(
+                    client=connection.Client(
+                        peername=("10.0.0.2", 1),
+                        sockname=("0.0.0.0", 8080),
+                        timestamp_start=0.0,
+                        proxy_mode=ProxyMode.parse("regular"),
+                    )
+                )
+            )
+        )
         t = time.monotonic()
         asyncio.run(proxy_server.ConnectionHandler.drain_writers(handler))  # type: ignore[arg-type]
         self.assertGreaterEqual(time.monotonic() - t, 0.05)
@@ -1350,8 +1362,15 @@ class HookDispatchTest(unittest.TestCase):
             again = self.fire(*events)  # from the table
         self.assertEqual(
             plain,
-            ["first:request", "parent:request", "child:request", "child:request:awaited",
-             "broken:request", "last:request", "first:response"],
+            [
+                "first:request",
+                "parent:request",
+                "child:request",
+                "child:request:awaited",
+                "broken:request",
+                "last:request",
+                "first:response",
+            ],
         )
         self.assertEqual(cached, plain)
         self.assertEqual(again, plain)
@@ -1360,6 +1379,7 @@ class HookDispatchTest(unittest.TestCase):
 
     def test_addon_halt_stops_the_event(self) -> None:
         from mitmproxy import exceptions as mexc
+
         def halt() -> None:
             raise mexc.AddonHalt()
 
@@ -1576,7 +1596,9 @@ class DnsLayerTest(unittest.TestCase):
 
     def layer(self, refuse: bool) -> tuple[Any, Any]:
         c = connection.Client(
-            peername=("10.0.0.1", 5000), sockname=("10.0.0.53", 53), transport_protocol="udp",
+            peername=("10.0.0.1", 5000),
+            sockname=("10.0.0.53", 53),
+            transport_protocol="udp",
             state=connection.ConnectionState.OPEN,
         )
         cx = Context(c, self.tctx.options)

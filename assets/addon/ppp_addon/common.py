@@ -12,12 +12,10 @@ import collections
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, overload
 
-from mitmproxy import http
-
-
-
+from mitmproxy import ctx, http
+from mitmproxy import flow as mitm_flow
 
 _log = logging.getLogger("ppp")
 
@@ -58,7 +56,7 @@ _MISSING = object()
 _od_get = collections.OrderedDict.get
 
 
-class Lru(collections.OrderedDict):  # type: ignore[type-arg]
+class Lru[K, V](collections.OrderedDict[K, V]):
     """A dict that keeps at most `maxsize` entries, dropping the least
     recently used: every key a guest can choose (host names, DNS names,
     connection ids) lands in one of these, so none may grow without bound."""
@@ -67,7 +65,14 @@ class Lru(collections.OrderedDict):  # type: ignore[type-arg]
         super().__init__()
         self.maxsize = maxsize
 
-    def get(self, key: Any, default: Any = None) -> Any:
+    # dict.get's signatures, so that a hit is typed as the value.
+    @overload
+    def get(self, key: K, default: None = None, /) -> V | None: ...
+    @overload
+    def get(self, key: K, default: V, /) -> V: ...
+    @overload
+    def get[T](self, key: K, default: T, /) -> V | T: ...
+    def get(self, key: K, default: Any = None, /) -> Any:
         # The C lookup, not self[key]: a miss (a client connection that was
         # never denied, on every request) raises no KeyError.
         value = _od_get(self, key, _MISSING)
@@ -76,7 +81,7 @@ class Lru(collections.OrderedDict):  # type: ignore[type-arg]
         self.move_to_end(key)
         return value
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: K, value: V) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
         while len(self) > self.maxsize:
@@ -117,3 +122,20 @@ def _size_text(n: int) -> str:
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def patch(owner: object, name: str, wrapper: object) -> None:
+    """Replace `owner.name` by `wrapper`: how ppp changes a mitmproxy method
+    (patches, scheduler), each once, each said why where it is done."""
+    setattr(owner, name, wrapper)
+
+
+def addon_named(name: str) -> Any:
+    """mitmdump's addon `name` (`proxyserver`, `dnsresolver`), or None."""
+    # mitmproxy 12.2.3's AddonManager.get has no annotations.
+    return ctx.master.addons.get(name)  # type: ignore[no-untyped-call]
+
+
+def kill(flow: mitm_flow.Flow) -> None:
+    """`flow.kill()`, which mitmproxy 12.2.3 leaves unannotated."""
+    flow.kill()  # type: ignore[no-untyped-call]

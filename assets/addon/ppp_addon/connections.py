@@ -17,13 +17,13 @@ from typing import Any
 from mitmproxy import connection, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 
-from .common import log
-from .names import canonical_host
-from .scheduler import HELD_WAITED
-from .limits import Limits, MAX_CONNECTIONS
-from .verdict import LOCAL, LOCAL_HOST, Verdict, deny
+from .common import kill, log
 from .flowlog import FlowLog
 from .holds import Holds
+from .limits import MAX_CONNECTIONS, Limits
+from .names import canonical_host
+from .scheduler import HELD_WAITED
+from .verdict import LOCAL, LOCAL_HOST, Verdict, deny
 
 
 class Connections(Holds, FlowLog, Limits):
@@ -65,14 +65,18 @@ class Connections(Holds, FlowLog, Limits):
         self._tls_decided(client, sandbox, host, ip, port, v)
         return None
 
-    async def _tls_asked(self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
+    async def _tls_asked(
+        self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int
+    ) -> None:
         v = await self._asked(client, sandbox, host, ip, port, "tls")
         if v.kind == "ask":
             await self._tls_held(client, sandbox, host, ip, port)
         else:
             self._tls_decided(client, sandbox, host, ip, port, v)
 
-    async def _tls_held(self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int) -> None:
+    async def _tls_held(
+        self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int
+    ) -> None:
         v = await self._hold(client, sandbox, host, ip, port, "tls")
         if v.allow:
             # Approved for this connection and this name: the requests
@@ -81,7 +85,13 @@ class Connections(Holds, FlowLog, Limits):
         self._tls_decided(client, sandbox, host, ip, port, v)
 
     def _tls_decided(
-        self, client: connection.Client, sandbox: str | None, host: str | None, ip: str | None, port: int | None, v: Verdict
+        self,
+        client: connection.Client,
+        sandbox: str | None,
+        host: str | None,
+        ip: str | None,
+        port: int | None,
+        v: Verdict,
     ) -> None:
         if not v.allow:
             self._denied[client.id] = dataclasses.replace(v, tls=True, sni=host)
@@ -156,10 +166,12 @@ class Connections(Holds, FlowLog, Limits):
                 v = prior
             elif port is None:
                 v = deny("no destination address")
-            elif (v := self._cached(sandbox, host, ip, port, kind)) is None:
+            elif (cached := self._cached(sandbox, host, ip, port, kind)) is None:
                 return self._stream_asked(flow, kind, sandbox, host, ip, port)
-            elif v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
+            elif cached.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
                 v = approved
+            else:
+                v = cached
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: %s_start failed, denying", kind)
             v = deny(f"internal error: {type(e).__name__}")
@@ -202,7 +214,7 @@ class Connections(Holds, FlowLog, Limits):
         if not v.allow:
             self._denied[flow.client_conn.id] = v
             if flow.killable:
-                flow.kill()
+                kill(flow)
             log.info("ppp: [%s] denied %s %s:%s: %s", sandbox, kind.upper(), ip, port, v.reason)
             try:
                 self._log_stream(flow)

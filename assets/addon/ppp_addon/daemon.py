@@ -14,10 +14,6 @@ import socket
 import threading
 from typing import Any
 
-
-
-
-
 # Timeout of one daemon round trip (seconds).
 DAEMON_TIMEOUT = 2.0
 

@@ -26,10 +26,9 @@ from mitmproxy.proxy import mode_specs
 from .common import CACHE_MAX, Lru, log
 from .daemon import DaemonError
 from .scheduler import _paused
-from .verdict import DAEMON_DOWN, HELD_REASONS, Verdict, deny
-from .state import State
 from .scrubber import Scrubber
-
+from .state import State
+from .verdict import DAEMON_DOWN, HELD_REASONS, Verdict, deny
 
 # How often the daemon's generation is asked over the socket (seconds). The
 # background task does it, off the request path; a hook only asks itself
@@ -76,10 +75,10 @@ class Decisions(State):
         self._index_path = ""
         self._last_poll = 0.0
         # Keyed by what the guest chose (names, addresses): bounded.
-        self._decisions: Lru = Lru(CACHE_MAX)
+        self._decisions: Lru[tuple[Any, ...], Verdict] = Lru(CACHE_MAX)
         self._gen_path = ""
         self._registry_path = ""
-        self._secrets: Lru = Lru(CACHE_MAX)
+        self._secrets: Lru[tuple[str, str, str], tuple[float, dict[str, Any]]] = Lru(CACHE_MAX)
         self._registry: dict[int, str] = {}
         self._registry_stamp: tuple[int, int] | None = None
         # Decisions asked in worker threads now (`_asked`), per sandbox:
@@ -232,7 +231,14 @@ class Decisions(State):
         # (a name is answered, a datagram refused): their verdicts must not
         # stand in for a TCP flow's to the same name, address and port.
         key: tuple[Any, ...] = (sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else "")
-        req = {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol}
+        req: dict[str, Any] = {
+            "op": "decide",
+            "sandbox": sandbox,
+            "host": host,
+            "ip": ip,
+            "port": port,
+            "protocol": protocol,
+        }
         if chain:
             # A DNS answer's aliases: the same name through other aliases
             # is another decision.
@@ -344,7 +350,11 @@ class Decisions(State):
         chain = r.get("chain")
         chain = tuple(str(n) for n in chain[: CHAIN_MAX + 1]) if isinstance(chain, list) else ()
         if (alias := r.get("alias")) is not None:
-            rule_text = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})" if rule else "a rule"
+            rule_text = (
+                f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
+                if rule
+                else "a rule"
+            )
             v = Verdict(
                 allow=False,
                 rule_id=rule.get("id") if rule else None,
@@ -418,7 +428,7 @@ class Decisions(State):
     @staticmethod
     def _mark(flow: Any, sandbox: str | None, host: str | None, v: Verdict, allowed: bool, *addr: Any) -> None:
         """flow.metadata["ppp"]; with `ip, port` when given."""
-        meta = {
+        meta: dict[str, Any] = {
             "sandbox": sandbox,
             "host": host,
             "decision": "allow" if allowed else "deny",

@@ -12,17 +12,19 @@ or extra records. Must never trust the guest's choice of resolver (only
 
 from typing import Any
 
-from mitmproxy import ctx, dns
+from mitmproxy import dns
+from mitmproxy.net.dns import classes as dns_classes
+from mitmproxy.net.dns import op_codes as dns_op_codes
 from mitmproxy.net.dns import response_codes
+from mitmproxy.net.dns import types as dns_types
 
-from .common import Lru, log
-from .names import canonical_host, ip_text, parse_ip
+from .common import Lru, addon_named, log
 from .daemon import DaemonError
-from .verdict import Verdict, deny
-from .flowlog import FlowLog
-from .state import DENIED_MAX
 from .decisions import CHAIN_MAX, Decisions
-
+from .flowlog import FlowLog
+from .names import canonical_host, ip_text, parse_ip
+from .state import DENIED_MAX
+from .verdict import Verdict, deny
 
 # ppp's resolver inside the tunnel; DNS to any other server is refused.
 TUNNEL_DNS = ("10.0.0.53", 53)
@@ -35,7 +37,7 @@ class Dns(Decisions, FlowLog):
         super().__init__()
         # DNS client connections whose questions go to the host's name
         # server (`_forward_dns`), by client id: that server.
-        self._forwarded: Lru = Lru(DENIED_MAX)
+        self._forwarded: Lru[str, tuple[str | None, int]] = Lru(DENIED_MAX)
 
     def dns_request(self, flow: dns.DNSFlow) -> None:
         sandbox = None
@@ -77,12 +79,12 @@ class Dns(Decisions, FlowLog):
         server known, mitmproxy's resolver answers (getaddrinfo: no aliases
         to judge; docs/addon.md says so)."""
         if (
-            q.type not in (dns.types.A, dns.types.AAAA)
-            or q.class_ != dns.classes.IN
-            or flow.request.op_code != dns.op_codes.QUERY
+            q.type not in (dns_types.A, dns_types.AAAA)
+            or q.class_ != dns_classes.IN
+            or flow.request.op_code != dns_op_codes.QUERY
         ):
             return
-        resolver = ctx.master.addons.get("dnsresolver")
+        resolver = addon_named("dnsresolver")
         servers = resolver.name_servers() if resolver is not None else []
         if not servers:
             return
@@ -132,9 +134,9 @@ class Dns(Decisions, FlowLog):
                 pass
             else:
                 for rr in resp.answers:
-                    if rr.type == dns.types.A:
+                    if rr.type == dns_types.A:
                         addr = parse_ip(str(rr.ipv4_address))
-                    elif rr.type == dns.types.AAAA:
+                    elif rr.type == dns_types.AAAA:
                         addr = parse_ip(str(rr.ipv6_address))
                     else:
                         continue  # CNAME and the like carry no address
@@ -163,7 +165,7 @@ class Dns(Decisions, FlowLog):
         out: list[str] = []
         for rr in answers:
             names = [rr.name]
-            if rr.type in (dns.types.CNAME, dns.types.DNAME):
+            if rr.type in (dns_types.CNAME, dns_types.DNAME):
                 names.append(rr.domain_name)
             for n in names:
                 c = canonical_host(n)

@@ -16,11 +16,10 @@ from typing import Any
 
 from mitmproxy import dns, http, tcp, udp
 
-from .common import CACHE_MAX, Lru, _JSON, log, now_rfc3339
+from .common import _JSON, CACHE_MAX, Lru, log, now_rfc3339
 from .names import canonical_host
-from .verdict import Verdict
 from .state import State
-
+from .verdict import Verdict
 
 # How often the open flows.jsonl is checked against its path (seconds).
 FLOW_LOG_RECHECK = 1.0
@@ -74,8 +73,8 @@ class FlowLog(State):
         self._flow_log_size = 0
         # Log throttles: (sandbox, kind, name, port) -> window start, and
         # sandbox -> [window start, lines logged, lines suppressed].
-        self._logged: Lru = Lru(CACHE_MAX)
-        self._log_budget: Lru = Lru(CACHE_MAX)
+        self._logged: Lru[tuple[Any, ...], float] = Lru(CACHE_MAX)
+        self._log_budget: Lru[str | None, list[Any]] = Lru(CACHE_MAX)
 
     def log_flow(self, **fields: Any) -> bool:
         """Append one flow to flows.jsonl; whether it was (a denial may be
@@ -157,7 +156,8 @@ class FlowLog(State):
             return None
         self._logged[key] = now
         budget[1] += 1
-        suppressed, budget[2] = budget[2], 0
+        suppressed: int = budget[2]
+        budget[2] = 0
         return suppressed
 
     def _rotate_flow_log(self) -> None:

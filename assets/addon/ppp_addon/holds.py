@@ -16,13 +16,12 @@ from typing import Any
 
 from mitmproxy import connection
 
-from .common import Lru, _JSON, log
+from .common import _JSON, Lru, log
 from .daemon import DaemonError
-from .scheduler import _paused
-from .verdict import DAEMON_DOWN, Verdict, deny
-from .state import DENIED_MAX
 from .decisions import Decisions
-
+from .scheduler import _paused
+from .state import DENIED_MAX
+from .verdict import DAEMON_DOWN, Verdict, deny
 
 # A request held for approval waits on its own daemon connection; the daemon
 # ends the wait first (its approval timeout is at most an hour).
@@ -44,7 +43,7 @@ class Holds(Decisions):
         # Client connections whose TLS ClientHello the user approved, by
         # client id: the SNI approved. Requests inside, for that name, are
         # not held again.
-        self._approved: Lru = Lru(DENIED_MAX)
+        self._approved: Lru[str, tuple[str | None, Verdict]] = Lru(DENIED_MAX)
         # Requests held now, per sandbox, and the tasks that hold them.
         self._holding: dict[str, int] = {}
         self._hold_tasks: set[asyncio.Task[None]] = set()
@@ -98,7 +97,7 @@ class Holds(Decisions):
             if v.kind == "ask":
                 raise DaemonError("hold: still undecided")
             return v
-        except (OSError, ValueError, DaemonError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError, ValueError, DaemonError) as e:
             log.warning("ppp: [%s] a held request to %s failed closed: %s", sandbox, host or ip, e)
             return DAEMON_DOWN
         finally:

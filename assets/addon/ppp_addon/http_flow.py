@@ -17,13 +17,13 @@ from typing import Any
 
 from mitmproxy import ctx, http
 
-from .common import header_text, log
-from .names import canonical_host, ip_text, request_name
-from .limits import Limits, MAX_HEADER_BYTES
-from .verdict import LOCAL, LOCAL_HOST, Verdict, deny
+from .common import header_text, kill, log
 from .flowlog import FlowLog, duration_ms
 from .holds import Holds
 from .inject import Injection
+from .limits import MAX_HEADER_BYTES, Limits
+from .names import canonical_host, ip_text, request_name
+from .verdict import LOCAL, LOCAL_HOST, Verdict, deny
 
 
 class Http(Holds, Injection, FlowLog, Limits):
@@ -113,7 +113,7 @@ class Http(Holds, Injection, FlowLog, Limits):
             elif host == LOCAL_HOST:
                 self._mark(flow, sandbox, host, LOCAL, True, ip, port)
                 self._serve_local(flow)
-                return
+                return None
             else:
                 if off_loop:
                     if (cached := self._cached(sandbox, host, ip, port, "http")) is None:
@@ -290,7 +290,7 @@ class Http(Holds, Injection, FlowLog, Limits):
                 self._scrub_response(flow)
         except Exception:  # noqa: BLE001
             log.exception("ppp: responseheaders failed")
-            flow.kill()
+            kill(flow)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._scrub.pop(flow.id, None)

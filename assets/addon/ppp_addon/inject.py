@@ -11,6 +11,7 @@ revoked key is never served from the cache (polled right before use).
 """
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from mitmproxy import http
@@ -19,7 +20,6 @@ from .common import CACHE_MAX, Lru, log
 from .daemon import DaemonError
 from .decisions import Decisions
 from .scrubber import Scrubber
-
 
 # How long a secret may be cached (seconds); dropped earlier on a new generation.
 SECRET_TTL = 60.0
@@ -31,14 +31,16 @@ AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authoriza
 _AUTH_BYTES = frozenset(h.encode() for h in AUTH_HEADERS)
 
 
-def _with_key(fields: tuple[tuple[bytes, bytes], ...], name: str, value: str, name2: str, value2: str) -> tuple[tuple[bytes, bytes], ...]:
+def _with_key(
+    fields: tuple[tuple[bytes, bytes], ...], name: str, value: str, name2: str, value2: str
+) -> tuple[tuple[bytes, bytes], ...]:
     """`fields` with every AUTH_HEADERS field removed, then `name` set to
     `value` and `name2` to `value2`, as `Headers.__setitem__` sets them (the
     first field of that name keeps its place and spelling, the others go; a
     new one is added at the end), in one pass instead of one per header."""
     # Encoded as mitmproxy encodes str headers.
     n1, n2 = name.encode("utf-8", "surrogateescape"), name2.encode("utf-8", "surrogateescape")
-    sets = [
+    sets: list[list[Any]] = [
         [n1.lower(), n1, value.encode("utf-8", "surrogateescape"), False],
         [n2.lower(), n2, value2.encode("utf-8", "surrogateescape"), False],
     ]
@@ -69,7 +71,7 @@ class Injection(Decisions):
         # flow.id -> the secret values injected into its request, scrubbed
         # from its response; dropped when the flow ends (bounded all the
         # same: an entry outlives a flow only if mitmproxy never ends it).
-        self._scrub: Lru = Lru(CACHE_MAX)
+        self._scrub: Lru[str, list[bytes]] = Lru(CACHE_MAX)
 
     def secret(self, op: str, sandbox: str, host: str) -> dict[str, Any]:
         """An `inject` (the key for this host) or `secret` (custom
@@ -142,7 +144,10 @@ class Injection(Decisions):
             log.warning("ppp: [%s] secrets unavailable for %s: %s", sandbox, host, e)
             # The daemon's error names host paths: the log has it, the
             # guest gets only what to do.
-            body = f"ppp could not fetch the secret for {host}\nto fix: check `ppp daemon status` and `ppp secret ls` on the host\n"
+            body = (
+                f"ppp could not fetch the secret for {host}\n"
+                "to fix: check `ppp daemon status` and `ppp secret ls` on the host\n"
+            )
             flow.response = http.Response.make(503, body.encode(), {"content-type": "text/plain; charset=utf-8"})
 
     @staticmethod
@@ -170,7 +175,7 @@ class Injection(Decisions):
             flow.response.stream = scrubber
             return
 
-        def scrub_then(chunk: bytes) -> bytes | list[bytes]:
+        def scrub_then(chunk: bytes) -> Iterable[bytes] | bytes:
             out = scrubber(chunk)
             if not out:
                 return [] if chunk else b""

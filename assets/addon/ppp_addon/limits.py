@@ -13,11 +13,10 @@ counted, and a body with no declared size is bounded as it arrives.
 import asyncio
 from typing import Any
 
-from mitmproxy import ctx, http
+from mitmproxy import http
 
-from .common import _size_text, header_text, log
+from .common import _size_text, addon_named, header_text, kill, log
 from .state import State
-
 
 # The largest HTTP/1 header block (request line or status line included)
 # mitmproxy may buffer: past it the client gets 431 (a server's response
@@ -90,7 +89,7 @@ class Limits(State):
             "rule": "the rule that allows this host",
             "sandbox": "this sandbox's policy",
             "global": "the global policy",
-        }.get(applied.get("from"), "ppp's default")
+        }.get(str(applied.get("from")), "ppp's default")
         what = "request" if direction == "upload" else "response"
         body = (
             f"blocked by ppp: the {what} body is larger than the {direction} limit of {_size_text(limit)} "
@@ -145,7 +144,7 @@ class Limits(State):
         request."""
         client = flow.client_conn
         try:
-            proxyserver = ctx.master.addons.get("proxyserver")
+            proxyserver = addon_named("proxyserver")
             handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
         except Exception:  # noqa: BLE001
             handler = None
@@ -181,7 +180,7 @@ class Limits(State):
                 # to have none (a gap: docs/addon.md, Known gaps).
                 return
         if flow.killable:
-            flow.kill()
+            kill(flow)
 
     @staticmethod
     def _header_bytes(msg: http.Message) -> int:

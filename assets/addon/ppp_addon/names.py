@@ -38,7 +38,7 @@ def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
 # request parses the same few strings (its destination, its Host), and
 # `ipaddress` costs several microseconds a call, more when it fails.
 _IP_MEMO_MAX = 4096
-_IP_MEMO: Lru = Lru(_IP_MEMO_MAX)
+_IP_MEMO: Lru[str, tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str | None]] = Lru(_IP_MEMO_MAX)
 
 
 def _ip_entry(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str | None]:

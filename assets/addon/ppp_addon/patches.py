@@ -15,9 +15,12 @@ import inspect
 import logging
 from typing import Any
 
+# Imported from where mitmproxy defines them (its own modules import them
+# without re-exporting): the same objects the patched methods use.
+from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import addonmanager
-from mitmproxy import flow as mitm_flow
 from mitmproxy import exceptions as mitm_exceptions
+from mitmproxy import flow as mitm_flow
 from mitmproxy.proxy import commands
 from mitmproxy.proxy import events as proxy_events
 from mitmproxy.proxy import server as proxy_server
@@ -25,10 +28,13 @@ from mitmproxy.proxy.layers import dns as dns_layer
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import websocket as ws_layer
 from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import ErrorCode, RequestData, RequestHeaders, ResponseProtocolError
+from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 
-from .common import log
-from .scheduler import _share_the_loop
+from .common import log, patch
 from .limits import DNS_PENDING_MAX, MAX_HEADER_BYTES, MAX_WS_MESSAGE, REFUSED_BODY_DRAIN
+from .scheduler import _share_the_loop
 
 
 def _cap_http1_headers() -> None:
@@ -56,7 +62,7 @@ def _cap_http1_headers() -> None:
                 and self.state == self.read_headers
                 and len(self.buf) > MAX_HEADER_BYTES
             ):
-                self.buf = _http1.ReceiveBuffer()
+                self.buf = ReceiveBuffer()
                 why = f"header block exceeds {MAX_HEADER_BYTES} bytes (blocked by ppp)"
                 if _from_client:
                     log.info("ppp: a request %s; closing the connection", why)
@@ -67,14 +73,12 @@ def _cap_http1_headers() -> None:
                     log.info("ppp: a response %s; closing the connection", why)
                     yield commands.CloseConnection(self.conn)
                     if self.stream_id:
-                        yield _http1.ReceiveHttp(
-                            _http1.ResponseProtocolError(
-                                self.stream_id, f"response {why}", _http1.ErrorCode.GENERIC_SERVER_ERROR
-                            )
+                        yield ReceiveHttp(
+                            ResponseProtocolError(self.stream_id, f"response {why}", ErrorCode.GENERIC_SERVER_ERROR)
                         )
 
         read_headers.ppp_capped = True  # type: ignore[attr-defined]
-        cls.read_headers = read_headers
+        patch(cls, "read_headers", read_headers)
 
 
 def _cap_buffered_request_bodies() -> None:
@@ -99,17 +103,14 @@ def _cap_buffered_request_bodies() -> None:
         return
 
     def state_consume_request_body(self: Any, event: Any, _orig: Any = orig) -> Any:
-        if (
-            isinstance(event, http_layer.RequestData)
-            and len(self.request_body_buf) + len(event.data) > REFUSED_BODY_DRAIN
-        ):
+        if isinstance(event, RequestData) and len(self.request_body_buf) + len(event.data) > REFUSED_BODY_DRAIN:
             self.request_body_buf.clear()
             why = f"ppp: the body of a refused request is over {REFUSED_BODY_DRAIN} bytes"
             log.info("%s; failing the stream", why)
             self.flow.error = mitm_flow.Error(why)
-            yield http_layer.HttpErrorHook(self.flow)
+            yield HttpErrorHook(self.flow)
             yield http_layer.SendHttp(
-                http_layer.ResponseProtocolError(self.stream_id, why, http_layer.ErrorCode.REQUEST_TOO_LARGE),
+                ResponseProtocolError(self.stream_id, why, ErrorCode.REQUEST_TOO_LARGE),
                 self.context.client,
             )
             self.client_state = self.state_errored
@@ -118,7 +119,7 @@ def _cap_buffered_request_bodies() -> None:
         yield from _orig(self, event)
 
     state_consume_request_body.ppp_capped = True  # type: ignore[attr-defined]
-    cls.state_consume_request_body = state_consume_request_body
+    patch(cls, "state_consume_request_body", state_consume_request_body)
 
 
 def _cap_websocket_messages() -> None:
@@ -146,7 +147,7 @@ def _cap_websocket_messages() -> None:
                 yield commands.CloseConnection(self.context.server)
 
     relay_messages.ppp_capped = True  # type: ignore[attr-defined]
-    ws_layer.WebsocketLayer.relay_messages = relay_messages
+    patch(ws_layer.WebsocketLayer, "relay_messages", relay_messages)
 
 
 def _forget_answered_dns() -> None:
@@ -191,10 +192,10 @@ def _forget_answered_dns() -> None:
             flows.pop(next(iter(flows)), None)
 
     handle_response.ppp_bounded = True  # type: ignore[attr-defined]
-    cls.handle_response = handle_response
-    cls.handle_error = handle_error
+    patch(cls, "handle_response", handle_response)
+    patch(cls, "handle_error", handle_error)
     # state_start binds `self.state_query` by name: the wrapper.
-    cls.state_query = state_query
+    patch(cls, "state_query", state_query)
 
 
 def _frame_converted_bodies() -> None:
@@ -212,14 +213,18 @@ def _frame_converted_bodies() -> None:
         return
 
     def send(self: Any, event: Any, _orig: Any = orig) -> Any:
-        if isinstance(event, _http1.RequestHeaders) and not event.end_stream:
+        if isinstance(event, RequestHeaders) and not event.end_stream:
             req = event.request
-            if (req.is_http2 or req.is_http3) and "content-length" not in req.headers and "transfer-encoding" not in req.headers:
+            if (
+                (req.is_http2 or req.is_http3)
+                and "content-length" not in req.headers
+                and "transfer-encoding" not in req.headers
+            ):
                 req.headers["transfer-encoding"] = "chunked"
         yield from _orig(self, event)
 
     send.ppp_framed = True  # type: ignore[attr-defined]
-    _http1.Http1Client.send = send
+    patch(_http1.Http1Client, "send", send)
 
 
 # The notes mitmproxy's HTTP layer logs (INFO) whenever a body is streamed
@@ -251,7 +256,7 @@ def _quiet_streaming_notes() -> None:
         _orig(self, message, level, exc_info)
 
     log.ppp_quiet = True  # type: ignore[attr-defined]
-    cls.log = log
+    patch(cls, "log", log)
 
 
 def _cache_hook_dispatch(manager: Any) -> None:
@@ -336,6 +341,7 @@ def _cache_hook_dispatch(manager: Any) -> None:
                 return
 
     manager.trigger_event = trigger_event
+
 
 def install(manager: Any) -> None:
     """Apply every patch once; from the entry file's `load`. The loop

@@ -14,14 +14,13 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mitmproxy.proxy import mode_servers, mode_specs
 from mitmproxy.proxy import server as proxy_server
 
-
-
+from .common import patch
 
 # Sharing mitmdump's one event loop between sandboxes (docs/adr/0020).
 # Each sandbox's work on the loop (its connections' events and hooks) is
@@ -48,7 +47,7 @@ class LoopShare:
     entry idle for 10 * LOOP_ACTIVE is dropped). Pure bookkeeping with an
     injectable clock; `_share_the_loop` feeds it and applies its waits."""
 
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._usage: dict[Any, tuple[float, float]] = {}  # key -> (average, at)
         self._seen: dict[Any, float] = {}
@@ -208,8 +207,7 @@ def _share_the_loop() -> None:
             while (d := LOOP_SHARE.wait(key)) > 0:
                 await asyncio.sleep(d)
 
-    server_event.ppp_shared = True  # type: ignore[attr-defined]
-    cls.server_event = server_event
-    cls.drain_writers = drain_writers
-    handler_cls.handle_hook = handle_hook
-
+    server_event.ppp_shared = True
+    patch(cls, "server_event", server_event)
+    patch(cls, "drain_writers", drain_writers)
+    patch(handler_cls, "handle_hook", handle_hook)

@@ -8,11 +8,7 @@ a secret, and a table cache cleared when full. Must never trust the
 upstream: whatever it echoes, however split, no secret reaches the guest.
 """
 
-from typing import Any
-
-
-
-
+from typing import Any, ClassVar
 
 # What replaces a secret value that an upstream echoes back in a response.
 REDACTED = b"[redacted by ppp]"
@@ -38,7 +34,7 @@ class Scrubber:
     # What a Scrubber needs of its secrets, by the values as given: every
     # response of a flow with an injected key gets a Scrubber, nearly always
     # for the same few values. Bounded: cleared when full.
-    _tables: dict[tuple[bytes, ...], tuple[Any, ...]] = {}
+    _tables: ClassVar[dict[tuple[bytes, ...], tuple[Any, ...]]] = {}
     _TABLES_MAX = 256
 
     def __init__(self, values: list[bytes]) -> None:
@@ -81,7 +77,7 @@ class Scrubber:
         if not data or data[-1] not in self._ends:
             return 0  # the usual case: no secret's start ends the chunk
         best = 0
-        for v, f in zip(self.values, self._fail):
+        for v, f in zip(self.values, self._fail, strict=True):
             q = 0
             for b in data[-(len(v) - 1) :] if len(v) > 1 else b"":
                 while q and (q == len(v) or b != v[q]):

@@ -16,9 +16,9 @@ from mitmproxy import connection
 from mitmproxy.proxy import mode_specs
 
 from .common import CACHE_MAX, Lru
-from .names import ip_text
 from .daemon import Daemon
-
+from .names import ip_text
+from .verdict import Verdict
 
 # Client connections remembered as denied (dropped on disconnect anyway).
 DENIED_MAX = 16384
@@ -34,14 +34,14 @@ class State:
         self._ssl_insecure = False
         # Client connections denied at TLS/TCP/UDP level, by client id:
         # server_connect refuses any upstream connection for them.
-        self._denied: Lru = Lru(DENIED_MAX)
+        self._denied: Lru[str, Verdict] = Lru(DENIED_MAX)
         # Open TCP/UDP streams and WebSockets the policy allowed, by flow id:
         # (flow, sandbox, host, ip, port, protocol). A reload re-decides them
         # and cuts the ones it now denies. Entries leave when flows end, so
         # this is bounded by the connections mitmproxy holds.
         self._live: dict[str, tuple[Any, str, str | None, str | None, int, str]] = {}
         # WireGuard listen port -> wall-clock time of its latest connection.
-        self._seen: Lru = Lru(CACHE_MAX)
+        self._seen: Lru[int, float] = Lru(CACHE_MAX)
 
     @staticmethod
     def _addr(server: connection.Server) -> tuple[str | None, int | None]:

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 
-
-
-
 @dataclass(frozen=True)
 class Verdict:
     allow: bool
@@ -53,9 +50,7 @@ def deny(reason: str, kind: str = "internal") -> Verdict:
 
 
 # A daemon that could not be asked: nothing to allow, the fix is on the host.
-DAEMON_DOWN = Verdict(
-    allow=False, reason="the ppp daemon did not answer, so ppp fails closed", kind="daemon"
-)
+DAEMON_DOWN = Verdict(allow=False, reason="the ppp daemon did not answer, so ppp fails closed", kind="daemon")
 
 
 # The one host this addon answers itself: provisioning fetches the CA from

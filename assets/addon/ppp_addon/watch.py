@@ -17,10 +17,9 @@ from typing import Any
 
 from mitmproxy import ctx
 
-from .common import log
+from .common import addon_named, kill, log
 from .daemon import DaemonError
 from .decisions import Decisions
-
 
 # How often the background task checks for new WireGuard servers and saves
 # tunnel activity (seconds).
@@ -83,7 +82,8 @@ class Watch(Decisions):
         modes = [str(m) for m in modes]
         if modes != list(ctx.options.mode):
             log.info("ppp: WireGuard servers now %s", ", ".join(m.rsplit("@", 1)[-1] for m in modes))
-            ctx.options.update(mode=modes)
+            # mitmproxy 12.2.3's OptManager.update has no annotations.
+            ctx.options.update(mode=modes)  # type: ignore[no-untyped-call]
         self._modes_stamp = stamp
 
     def save_tunnels(self, force: bool = False) -> None:
@@ -126,7 +126,9 @@ class Watch(Decisions):
                 # Still the user's to decide, and the user said yes.
                 continue
             self._live.pop(fid, None)
-            log.info("ppp: [%s] cut an open %s connection to %s (%s:%s): %s", sandbox, protocol, host, ip, port, v.reason)
+            log.info(
+                "ppp: [%s] cut an open %s connection to %s (%s:%s): %s", sandbox, protocol, host, ip, port, v.reason
+            )
             meta = flow.metadata.get("ppp")
             if meta is not None:
                 meta["decision"] = "deny"
@@ -140,7 +142,7 @@ class Watch(Decisions):
         handler task the way mitmproxy's own inactivity timeout does
         (`ConnectionHandler.on_timeout`, proxy/server.py in 12.2.3)."""
         try:
-            ps = ctx.master.addons.get("proxyserver")
+            ps = addon_named("proxyserver")
             handler = ps.connections.get(flow.client_conn.id) if ps is not None else None
             io = handler.transports.get(handler.client) if handler is not None else None
             if io is not None and io.handler is not None:
@@ -148,4 +150,4 @@ class Watch(Decisions):
         except Exception:  # noqa: BLE001
             log.exception("ppp: could not close a denied connection")
         if flow.killable:
-            flow.kill()
+            kill(flow)
