@@ -72,7 +72,8 @@ mod tests {
         };
         assert!(file(super::ADDON_ENTRY).contains("addons = [PppAddon()]"));
         // The package the entry file loads, one module per concern.
-        for m in ["__init__", "decisions", "inject", "scrubber", "dns_guard", "limits", "scheduler", "holds", "flowlog"] {
+        for m in ["__init__", "decisions", "inject", "scrubber", "dns_guard", "limits", "scheduler", "holds", "flowlog"]
+        {
             assert!(!file(&format!("ppp_addon/{m}.py")).is_empty());
         }
         assert!(a.files.iter().all(|(n, _)| n.ends_with(".py") && !n.contains("__pycache__")), "{:?}", a.files);

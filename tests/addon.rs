@@ -150,9 +150,9 @@ fn pytest(data: &Path) -> Command {
 /// passed. Fails unless every collected test passed: none skipped, none
 /// failed.
 fn python_suite(data: &Path, names: &[&str]) -> usize {
-    let ids = names.iter().map(|n| {
-        if n.contains("::") { format!("tests/addon/{n}") } else { format!("tests/addon/test_addon.py::{n}") }
-    });
+    let ids = names
+        .iter()
+        .map(|n| if n.contains("::") { format!("tests/addon/{n}") } else { format!("tests/addon/test_addon.py::{n}") });
     let out = pytest(data).arg("-v").args(ids).output().unwrap_or_else(|e| panic!("pytest: {e}"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -239,7 +239,8 @@ pub fn write_addon(dirs: &Dirs, addon: &Addon) -> Result<PathBuf> {
         let _ = std::fs::remove_dir_all(&old);
     }
     let written = tmp.keep();
-    std::fs::rename(&written, &dir).with_context(|| format!("could not rename `{}` to `{}`", written.display(), dir.display()))?;
+    std::fs::rename(&written, &dir)
+        .with_context(|| format!("could not rename `{}` to `{}`", written.display(), dir.display()))?;
     // The rename is durable only once the directory entry is.
     std::fs::File::open(&root)
         .and_then(|d| d.sync_all())
@@ -615,7 +616,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let d = dirs(tmp.path());
         let addon = |text: &'static str| {
-            Addon::from_files([("addon.py", b"import ppp_addon\n".as_slice()), ("ppp_addon/__init__.py", text.as_bytes())])
+            Addon::from_files([
+                ("addon.py", b"import ppp_addon\n".as_slice()),
+                ("ppp_addon/__init__.py", text.as_bytes()),
+            ])
         };
         let a = write_addon(&d, &addon("A = 1\n")).unwrap();
         let b = write_addon(&d, &addon("A = 2\n")).unwrap();
