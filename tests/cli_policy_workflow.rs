@@ -129,8 +129,7 @@ fn a_malformed_flow_line_names_file_line_and_field() {
         [vec!["policy", "suggest", "red"], vec!["policy", "replay", "--policy", candidate.to_str().unwrap(), "red"]]
     {
         let (code, out, err) = output(&mut w.ppp(&args));
-        assert_ne!(code, 0, "{args:?}: {out}");
-        assert_ne!(code, 3, "a bad log is not `would deny`: {err}");
+        assert_eq!(code, 2, "bad input, not `would deny` (3): {args:?}: {out}{err}");
         assert!(err.contains(&format!("`{}` line 7, field `port`", log.display())), "{args:?}: {err}");
         assert!(err.contains("hint:"), "{err}");
     }
@@ -147,9 +146,9 @@ fn a_broken_candidate_names_file_line_and_field() {
         vec!["policy", "apply", candidate.to_str().unwrap(), "--sandbox", "red"],
     ] {
         let (code, out, err) = output(&mut w.ppp(&args));
-        // Exit 1 today (the hint wrapper drops the code 2 it was given);
-        // what CI needs is that it is not 0 nor replay's "would deny".
-        assert!(code != 0 && code != 3, "{args:?}: {code} {out}{err}");
+        // Bad input: 2 (the hint wrapper used to drop the code, exit 1),
+        // never 0 nor replay's "would deny" 3.
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
         assert!(err.contains("broken.yaml"), "{err}");
         assert!(err.contains("line 4") || err.contains(":4"), "names the line: {err}");
         assert!(err.contains("decision"), "names the field: {err}");
