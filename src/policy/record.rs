@@ -62,6 +62,10 @@ pub struct Record<'a> {
     /// A key was injected into the request (the addon logs it for `http`).
     #[serde(default)]
     pub injected: Option<bool>,
+    /// The destination was one of the host's own addresses
+    /// ([`super::Flow::local`]): internal whatever its range.
+    #[serde(default)]
+    pub local: Option<bool>,
 }
 
 impl Record<'_> {
@@ -132,7 +136,7 @@ fn diagnose(line: &[u8], e: &serde_json::Error) -> Bad {
     {
         return Bad { field: Some("port"), why: format!("expected a port number 0..=65535, found `{}`", text(x)) };
     }
-    for k in ["resolved", "injected"] {
+    for k in ["resolved", "injected", "local"] {
         if let Some(x) = obj.get(k)
             && !(x.is_boolean() || x.is_null())
         {

@@ -9,8 +9,12 @@
 //!   to its address (`resolved: false`): as the daemon judged them;
 //! - a DNS record's question (the name, port 53, no address: the logged
 //!   `ip` is the resolver's), as `dns_request` asks it;
-//! - not the host's own addresses (`Flow::local`), which the daemon knows
-//!   and the log does not: such a flow replays as an ordinary address.
+//! - whether the destination was one of the host's own addresses
+//!   (`local: true`, which the daemon tells the addon): judged as internal.
+//!
+//! Not reproduced: the addresses a DNS answer carried (the answer's
+//! refusal is logged as its own denied `dns` line, replayed by its
+//! question), and what a person answered to a held flow.
 //!
 //! Memory is flat: counts, plus at most [`MAX_CHANGES`] distinct changed
 //! destinations (the rest counted in `changes_left_off`).
@@ -85,7 +89,7 @@ impl Summary {
             ip: if dns { None } else { r.addr() },
             port: if dns { 53 } else { port },
             resolved: r.resolved.filter(|x| !x),
-            local: false,
+            local: r.local == Some(true),
             chain: &chain,
         };
         let (d, _) = engine.decide_flow(&flow);
@@ -197,6 +201,27 @@ mod tests {
         let dns = s.changes.iter().find(|c| c.kind.as_deref() == Some("dns")).unwrap();
         assert_eq!((dns.change, dns.ip, dns.port), (Change::NewlyAllowed, None, 53));
         assert!(s.changes.iter().any(|c| c.ip == Some("10.1.2.3".parse().unwrap()) && c.change == Change::NewlyDenied));
+    }
+
+    /// `local: true` (the destination is one of the host's own addresses,
+    /// public or not) replays as the daemon decided it: internal, so a
+    /// host rule alone does not reach it. Without the flag in the record
+    /// this replayed as "unchanged" (allowed).
+    #[test]
+    fn a_local_destination_replays_as_internal() {
+        let e =
+            Engine::build(Verdict::Deny, vec![allow("host.example.com"), allow("93.184.216.9:22")], vec![]).unwrap();
+        let local =
+            |host: &str, port: u16| line(host, "93.184.216.7", port, "tcp", "allow").replace("}", r#","local":true}"#);
+        let lines = [
+            local("host.example.com", 443),
+            line("host.example.com", "93.184.216.7", 443, "tcp", "allow"),
+            line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, ""),
+            line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, "").replace("}", r#","local":true}"#),
+        ];
+        let s = replay(&e, &lines);
+        assert_eq!((s.flows, s.newly_denied, s.unchanged), (4, 1, 3), "{s:?}");
+        assert_eq!(s.changes[0].host.as_deref(), Some("host.example.com"));
     }
 
     #[test]
