@@ -19,7 +19,8 @@
 //! Memory is flat: counts, plus at most [`MAX_CHANGES`] distinct changed
 //! destinations (the rest counted in `changes_left_off`).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::net::IpAddr;
 
 use serde::Serialize;
@@ -31,7 +32,7 @@ use super::{Engine, Flow, Verdict};
 pub const MAX_CHANGES: usize = 1000;
 
 /// How one flow fared under the candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Change {
     /// Allowed then, denied now.
@@ -71,8 +72,15 @@ pub struct Summary {
     /// Changed destinations, newly denied first.
     pub changes: Vec<Changed>,
     pub changes_left_off: u64,
+    /// The changed destinations so far: key, the candidate's rule, count.
     #[serde(skip)]
-    by_key: BTreeMap<Key, (Option<String>, u64)>,
+    kept: Vec<(Key, Option<String>, u64)>,
+    /// `kept` by the hash of its key, so a flow to a destination already
+    /// kept is counted without building (allocating) its key.
+    #[serde(skip)]
+    index: HashMap<u64, Vec<usize>>,
+    #[serde(skip)]
+    hasher: std::collections::hash_map::RandomState,
 }
 
 impl Summary {
@@ -115,19 +123,28 @@ impl Summary {
                 return change;
             }
         }
-        let key: Key = (
-            change,
-            r.sandbox.as_deref().map(str::to_owned),
-            r.kind.as_deref().map(str::to_owned),
-            r.host.as_deref().map(|h| super::normalize_host(h).into_owned()),
-            flow.ip.map(|a| a.to_canonical()),
-            flow.port,
-        );
-        if let Some(e) = self.by_key.get_mut(&key) {
-            e.1 += 1;
-        } else if self.by_key.len() < MAX_CHANGES {
+        let host = r.host.as_deref().map(super::normalize_host);
+        let (sandbox, kind, host) = (r.sandbox.as_deref(), r.kind.as_deref(), host.as_deref());
+        let ip = flow.ip.map(|a| a.to_canonical());
+        // `Option<String>` hashes as `Option<&str>` does.
+        let hash = self.hasher.hash_one((change, sandbox, kind, host, ip, flow.port));
+        let slots = self.index.get(&hash).map(Vec::as_slice).unwrap_or_default();
+        let same = |k: &Key| {
+            k.0 == change
+                && k.1.as_deref() == sandbox
+                && k.2.as_deref() == kind
+                && k.3.as_deref() == host
+                && k.4 == ip
+                && k.5 == flow.port
+        };
+        if let Some(&i) = slots.iter().find(|&&i| same(&self.kept[i].0)) {
+            self.kept[i].2 += 1;
+        } else if self.kept.len() < MAX_CHANGES {
+            let key: Key =
+                (change, sandbox.map(str::to_owned), kind.map(str::to_owned), host.map(str::to_owned), ip, flow.port);
             let rule = d.matched_rule.map(|m| m.rule.resource.to_string());
-            self.by_key.insert(key, (rule, 1));
+            self.index.entry(hash).or_default().push(self.kept.len());
+            self.kept.push((key, rule, 1));
         } else {
             self.changes_left_off += 1;
         }
@@ -138,9 +155,12 @@ impl Summary {
     /// sandbox, kind, host).
     #[must_use]
     pub fn finish(mut self) -> Summary {
-        self.changes = std::mem::take(&mut self.by_key)
+        let mut kept = std::mem::take(&mut self.kept);
+        self.index.clear();
+        kept.sort_by(|a, b| a.0.cmp(&b.0));
+        self.changes = kept
             .into_iter()
-            .map(|((change, sandbox, kind, host, ip, port), (rule, count))| Changed {
+            .map(|((change, sandbox, kind, host, ip, port), rule, count)| Changed {
                 change,
                 sandbox,
                 kind,
