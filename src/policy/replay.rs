@@ -232,12 +232,12 @@ mod tests {
         let e =
             Engine::build(Verdict::Deny, vec![allow("host.example.com"), allow("93.184.216.9:22")], vec![]).unwrap();
         let local =
-            |host: &str, port: u16| line(host, "93.184.216.7", port, "tcp", "allow").replace("}", r#","local":true}"#);
+            |host: &str, port: u16| line(host, "93.184.216.7", port, "tcp", "allow").replace('}', r#","local":true}"#);
         let lines = [
             local("host.example.com", 443),
             line("host.example.com", "93.184.216.7", 443, "tcp", "allow"),
             line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, ""),
-            line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, "").replace("}", r#","local":true}"#),
+            line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, "").replace('}', r#","local":true}"#),
         ];
         let s = replay(&e, &lines);
         assert_eq!((s.flows, s.newly_denied, s.unchanged), (4, 1, 3), "{s:?}");
