@@ -272,6 +272,9 @@ class Verdict:
     # The names the flow's name resolved through (CNAME, DNAME), as the
     # daemon judged them; logged with the flow.
     chain: tuple[str, ...] = ()
+    # The destination is one of the host's own addresses (the daemon's
+    # `local`): logged, so `ppp policy replay` re-decides it as internal.
+    local: bool = False
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
@@ -1728,6 +1731,8 @@ class PppAddon:
                 approval=str(held.get("outcome")) if held is not None else None,
                 chain=chain,
             )
+        if r.get("local") is True:
+            v = dataclasses.replace(v, local=True)
         return v, cache
 
     async def _hold(
@@ -1854,6 +1859,10 @@ class PppAddon:
             # Lines of this sandbox not logged since its previous one (the
             # throttle of `_throttle`).
             record["suppressed"] = fields["suppressed"]
+        if g("local"):
+            # The destination is one of the host's own addresses: replay
+            # must judge it as internal (ADR 0048).
+            record["local"] = True
         if g("injected"):
             # A key went into this request: `ppp policy suggest` marks the
             # host (ADR 0048). Whether, never which or what.
@@ -1985,6 +1994,8 @@ class PppAddon:
             meta["approval"] = v.approval
         if v.chain:
             meta["chain"] = v.chain
+        if v.local:
+            meta["local"] = True
         flow.metadata["ppp"] = meta
 
     def _limit(self, flow: http.HTTPFlow, direction: str) -> int:
@@ -2073,18 +2084,23 @@ class PppAddon:
     def _tls_decided(
         self, client: connection.Client, sandbox: str | None, host: str | None, ip: str | None, port: int | None, v: Verdict
     ) -> None:
+        # Allowed ClientHellos are logged too: the SNI decision is a flow
+        # of its own (a connection may carry no request, or one mitmproxy
+        # passes through), and `ppp policy replay` re-decides it.
+        self.log_flow(
+            sandbox=sandbox,
+            kind="tls",
+            host=host,
+            ip=ip,
+            port=port,
+            decision="allow" if v.allow else "deny",
+            matched_rule=v.rule_id,
+            resolved=False if v.kind == "unresolved" else None,
+            chain=v.chain,
+            local=v.local,
+        )
         if not v.allow:
             self._denied[client.id] = dataclasses.replace(v, tls=True, sni=host)
-            self.log_flow(
-                sandbox=sandbox,
-                kind="tls",
-                host=host,
-                ip=ip,
-                port=port,
-                decision="deny",
-                matched_rule=v.rule_id,
-                resolved=False if v.kind == "unresolved" else None,
-            )
             log.info("ppp: [%s] denied TLS %s (%s:%s): %s", sandbox, host, ip, port, v.reason)
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -2210,6 +2226,8 @@ class PppAddon:
             matched_rule=meta.get("matched_rule"),
             bytes_out=out,
             bytes_in=inn,
+            chain=meta.get("chain"),
+            local=meta.get("local"),
             duration_ms=duration_ms(flow.timestamp_created),
         )
 
@@ -2261,6 +2279,11 @@ class PppAddon:
             v = deny(f"internal error: {type(e).__name__}")
         if not v.allow:
             self._refuse_dns(flow, sandbox, name, v, "query")
+        else:
+            try:
+                self._log_dns(flow, sandbox, name, v, allowed=True)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log an allowed DNS query")
 
     def _forward_dns(self, flow: dns.DNSFlow, q: Any) -> None:
         """Send an allowed address question to the host's name server
@@ -2392,9 +2415,17 @@ class PppAddon:
         except Exception:  # noqa: BLE001
             log.exception("ppp: could not log a refused DNS %s", what)
 
-    def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> bool:
-        """Log a refused query or answer unless throttled; whether it was."""
+    def _log_dns(
+        self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict, allowed: bool = False
+    ) -> bool:
+        """Log a refused query or answer unless throttled, or an allowed
+        query (the question's decision, which `ppp policy suggest` and
+        `replay` need: by name, on port 53); whether it was logged."""
         ip, port = self._addr(flow.server_conn)
+        if allowed:
+            # Only ppp's resolver gets an allowed question (dns_request);
+            # the address it is forwarded to is ppp's choice, not the guest's.
+            ip, port = TUNNEL_DNS
         return self.log_flow(
             sandbox=sandbox,
             kind="dns",
@@ -2403,11 +2434,11 @@ class PppAddon:
             ip=ip,
             # The port the guest sent to (5353 stays 5353).
             port=port if port is not None else 53,
-            status="REFUSED",
-            decision="deny",
+            status=None if allowed else "REFUSED",
+            decision="allow" if allowed else "deny",
             matched_rule=v.rule_id,
             bytes_out=len(flow.request.packed),
-            reason=v.reason,
+            reason=None if allowed else v.reason,
         )
 
     def _throttle(self, fields: dict[str, Any]) -> int | None:
@@ -2939,6 +2970,7 @@ class PppAddon:
             resolved=meta.get("resolved"),
             chain=meta.get("chain"),
             injected=meta.get("key_injected"),
+            local=meta.get("local"),
             duration_ms=duration_ms(flow.request.timestamp_start),
         )
 
