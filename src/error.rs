@@ -120,16 +120,31 @@ pub fn render(err: &anyhow::Error) -> (String, u8) {
     let mut hint = outer.and_then(|f| f.hint.clone());
     let mut code = outer.map_or(1, |f| f.code);
     for (i, cause) in err.chain().enumerate() {
-        if let Some(f) = cause.downcast_ref::<Failure>() {
-            if hint.is_none() {
-                hint.clone_from(&f.hint);
+        // A Hinted stands in the chain for its inner error (it shows its
+        // message and continues with its causes), so the inner error's own
+        // Failure is found through it: its code must survive the hint.
+        let mut item = cause;
+        loop {
+            if let Some(f) = item.downcast_ref::<Failure>() {
+                if hint.is_none() {
+                    hint.clone_from(&f.hint);
+                }
+                code = f.code;
+                break;
             }
-            code = f.code;
-        }
-        if let Some(h) = cause.downcast_ref::<Hinted>()
-            && hint.is_none()
-        {
-            hint = Some(h.hint.clone());
+            let Some(h) = item.downcast_ref::<Hinted>() else { break };
+            if hint.is_none() {
+                hint = Some(h.hint.clone());
+            }
+            // anyhow's downcast sees a Failure given as context too.
+            if let Some(f) = h.inner.downcast_ref::<Failure>() {
+                if hint.is_none() {
+                    hint.clone_from(&f.hint);
+                }
+                code = f.code;
+                break;
+            }
+            item = h.inner.as_ref();
         }
         if i == 0 {
             let _ = writeln!(out, "error: {cause}");
@@ -184,6 +199,14 @@ mod tests {
         let (text, code) = render(&hinted(inner, "free some space"));
         assert_eq!(text, "error: could not write `x`\n  caused by: disk full\nhint: free some space\n");
         assert_eq!(code, 1);
+        // The code of a Failure the hint wraps survives it, however it is
+        // wrapped (issue 28: a broken candidate policy exited 1, not 2).
+        let (text, code) = render(&hinted(fail("`c.yaml` line 4: decision").code(2), "fix that line"));
+        assert_eq!((text.as_str(), code), ("error: `c.yaml` line 4: decision\nhint: fix that line\n", 2));
+        let as_context = anyhow::anyhow!("cause").context(fail("bad input").code(2));
+        assert_eq!(render(&hinted(as_context, "h")).1, 2);
+        assert_eq!(render(&hinted(hinted(fail("x").code(2), "inner"), "outer")), ("error: x\nhint: outer\n".into(), 2));
+        assert_eq!(render(&hinted(fail("x").code(2), "h").context("while replaying")).1, 2);
         // A hint from further out wins: it knows more about what was asked.
         let outer = hinted(anyhow::anyhow!("x"), "inner hint").context(fail("outer").hint("outer hint"));
         assert!(render(&outer).0.ends_with("hint: outer hint\n"));

@@ -99,9 +99,9 @@ fn suggest_replay_apply_and_undo_over_a_hand_written_log() {
     ok(&mut w.ppp(["policy", "apply", "--undo", "--sandbox", "red"]));
     assert_eq!(std::fs::read_to_string(policy_file(&w)).unwrap(), learning);
     assert_eq!(std::fs::read_to_string(prev_file(&w)).unwrap(), suggestion);
-    // `policy check` decides without learning (it builds its engine from
-    // the rules alone), so the file says it: learning is back on.
+    // Learning is back on, and `policy check` says so as the daemon would.
     assert!(std::fs::read_to_string(policy_file(&w)).unwrap().contains("learn: true"));
+    assert_eq!(check("elsewhere.example.com"), "allow", "learning again");
     ok(&mut w.ppp(["policy", "apply", "--undo", "--sandbox", "red"]));
     assert_eq!(std::fs::read_to_string(policy_file(&w)).unwrap(), suggestion);
 }
@@ -129,8 +129,7 @@ fn a_malformed_flow_line_names_file_line_and_field() {
         [vec!["policy", "suggest", "red"], vec!["policy", "replay", "--policy", candidate.to_str().unwrap(), "red"]]
     {
         let (code, out, err) = output(&mut w.ppp(&args));
-        assert_ne!(code, 0, "{args:?}: {out}");
-        assert_ne!(code, 3, "a bad log is not `would deny`: {err}");
+        assert_eq!(code, 2, "bad input, not `would deny` (3): {args:?}: {out}{err}");
         assert!(err.contains(&format!("`{}` line 7, field `port`", log.display())), "{args:?}: {err}");
         assert!(err.contains("hint:"), "{err}");
     }
@@ -147,9 +146,9 @@ fn a_broken_candidate_names_file_line_and_field() {
         vec!["policy", "apply", candidate.to_str().unwrap(), "--sandbox", "red"],
     ] {
         let (code, out, err) = output(&mut w.ppp(&args));
-        // Exit 1 today (the hint wrapper drops the code 2 it was given);
-        // what CI needs is that it is not 0 nor replay's "would deny".
-        assert!(code != 0 && code != 3, "{args:?}: {code} {out}{err}");
+        // Bad input: 2 (the hint wrapper used to drop the code, exit 1),
+        // never 0 nor replay's "would deny" 3.
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
         assert!(err.contains("broken.yaml"), "{err}");
         assert!(err.contains("line 4") || err.contains(":4"), "names the line: {err}");
         assert!(err.contains("decision"), "names the field: {err}");
@@ -157,4 +156,52 @@ fn a_broken_candidate_names_file_line_and_field() {
     }
     assert_eq!(std::fs::read_to_string(policy_file(&w)).unwrap(), before, "a broken candidate changes nothing");
     assert!(!prev_file(&w).exists());
+}
+
+/// `policy check --sandbox S` decides with the daemon's engine: learning,
+/// the sandbox's own default, and the internal-address defence. Before the
+/// fix it built an engine from the rules alone: a learning sandbox's host
+/// was `deny` by the global default, and `default: allow` in the sandbox
+/// file was ignored.
+#[test]
+fn check_decides_as_the_daemon_would() {
+    let w = world();
+    ok(&mut w.ppp(["policy", "deny", "network", "evil.example.com", "--sandbox", "red"]));
+    let check = |target: &str, sandbox: &str| -> Value {
+        let out = ok(&mut w.ppp(["policy", "check", "network", target, "--sandbox", sandbox, "--json"]));
+        serde_json::from_str(&out).unwrap()
+    };
+    // Learned: what the live daemon answers (and flows.jsonl records).
+    let v = check("new.example.com", "red");
+    assert_eq!(v["decision"], "allow", "{v}");
+    assert_eq!(v["learned"], true, "{v}");
+    assert_eq!(v["matched_rule"]["id"], "learned", "{v}");
+    assert_eq!(v["default_used"], true, "learning stands in for the default, as the daemon says: {v}");
+    let text = ok(&mut w.ppp(["policy", "check", "network", "new.example.com", "--sandbox", "red"]));
+    assert!(text.starts_with("allow  new.example.com:443  by learning"), "{text}");
+    // A deny rule still refuses while learning.
+    let v = check("evil.example.com", "red");
+    assert_eq!(v["decision"], "deny", "{v}");
+    assert_eq!(v["matched_rule"]["resource"], "evil.example.com", "{v}");
+    assert!(v.get("learned").is_none(), "{v}");
+    // Internal addresses stay refused: learning is not an address rule.
+    for target in ["169.254.169.254:80", "10.0.0.1", "127.0.0.1:22", "[::ffff:10.1.2.3]:443"] {
+        let v = check(target, "red");
+        assert_eq!(v["decision"], "deny", "{target}: {v}");
+        assert_eq!(v["refused"]["kind"], "internal", "{target}: {v}");
+        let (code, out, _) =
+            output(&mut w.ppp(["policy", "check", "--exit-code", "network", target, "--sandbox", "red"]));
+        assert_eq!(code, 1, "{target}: {out}");
+        assert!(out.contains("internal-address defence"), "{out}");
+    }
+    // Another sandbox does not learn.
+    assert_eq!(check("new.example.com", "blue")["decision"], "deny");
+    // A sandbox's own default is the daemon's answer too.
+    ok(&mut w.ppp(["policy", "default", "allow", "--sandbox", "blue"]));
+    let v = check("new.example.com", "blue");
+    assert_eq!(v["decision"], "allow", "the sandbox's own default: {v}");
+    assert_eq!(v["default_used"], true, "{v}");
+    let text = ok(&mut w.ppp(["policy", "check", "network", "new.example.com", "--sandbox", "blue"]));
+    assert!(text.starts_with("allow  new.example.com:443  by the sandbox default `allow`"), "{text}");
+    assert_eq!(check("169.254.169.254", "blue")["decision"], "deny", "a default allow opens no internal address");
 }

@@ -621,3 +621,21 @@ fn another_uid_is_refused() {
         "the daemon's uid still gets answers"
     );
 }
+
+/// The decide reply says when the destination is one of the host's own
+/// addresses (`local: true`, issue 28): the addon logs it, so `ppp policy
+/// replay` judges such a flow as internal, as the daemon did. Loopback is
+/// always one of them; a public address is not. Before the fix the reply
+/// had no `local` at all.
+#[test]
+fn decide_says_when_the_destination_is_the_hosts_own() {
+    let w = World::new();
+    w.global("deny", &[("allow", "127.0.0.1"), ("allow", "93.184.216.34")]);
+    let d = w.start();
+    let ask = |ip: &str| d.ask(&json!({"op":"decide","sandbox":"red","host":null,"ip":ip,"port":80,"protocol":"tcp"}));
+    let own = ask("127.0.0.1");
+    assert_eq!((own["verdict"].as_str(), own["local"].as_bool()), (Some("allow"), Some(true)), "{own}");
+    let public = ask("93.184.216.34");
+    assert_eq!(public["verdict"], "allow", "{public}");
+    assert!(public.get("local").is_none(), "only the host's own: {public}");
+}

@@ -23,6 +23,8 @@ const PUBLIC_IP: Ipv4Addr = Ipv4Addr::new(11, 0, 0, 10);
 const LEARNED: [&str; 3] = ["one.learn.test", "two.learn.test", "three.learn.test"];
 const DENIED: &str = "denied.learn.test";
 const OUTSIDE: &str = "outside.learn.test";
+/// Looked up through ppp's resolver and never connected to.
+const DNS_ONLY: &str = "dnsonly.learn.test";
 const KEY: &str = "sk-ant-learn-SECRET-7777777777777777";
 
 /// Fields drop in order: the guest, then the daemon, then the rest.
@@ -40,7 +42,7 @@ fn rig() -> Rig {
     let topo = Topology::new(1);
     let upstream = Upstream::start(&topo);
     let mut names: Vec<&str> = LEARNED.to_vec();
-    names.extend([DENIED, OUTSIDE]);
+    names.extend([DENIED, OUTSIDE, DNS_ONLY]);
     let public = Upstream::start_public(&topo, &upstream, PUBLIC_IP, &names);
     let etc = NetnsEtc::new(&topo);
     let daemon = Daemon::deny_all(&topo, &[("red", RED)]);
@@ -119,6 +121,35 @@ fn learn_suggest_replay_apply_and_undo() {
     assert_eq!(key.and_then(|(_, v)| v.as_str()), Some(KEY), "injected: {seen}");
     assert_eq!(rig.flow(SERVICE_NAME)["injected"], true);
 
+    // The record holds every kind of flow replay must decide again: an
+    // allowed DNS question (by name, port 53, ppp's resolver as the
+    // address) and an allowed TLS ClientHello (by SNI and destination).
+    // Before issue 28's record fix neither was logged when allowed.
+    let out = rig.guest.run(&["dig", "+time=3", "+tries=1", "+short", "@10.0.0.53", DNS_ONLY, "A"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), PUBLIC_IP.to_string(), "{}", describe(&out));
+    let q = rig.flow(DNS_ONLY);
+    assert_eq!(
+        (&q["kind"], &q["ip"], &q["port"], &q["decision"], &q["matched_rule"]),
+        (&"dns".into(), &"10.0.0.53".into(), &53.into(), &"allow".into(), &"learned".into()),
+        "{q}"
+    );
+    let tls_host = LEARNED[1];
+    let resolve = format!("{tls_host}:443:{PUBLIC_IP}");
+    let (body, code) =
+        rig.curl(&["--cacert", ca.to_str().unwrap(), "--resolve", &resolve, &format!("https://{tls_host}/tls")]);
+    assert_eq!(code, "200", "{body}");
+    let hello = rig
+        .flows()
+        .into_iter()
+        .find(|f| f["kind"] == "tls" && f["host"] == tls_host)
+        .unwrap_or_else(|| panic!("no TLS flow for {tls_host}: {:?}", rig.flows()));
+    assert_eq!(
+        (&hello["ip"], &hello["port"], &hello["decision"], &hello["matched_rule"]),
+        (&PUBLIC_IP.to_string().into(), &443.into(), &"allow".into(), &"learned".into()),
+        "{hello}"
+    );
+    assert!(hello.get("local").is_none(), "not one of the host's own addresses: {hello}");
+
     // What still refuses while learning: a deny rule, an internal address.
     let (body, code) = rig.http(DENIED, "/denied");
     assert_eq!(code, "403", "a deny rule wins over learning: {body}");
@@ -142,8 +173,39 @@ fn learn_suggest_replay_apply_and_undo() {
     };
     assert!(block(&format!("{SERVICE_NAME}:443")).contains("secret injected"), "key host marked:\n{suggestion}");
     assert!(!block(&format!("{}:80", LEARNED[0])).contains("secret injected"), "{suggestion}");
+    assert!(block(&format!("{DNS_ONLY}:53")).contains("dns"), "the DNS-only name:\n{suggestion}");
+    assert!(!suggestion.contains("10.0.0.53"), "the resolver is no destination:\n{suggestion}");
+    assert!(block(&format!("{tls_host}:443")).contains("tls"), "{suggestion}");
     let file = rig.topo.path().join("red.yaml");
     std::fs::write(&file, &suggestion).unwrap();
+
+    // Replay re-decides the DNS and TLS records: without their rules, the
+    // question and the ClientHello would be newly denied.
+    let smaller: String = suggestion
+        .split("\n- ")
+        .filter(|b| {
+            !b.contains(&format!("resource: {DNS_ONLY}:53\n")) && !b.contains(&format!("resource: {tls_host}:443\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n- ");
+    let smaller_file = rig.topo.path().join("smaller.yaml");
+    std::fs::write(&smaller_file, &smaller).unwrap();
+    let out = rig
+        .daemon
+        .ppp(&["policy", "replay", "--json", "--policy", smaller_file.to_str().unwrap(), "red"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let changed = |kind: &str, host: &str| {
+        v["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["change"] == "newly-denied" && c["kind"] == kind && c["host"] == host)
+    };
+    assert!(changed("dns", DNS_ONLY), "{v}");
+    assert!(changed("tls", tls_host), "{v}");
 
     // Replay of the suggestion: nothing newly denied, exit 0.
     let out = rig.daemon.ppp(&["policy", "replay", "--policy", file.to_str().unwrap(), "red"]).output().unwrap();

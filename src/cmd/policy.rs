@@ -360,7 +360,9 @@ fn sandbox_rules(dirs: &Dirs, name: &str) -> Result<Vec<Rule>> {
     Ok(policy::load_sandbox(&dirs.sandbox_policy(name))?.map(|f| f.rules).unwrap_or_default())
 }
 
-/// `policy check --json` output; the field set is a public contract.
+/// `policy check --json` output; the field set is a public contract (the
+/// fields after `default_used` appear only when set, so the answer for a
+/// plain rule or default reads as it always did).
 #[derive(Debug, Serialize)]
 struct CheckJson<'a> {
     target: &'a str,
@@ -371,22 +373,43 @@ struct CheckJson<'a> {
     decision: Verdict,
     matched_rule: Option<MatchedRule>,
     default_used: bool,
+    /// The sandbox is learning and no rule decided (ADR 0048).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    learned: bool,
+    /// A defence refused what the rules or the default let through (an
+    /// internal address without its own rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<policy::Refusal>,
 }
 
 /// Print the decision for `target`; returns it for `--exit-code`.
+///
+/// The engine is the daemon's: [`policy::engine_from`] over the global
+/// file and the sandbox's (its rules, its `default:`, its limits, its
+/// `learn:`), and [`Engine::decide_flow`], the call the daemon answers the
+/// addon with, so an internal address is refused here as it is live. Only
+/// the sandbox asked about is loaded: the others cannot change its answer,
+/// and a broken file of theirs is not this question's error.
 fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<Verdict> {
     let t = Target::parse(target).map_err(|e| bad_input(format!("invalid target: {}", e.message()), &e))?;
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
-    let (global, exists) = global_or_default(dirs)?;
-    let local = match sandbox_name {
-        Some(s) => sandbox_rules(dirs, s)?,
-        None => Vec::new(),
+    let global = policy::load_global(&dirs.global_policy())?;
+    let exists = global.is_some();
+    let file = match sandbox_name {
+        Some(s) => policy::load_sandbox(&dirs.sandbox_policy(s))?,
+        None => None,
     };
-    let sandboxes = sandbox_name.map(|s| vec![(s.to_owned(), local.clone())]).unwrap_or_default();
-    let engine = Engine::build(global.default, global.rules.clone(), sandboxes)?;
-    let d = engine.decide(sandbox_name, t.host.as_deref(), t.ip, t.port);
+    let own_default = file.as_ref().and_then(|f| f.default);
+    let global_rules = global.as_ref().map(|g| g.rules.clone()).unwrap_or_default();
+    let local = file.as_ref().map(|f| f.rules.clone()).unwrap_or_default();
+    let files = sandbox_name.zip(file).map(|(s, f)| vec![(s.to_owned(), f)]).unwrap_or_default();
+    let engine = policy::engine_from(global, files)?;
+    let flow =
+        policy::Flow { sandbox: sandbox_name, host: t.host.as_deref(), ip: t.ip, port: t.port, ..Default::default() };
+    let (d, refused) = engine.decide_flow(&flow);
+    let matched = if d.learned { Some(MatchedRule::learned()) } else { d.matched_rule.as_ref().map(MatchedRule::from) };
     if json {
         let out = CheckJson {
             target,
@@ -395,8 +418,10 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             port: t.port,
             sandbox: sandbox_name,
             decision: d.verdict,
-            matched_rule: d.matched_rule.as_ref().map(MatchedRule::from),
+            matched_rule: matched,
             default_used: d.default_used,
+            learned: d.learned,
+            refused,
         };
         output::println(&serde_json::to_string(&out)?)?;
     } else {
@@ -405,15 +430,25 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             (Some(ip), _) => format!("{ip}:{}", t.port),
             (None, host) => format!("{}:{}", host.as_deref().unwrap_or_default(), t.port),
         };
-        let why = match &d.matched_rule {
-            Some(m) => format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), m.rule.resource, m.scope, m.rule.source),
-            None if exists => format!("the global default `{}`", d.verdict),
-            None => "no policy exists".to_owned(),
+        let why = match (&d.matched_rule, refused) {
+            (_, Some(policy::Refusal::Internal(a) | policy::Refusal::Rebinding(a))) => {
+                format!("the internal-address defence: `{a}` is internal and no rule for the address allows it")
+            }
+            (_, Some(r)) => format!("the proxy's defences ({r:?})"),
+            (Some(m), None) => {
+                format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), m.rule.resource, m.scope, m.rule.source)
+            }
+            (None, None) if d.learned => format!(
+                "learning: no rule matches and sandbox `{}` is learning (`ppp policy learn --off`)",
+                sandbox_name.unwrap_or_default()
+            ),
+            (None, None) if own_default.is_some() => format!("the sandbox default `{}`", d.verdict),
+            (None, None) if exists => format!("the global default `{}`", d.verdict),
+            (None, None) => "no policy exists".to_owned(),
         };
         output::println(&format!("{}  {endpoint}  by {why}", d.verdict))?;
         if verbose {
-            let all: Vec<(Scope, &Rule)> = global
-                .rules
+            let all: Vec<(Scope, &Rule)> = global_rules
                 .iter()
                 .map(|r| (Scope::Global, r))
                 .chain(local.iter().map(|r| (Scope::Sandbox, r)))

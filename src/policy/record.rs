@@ -25,33 +25,33 @@ use crate::error::fail;
 /// every field it writes, so a longer line is not one of its own.
 pub const MAX_LINE: usize = 1 << 20;
 
-/// A flow record. (serde copies a `Cow` inside an `Option`; the copies are
-/// short and replay stays well above its goal, see docs/benchmarks.md.)
+/// A flow record. Its strings borrow from the line (see [`opt_str`]), so
+/// reading one allocates nothing unless a string has an escape in it.
 /// Fields the workflow does not use (sizes, status, duration) are skipped.
 #[derive(Debug, Deserialize)]
 pub struct Record<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub sandbox: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub timestamp: Option<Cow<'a, str>>,
     /// `http`, `websocket`, `tls`, `tcp`, `udp` or `dns`.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub kind: Option<Cow<'a, str>>,
     /// The name the guest used: SNI, `Host`, `:authority`, the DNS question.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub host: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub ip: Option<Cow<'a, str>>,
     #[serde(default)]
     pub port: Option<u16>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub method: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub path: Option<Cow<'a, str>>,
     pub decision: Verdict,
     /// The rule's id, [`super::LEARNED`], `builtin:…`, or null (the
     /// default, or a refusal no rule made).
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_str")]
     pub matched_rule: Option<Cow<'a, str>>,
     /// `false`: the name did not resolve to `ip` (and the flow was refused).
     #[serde(default)]
@@ -62,6 +62,20 @@ pub struct Record<'a> {
     /// A key was injected into the request (the addon logs it for `http`).
     #[serde(default)]
     pub injected: Option<bool>,
+    /// The destination was one of the host's own addresses
+    /// ([`super::Flow::local`]): internal whatever its range.
+    #[serde(default)]
+    pub local: Option<bool>,
+}
+
+/// An optional string field, borrowed from the line where it has no escape.
+/// serde borrows a `Cow<str>` field only when it is the field's own type;
+/// inside an `Option` it copies every string, which was eight allocations a
+/// line for `ppp policy replay` (docs/benchmarks.md).
+fn opt_str<'de: 'a, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Borrowed<'a>>::deserialize(d)?.map(|b| b.0))
 }
 
 impl Record<'_> {
@@ -132,7 +146,7 @@ fn diagnose(line: &[u8], e: &serde_json::Error) -> Bad {
     {
         return Bad { field: Some("port"), why: format!("expected a port number 0..=65535, found `{}`", text(x)) };
     }
-    for k in ["resolved", "injected"] {
+    for k in ["resolved", "injected", "local"] {
         if let Some(x) = obj.get(k)
             && !(x.is_boolean() || x.is_null())
         {
@@ -261,6 +275,14 @@ mod tests {
         assert_eq!((r.port, r.decision, r.matched_rule.as_deref()), (Some(443), Verdict::Allow, Some("learned")));
         assert_eq!(r.injected, Some(true));
         assert!(r.time().is_some());
+        // Borrowed from the line, not copied (replay's speed); an escaped
+        // string is decoded into a copy.
+        for f in [&r.sandbox, &r.timestamp, &r.kind, &r.host, &r.ip, &r.method, &r.path, &r.matched_rule] {
+            assert!(matches!(f, Some(Cow::Borrowed(_))), "{f:?}");
+        }
+        let r = parse(br#"{"decision":"deny","host":"a\u0041.example","kind":null}"#).unwrap();
+        assert!(matches!(r.host, Some(Cow::Owned(ref h)) if h == "aA.example"), "{:?}", r.host);
+        assert_eq!(r.kind, None);
     }
 
     #[test]

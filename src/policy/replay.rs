@@ -9,13 +9,18 @@
 //!   to its address (`resolved: false`): as the daemon judged them;
 //! - a DNS record's question (the name, port 53, no address: the logged
 //!   `ip` is the resolver's), as `dns_request` asks it;
-//! - not the host's own addresses (`Flow::local`), which the daemon knows
-//!   and the log does not: such a flow replays as an ordinary address.
+//! - whether the destination was one of the host's own addresses
+//!   (`local: true`, which the daemon tells the addon): judged as internal.
+//!
+//! Not reproduced: the addresses a DNS answer carried (the answer's
+//! refusal is logged as its own denied `dns` line, replayed by its
+//! question), and what a person answered to a held flow.
 //!
 //! Memory is flat: counts, plus at most [`MAX_CHANGES`] distinct changed
 //! destinations (the rest counted in `changes_left_off`).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::net::IpAddr;
 
 use serde::Serialize;
@@ -27,7 +32,7 @@ use super::{Engine, Flow, Verdict};
 pub const MAX_CHANGES: usize = 1000;
 
 /// How one flow fared under the candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Change {
     /// Allowed then, denied now.
@@ -67,8 +72,15 @@ pub struct Summary {
     /// Changed destinations, newly denied first.
     pub changes: Vec<Changed>,
     pub changes_left_off: u64,
+    /// The changed destinations so far: key, the candidate's rule, count.
     #[serde(skip)]
-    by_key: BTreeMap<Key, (Option<String>, u64)>,
+    kept: Vec<(Key, Option<String>, u64)>,
+    /// `kept` by the hash of its key, so a flow to a destination already
+    /// kept is counted without building (allocating) its key.
+    #[serde(skip)]
+    index: HashMap<u64, Vec<usize>>,
+    #[serde(skip)]
+    hasher: std::collections::hash_map::RandomState,
 }
 
 impl Summary {
@@ -85,7 +97,7 @@ impl Summary {
             ip: if dns { None } else { r.addr() },
             port: if dns { 53 } else { port },
             resolved: r.resolved.filter(|x| !x),
-            local: false,
+            local: r.local == Some(true),
             chain: &chain,
         };
         let (d, _) = engine.decide_flow(&flow);
@@ -111,19 +123,28 @@ impl Summary {
                 return change;
             }
         }
-        let key: Key = (
-            change,
-            r.sandbox.as_deref().map(str::to_owned),
-            r.kind.as_deref().map(str::to_owned),
-            r.host.as_deref().map(|h| super::normalize_host(h).into_owned()),
-            flow.ip.map(|a| a.to_canonical()),
-            flow.port,
-        );
-        if let Some(e) = self.by_key.get_mut(&key) {
-            e.1 += 1;
-        } else if self.by_key.len() < MAX_CHANGES {
+        let host = r.host.as_deref().map(super::normalize_host);
+        let (sandbox, kind, host) = (r.sandbox.as_deref(), r.kind.as_deref(), host.as_deref());
+        let ip = flow.ip.map(|a| a.to_canonical());
+        // `Option<String>` hashes as `Option<&str>` does.
+        let hash = self.hasher.hash_one((change, sandbox, kind, host, ip, flow.port));
+        let slots = self.index.get(&hash).map(Vec::as_slice).unwrap_or_default();
+        let same = |k: &Key| {
+            k.0 == change
+                && k.1.as_deref() == sandbox
+                && k.2.as_deref() == kind
+                && k.3.as_deref() == host
+                && k.4 == ip
+                && k.5 == flow.port
+        };
+        if let Some(&i) = slots.iter().find(|&&i| same(&self.kept[i].0)) {
+            self.kept[i].2 += 1;
+        } else if self.kept.len() < MAX_CHANGES {
+            let key: Key =
+                (change, sandbox.map(str::to_owned), kind.map(str::to_owned), host.map(str::to_owned), ip, flow.port);
             let rule = d.matched_rule.map(|m| m.rule.resource.to_string());
-            self.by_key.insert(key, (rule, 1));
+            self.index.entry(hash).or_default().push(self.kept.len());
+            self.kept.push((key, rule, 1));
         } else {
             self.changes_left_off += 1;
         }
@@ -134,9 +155,12 @@ impl Summary {
     /// sandbox, kind, host).
     #[must_use]
     pub fn finish(mut self) -> Summary {
-        self.changes = std::mem::take(&mut self.by_key)
+        let mut kept = std::mem::take(&mut self.kept);
+        self.index.clear();
+        kept.sort_by(|a, b| a.0.cmp(&b.0));
+        self.changes = kept
             .into_iter()
-            .map(|((change, sandbox, kind, host, ip, port), (rule, count))| Changed {
+            .map(|((change, sandbox, kind, host, ip, port), rule, count)| Changed {
                 change,
                 sandbox,
                 kind,
@@ -197,6 +221,27 @@ mod tests {
         let dns = s.changes.iter().find(|c| c.kind.as_deref() == Some("dns")).unwrap();
         assert_eq!((dns.change, dns.ip, dns.port), (Change::NewlyAllowed, None, 53));
         assert!(s.changes.iter().any(|c| c.ip == Some("10.1.2.3".parse().unwrap()) && c.change == Change::NewlyDenied));
+    }
+
+    /// `local: true` (the destination is one of the host's own addresses,
+    /// public or not) replays as the daemon decided it: internal, so a
+    /// host rule alone does not reach it. Without the flag in the record
+    /// this replayed as "unchanged" (allowed).
+    #[test]
+    fn a_local_destination_replays_as_internal() {
+        let e =
+            Engine::build(Verdict::Deny, vec![allow("host.example.com"), allow("93.184.216.9:22")], vec![]).unwrap();
+        let local =
+            |host: &str, port: u16| line(host, "93.184.216.7", port, "tcp", "allow").replace('}', r#","local":true}"#);
+        let lines = [
+            local("host.example.com", 443),
+            line("host.example.com", "93.184.216.7", 443, "tcp", "allow"),
+            line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, ""),
+            line("", "93.184.216.9", 22, "tcp", "allow").replace(r#""host":"","#, "").replace('}', r#","local":true}"#),
+        ];
+        let s = replay(&e, &lines);
+        assert_eq!((s.flows, s.newly_denied, s.unchanged), (4, 1, 3), "{s:?}");
+        assert_eq!(s.changes[0].host.as_deref(), Some("host.example.com"));
     }
 
     #[test]

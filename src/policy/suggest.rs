@@ -7,8 +7,9 @@
 //! deny rule or defence refused), not `builtin:` ones (ppp serves those
 //! itself). Each destination becomes an exact rule:
 //! - a name: `host:port` for every port it was seen on, plus `host:53`,
-//!   because ppp's resolver decides a name's DNS questions on port 53 and
-//!   allowed questions are not logged (`--any-port`: one `host` rule);
+//!   because ppp's resolver decides a name's DNS questions on port 53 (a
+//!   logged question counts there; the rule is added for a name used
+//!   without one too, e.g. in a log written before questions were) (`--any-port`: one `host` rule);
 //! - an address with no name, or the internal address a name went to
 //!   (internal addresses need an address rule of their own): `ip:port`.
 //!
@@ -115,18 +116,23 @@ impl Grouper {
         if r.decision != Verdict::Allow || r.matched_rule.as_deref().is_some_and(|m| m.starts_with("builtin:")) {
             return;
         }
-        let addr = r.addr().map(|a| a.to_canonical());
+        // A DNS question is decided by its name on port 53 (whatever port
+        // the guest sent to); its logged address is ppp's resolver, never
+        // a destination to allow.
+        let dns = r.kind.as_deref() == Some("dns");
+        let addr = if dns { None } else { r.addr().map(|a| a.to_canonical()) };
+        let port = if dns { Some(53) } else { r.port };
         let name = r.host.as_deref().filter(|h| super::is_name(h));
         if let Some(h) = name {
             let Some(host) = exact_host(h) else {
                 self.skipped += 1;
                 return;
             };
-            self.hosts.entry(host).or_default().add(r, r.port);
-            // A name on an internal address got through only by an address
-            // rule: the suggestion needs it too.
-            if let Some(a) = addr.filter(|a| super::is_internal(*a)) {
-                self.addrs.entry(a).or_default().add(r, r.port);
+            self.hosts.entry(host).or_default().add(r, port);
+            // A name on an internal address (or one of the host's own) got
+            // through only by an address rule: the suggestion needs it too.
+            if let Some(a) = addr.filter(|a| super::is_internal(*a) || r.local == Some(true)) {
+                self.addrs.entry(a).or_default().add(r, port);
             }
             return;
         }
@@ -381,6 +387,29 @@ mod tests {
         );
         let any = Options { any_port: true, ..Options::default() };
         assert_eq!(suggest(&lines, any), ["git.corp.test", "api.example.com", "10.1.2.3", "2001:db8::1"]);
+    }
+
+    /// An allowed DNS question suggests `name:53` and nothing for the
+    /// resolver's address it was logged with (10.0.0.53, or whatever the
+    /// guest's port was); a name on one of the host's own addresses
+    /// (`local`) needs its address rule too, as an internal one does.
+    #[test]
+    fn dns_questions_and_local_destinations() {
+        let lines = [
+            rec(Some("only.dns.example"), "10.0.0.53", 53, "dns", ""),
+            rec(Some("odd.dns.example"), "10.0.0.53", 5353, "dns", ""),
+            rec(Some("self.example.com"), "93.184.216.7", 443, "tls", r#","local":true"#),
+        ];
+        assert_eq!(
+            suggest(&lines, Options::default()),
+            [
+                "odd.dns.example:53",
+                "only.dns.example:53",
+                "self.example.com:443",
+                "self.example.com:53",
+                "93.184.216.7:443"
+            ]
+        );
     }
 
     #[test]

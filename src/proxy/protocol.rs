@@ -267,6 +267,11 @@ pub struct Decision {
     pub limits: Option<crate::policy::FlowLimits>,
     /// For a `hold` reply: what the wait ended with.
     pub approval: Option<Held>,
+    /// The destination is one of the host's own addresses
+    /// ([`crate::policy::Flow::local`]): the addon logs it, so that
+    /// `ppp policy replay` judges the flow as the daemon did (ADR 0048).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub local: bool,
 }
 
 /// How a held request ended, in a `hold` reply.
@@ -365,6 +370,7 @@ impl Response {
                 w.alias.clone_from(&d.alias);
                 w.long_chain = d.long_chain;
                 w.chain.clone_from(&d.chain);
+                w.local = d.local;
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
@@ -408,6 +414,7 @@ impl Response {
                 chain: w.chain,
                 limits: w.limits,
                 approval: w.approval,
+                local: w.local,
             })
         } else if let Some(p) = w.approvals {
             Response::Approvals(p)
@@ -473,6 +480,8 @@ struct Wire {
     long_chain: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     chain: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    local: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -603,6 +612,7 @@ mod tests {
             chain: vec![],
             limits: None,
             approval: None,
+            local: false,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -627,6 +637,7 @@ mod tests {
             chain: vec![],
             limits: None,
             approval: Some(Held { id: Some("0badc0de".into()), outcome: HeldOutcome::Allowed }),
+            local: false,
         });
         let line = held.to_line(None);
         assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");

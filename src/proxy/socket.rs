@@ -592,6 +592,7 @@ async fn decide_chain(
         alias: None,
         long_chain: None,
         chain: Vec::new(),
+        local: flow.local,
     };
     out.set_refusal(refusal, &chain);
     out.chain = chain;

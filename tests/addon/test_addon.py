@@ -674,6 +674,13 @@ class Live(Base):
 
         f = query(51820, "api.anthropic.com")
         self.assertIsNone(f.response, "allowed names are left to mitmproxy's resolver")
+        # The allowed question is a flow too (issue 28: suggest and replay
+        # decide DNS by name), logged as sent to ppp's resolver on port 53.
+        row = self.flows()[-1]
+        self.assertEqual(
+            (row["kind"], row["host"], row["ip"], row["port"], row["decision"], row["status"]),
+            ("dns", "api.anthropic.com", "10.0.0.53", 53, "allow", None),
+        )
         for port, name in [(51820, "blocked.test"), (51821, "fox-only.test"), (51877, "api.anthropic.com")]:
             f = query(port, name)
             self.assertIsNotNone(f.response, name)
@@ -710,7 +717,11 @@ class Live(Base):
             self.assertEqual(f.response.id, f.request.id)
         f = answered(51820, "rebind6.allowed.test", "::1", qtype=dns.types.AAAA)
         self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
-        logged = [x for x in self.flows() if x["kind"] == "dns" and x["host"] == "rebind.allowed.test"]
+        logged = [
+            x
+            for x in self.flows()
+            if x["kind"] == "dns" and x["host"] == "rebind.allowed.test" and x["decision"] == "deny"
+        ]
         self.assertTrue(logged, "the refused answer is logged")
         self.assertEqual((logged[-1]["decision"], logged[-1]["status"]), ("deny", "REFUSED"))
         self.assertIn("rebinding", logged[-1]["reason"])

@@ -93,18 +93,23 @@ class Connections(Holds, FlowLog, Limits):
         port: int | None,
         v: Verdict,
     ) -> None:
+        # Allowed ClientHellos are logged too: the SNI decision is a flow
+        # of its own (a connection may carry no request, or one mitmproxy
+        # passes through), and `ppp policy replay` re-decides it.
+        self.log_flow(
+            sandbox=sandbox,
+            kind="tls",
+            host=host,
+            ip=ip,
+            port=port,
+            decision="allow" if v.allow else "deny",
+            matched_rule=v.rule_id,
+            resolved=False if v.kind == "unresolved" else None,
+            chain=v.chain,
+            local=v.local,
+        )
         if not v.allow:
             self._denied[client.id] = dataclasses.replace(v, tls=True, sni=host)
-            self.log_flow(
-                sandbox=sandbox,
-                kind="tls",
-                host=host,
-                ip=ip,
-                port=port,
-                decision="deny",
-                matched_rule=v.rule_id,
-                resolved=False if v.kind == "unresolved" else None,
-            )
             log.info("ppp: [%s] denied TLS %s (%s:%s): %s", sandbox, host, ip, port, v.reason)
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:

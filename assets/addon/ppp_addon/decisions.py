@@ -15,6 +15,7 @@ the WireGuard listen port, looked up in the port registry.
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -423,6 +424,8 @@ class Decisions(State):
                 approval=str(held.get("outcome")) if held is not None else None,
                 chain=chain,
             )
+        if r.get("local") is True:
+            v = dataclasses.replace(v, local=True)
         return v, cache
 
     @staticmethod
@@ -440,4 +443,6 @@ class Decisions(State):
             meta["approval"] = v.approval
         if v.chain:
             meta["chain"] = v.chain
+        if v.local:
+            meta["local"] = True
         flow.metadata["ppp"] = meta

@@ -22,12 +22,9 @@ from .common import Lru, addon_named, log
 from .daemon import DaemonError
 from .decisions import CHAIN_MAX, Decisions
 from .flowlog import FlowLog
-from .names import canonical_host, ip_text, parse_ip
+from .names import TUNNEL_DNS, canonical_host, ip_text, parse_ip
 from .state import DENIED_MAX
 from .verdict import Verdict, deny
-
-# ppp's resolver inside the tunnel; DNS to any other server is refused.
-TUNNEL_DNS = ("10.0.0.53", 53)
 
 
 class Dns(Decisions, FlowLog):
@@ -69,6 +66,11 @@ class Dns(Decisions, FlowLog):
             v = deny(f"internal error: {type(e).__name__}")
         if not v.allow:
             self._refuse_dns(flow, sandbox, name, v, "query")
+        else:
+            try:
+                self._log_dns(flow, sandbox, name, v, allowed=True)
+            except Exception:  # noqa: BLE001
+                log.exception("ppp: could not log an allowed DNS query")
 
     def _forward_dns(self, flow: dns.DNSFlow, q: Any) -> None:
         """Send an allowed address question to the host's name server

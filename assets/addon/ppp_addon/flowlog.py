@@ -17,7 +17,7 @@ from typing import Any
 from mitmproxy import dns, http, tcp, udp
 
 from .common import _JSON, CACHE_MAX, Lru, log, now_rfc3339
-from .names import canonical_host
+from .names import TUNNEL_DNS, canonical_host
 from .state import State
 from .verdict import Verdict
 
@@ -116,6 +116,10 @@ class FlowLog(State):
             # Lines of this sandbox not logged since its previous one (the
             # throttle of `_throttle`).
             record["suppressed"] = fields["suppressed"]
+        if g("local"):
+            # The destination is one of the host's own addresses: replay
+            # must judge it as internal (ADR 0048).
+            record["local"] = True
         if g("injected"):
             # A key went into this request: `ppp policy suggest` marks the
             # host (ADR 0048). Whether, never which or what.
@@ -214,12 +218,22 @@ class FlowLog(State):
             matched_rule=meta.get("matched_rule"),
             bytes_out=out,
             bytes_in=inn,
+            chain=meta.get("chain"),
+            local=meta.get("local"),
             duration_ms=duration_ms(flow.timestamp_created),
         )
 
-    def _log_dns(self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict) -> bool:
-        """Log a refused query or answer unless throttled; whether it was."""
+    def _log_dns(
+        self, flow: dns.DNSFlow, sandbox: str | None, name: str | None, v: Verdict, allowed: bool = False
+    ) -> bool:
+        """Log a refused query or answer unless throttled, or an allowed
+        query (the question's decision, which `ppp policy suggest` and
+        `replay` need: by name, on port 53); whether it was logged."""
         ip, port = self._addr(flow.server_conn)
+        if allowed:
+            # Only ppp's resolver gets an allowed question (dns_request);
+            # the address it is forwarded to is ppp's choice, not the guest's.
+            ip, port = TUNNEL_DNS
         return self.log_flow(
             sandbox=sandbox,
             kind="dns",
@@ -228,11 +242,11 @@ class FlowLog(State):
             ip=ip,
             # The port the guest sent to (5353 stays 5353).
             port=port if port is not None else 53,
-            status="REFUSED",
-            decision="deny",
+            status=None if allowed else "REFUSED",
+            decision="allow" if allowed else "deny",
             matched_rule=v.rule_id,
             bytes_out=len(flow.request.packed),
-            reason=v.reason,
+            reason=None if allowed else v.reason,
         )
 
     def _log_http(self, flow: http.HTTPFlow) -> None:
@@ -268,5 +282,6 @@ class FlowLog(State):
             resolved=meta.get("resolved"),
             chain=meta.get("chain"),
             injected=meta.get("key_injected"),
+            local=meta.get("local"),
             duration_ms=duration_ms(flow.request.timestamp_start),
         )

@@ -115,3 +115,7 @@ def request_name(flow: http.HTTPFlow) -> tuple[str | None, str | None]:
         said = ", ".join(f"{n} in the {where}" for where, n in names)
         return None, f"the request names different hosts: {said}"
     return (names[0][1] if names else None), None
+
+
+# ppp's resolver inside the tunnel; DNS to any other server is refused.
+TUNNEL_DNS = ("10.0.0.53", 53)

@@ -43,6 +43,9 @@ class Verdict:
     # The names the flow's name resolved through (CNAME, DNAME), as the
     # daemon judged them; logged with the flow.
     chain: tuple[str, ...] = ()
+    # The destination is one of the host's own addresses (the daemon's
+    # `local`): logged, so `ppp policy replay` re-decides it as internal.
+    local: bool = False
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
