@@ -53,7 +53,9 @@ pub fn addon() -> Addon {
     let mut files: Vec<(String, Vec<u8>)> = Assets::iter()
         .filter_map(|name| {
             let rel = name.strip_prefix(ADDON_DIR)?;
-            let is_source = rel.ends_with(".py") && !rel.split('/').any(|part| part == "__pycache__");
+            // Python imports only `.py` (in that case) as source.
+            let is_source = std::path::Path::new(rel).extension().is_some_and(|e| e == "py")
+                && !rel.split('/').any(|part| part == "__pycache__");
             is_source.then(|| (rel.to_owned(), get(&name).unwrap_or_default()))
         })
         .collect();
@@ -76,7 +78,8 @@ mod tests {
         {
             assert!(!file(&format!("ppp_addon/{m}.py")).is_empty());
         }
-        assert!(a.files.iter().all(|(n, _)| n.ends_with(".py") && !n.contains("__pycache__")), "{:?}", a.files);
+        let py = |n: &str| std::path::Path::new(n).extension().is_some_and(|e| e == "py");
+        assert!(a.files.iter().all(|(n, _)| py(n) && !n.contains("__pycache__")), "{:?}", a.files);
         assert!(a.files.windows(2).all(|w| w[0].0 < w[1].0), "sorted");
     }
 

@@ -145,7 +145,7 @@ fn pytest(data: &Path) -> Command {
     c
 }
 
-/// Run the named test classes (`Live`: tests/addon/test_addon.py's;
+/// Run the named test classes (`Live`: one of `tests/addon/test_addon.py`;
 /// `file.py::Class`: another file's) under pytest; returns how many tests
 /// passed. Fails unless every collected test passed: none skipped, none
 /// failed.
