@@ -212,12 +212,13 @@ MAX_CONNECTIONS = 1024
 # TCP client connections one sandbox may hold with no upstream connection
 # behind them: a request whose headers never end (slowloris), a TLS
 # handshake left half done, an idle connection whose upstream went away.
-# Each costs mitmdump about 70 KiB (its handler, layers and buffers in
-# Python, and mitmproxy_rs's two 64 KiB smoltcp socket buffers; see
-# docs/addon.md), and mitmproxy keeps it 10 minutes: 1,024 of them grew
-# mitmdump by ~72 MiB (issue 22, point 4). Past this many, the one held
-# longest is closed, so a new connection always gets its turn and the
-# sandbox's held connections stay under 32 MiB. Connections with an
+# mitmproxy keeps one 10 minutes, with its handler, layers and buffered
+# bytes in Python and mitmproxy_rs's two 64 KiB smoltcp buffers: 1,024 of
+# them grew mitmdump by ~72 MiB (issue 22, point 4). With those buffers
+# mapped on their own (`MALLOC_MMAP_THRESHOLD_`, src/proxy/mitmdump.rs)
+# one costs about 32 KiB (docs/benchmarks.md). Past this many, the one
+# held longest is closed, so a new connection always gets its turn and
+# the sandbox's held connections stay well under 32 MiB. Connections with an
 # upstream (a request or stream in flight, keep-alive to a service, an
 # SSE stream, an upload) are not held and never closed for this.
 HELD_MAX = 256
