@@ -185,6 +185,19 @@ HOLD_REPLY_MAX = 64 * 1024
 # past this many unanswered ones, the oldest is forgotten (its client has
 # long given up: resolvers wait about 5 s).
 DNS_PENDING_MAX = 256
+# Seconds a UDP DNS connection stays open once every query on it was
+# answered. mitmproxy keeps a UDP connection 20 s after its last datagram
+# (`UDP_TIMEOUT`), each with its handler, layers, tasks and flow: a guest
+# that sends every name from a new socket (as getaddrinfo does) kept up to
+# the 1,024-connection cap alive, and their reference cycles waited for a
+# full collection, so mitmdump grew ~5 KB a name and did not give it back
+# (issue 22, point 3). A stub resolver that reuses its socket sends the
+# next query within milliseconds of an answer (glibc's `single-request`
+# sends AAAA after the A answer) or after a timeout with its query still
+# unanswered (the connection then stays: nothing closes while a query
+# waits). mitmproxy_rs drops datagrams on a closed 4-tuple for 60 s either
+# way, as it does after mitmproxy's own 20 s timeout.
+DNS_UDP_LINGER = 0.5
 # Client connections remembered as denied (dropped on disconnect anyway).
 DENIED_MAX = 16384
 # Client connections one sandbox may hold open at once, per transport (TCP,
@@ -196,6 +209,26 @@ DENIED_MAX = 16384
 # registry, pip 10, a browser about 256). Past it, the new connection is
 # closed at once and the denial logged.
 MAX_CONNECTIONS = 1024
+# TCP client connections one sandbox may hold with no upstream connection
+# behind them: a request whose headers never end (slowloris), a TLS
+# handshake left half done, an idle connection whose upstream went away.
+# mitmproxy keeps one 10 minutes, with its handler, layers and buffered
+# bytes in Python and mitmproxy_rs's two 64 KiB smoltcp buffers: 1,024 of
+# them grew mitmdump by ~72 MiB (issue 22, point 4). With those buffers
+# mapped on their own (`MALLOC_MMAP_THRESHOLD_`, src/proxy/mitmdump.rs)
+# one costs about 32 KiB (docs/benchmarks.md). Past this many, the one
+# held longest is closed, so a new connection always gets its turn and
+# the sandbox's held connections stay well under 32 MiB. Connections with an
+# upstream (a request or stream in flight, keep-alive to a service, an
+# SSE stream, an upload) are not held and never closed for this.
+HELD_MAX = 256
+# A closed connection takes a while to go: under a burst of new ones the
+# loop gets to the closed handlers late, and a guest opening connections
+# faster than that had 1,024 alive at once all the same. Held connections
+# and those closed for HELD_MAX but not yet gone together stay under
+# this; past it a new TCP connection is closed at once, as past
+# MAX_CONNECTIONS, until the closed ones are gone.
+HELD_LIVE_MAX = 2 * HELD_MAX
 # Headers a client may use to carry its own credentials; removed before ppp
 # injects a key so the guest's dummy key never reaches the service.
 AUTH_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization")
@@ -807,10 +840,12 @@ def _forget_answered_dns() -> None:
     def handle_response(self: Any, flow: Any, msg: Any, _orig: Any = orig_response) -> Any:
         yield from _orig(self, flow, msg)
         forget(self, flow)
+        _close_answered_udp(self)
 
     def handle_error(self: Any, flow: Any, err: str, _orig: Any = orig_error) -> Any:
         yield from _orig(self, flow, err)
         forget(self, flow)
+        _close_answered_udp(self)
 
     def state_query(self: Any, event: Any, _orig: Any = orig_query) -> Any:
         yield from _orig(self, event)
@@ -824,6 +859,34 @@ def _forget_answered_dns() -> None:
     cls.handle_error = handle_error
     # state_start binds `self.state_query` by name: the wrapper.
     cls.state_query = state_query
+
+
+def _close_answered_udp(layer: Any) -> None:
+    """Close `layer`'s UDP DNS connection DNS_UDP_LINGER seconds after its
+    last answer went out, unless a query came in meanwhile (whose own
+    answer starts the wait again). Called from inside the layer: the close
+    is a timer on the loop, never a command in the middle of its answer."""
+    client = layer.context.client
+    if client.transport_protocol != "udp" or layer.flows:
+        return
+    stamp = object()
+    layer.ppp_answered = stamp
+    try:
+        asyncio.get_running_loop().call_later(DNS_UDP_LINGER, _close_if_quiet, layer, stamp)
+    except RuntimeError:
+        pass  # no loop (a unit test driving the layer by hand)
+
+
+def _close_if_quiet(layer: Any, stamp: object) -> None:
+    if layer.flows or getattr(layer, "ppp_answered", None) is not stamp:
+        return  # a query came since: its answer decides
+    client = layer.context.client
+    try:
+        handler = ctx.master.addons.get("proxyserver").connections.get(client.id)
+        if handler is not None and client in handler.transports:
+            handler.close_connection(client)
+    except Exception:  # noqa: BLE001
+        pass  # already gone
 
 
 def _size_text(n: int) -> str:
@@ -1215,6 +1278,15 @@ class PppAddon:
         # ids counted there (bounded: MAX_CONNECTIONS per key).
         self._open: dict[tuple[int, str], int] = {}
         self._counted: dict[str, tuple[int, str]] = {}
+        # TCP client connections with no upstream connection open, per
+        # WireGuard port, in the order they became so (bounded: HELD_MAX
+        # per port), and the upstream connections open per client id.
+        self._held: dict[int, collections.OrderedDict[str, connection.Client]] = {}
+        self._upstreams: dict[str, int] = {}
+        # Held connections closed for HELD_MAX and not yet gone: client id
+        # -> WireGuard port, and how many per port.
+        self._evicted: dict[str, int] = {}
+        self._closing: dict[int, int] = {}
         self._hold_tasks: set[asyncio.Task[None]] = set()
         # Decisions asked in worker threads now (`_asked`), per sandbox:
         # [a semaphore of DECIDE_RUNNING, how many wait or run]; and in all.
@@ -1395,12 +1467,18 @@ class PppAddon:
         self._seen[port] = time.time()
         key = (port, client.transport_protocol)
         n = self._open.get(key, 0)
-        if n < MAX_CONNECTIONS:
+        held = len(self._held.get(port, ())) + self._closing.get(port, 0) if key[1] == "tcp" else 0
+        if n < MAX_CONNECTIONS and held < HELD_LIVE_MAX:
             self._open[key] = n + 1
             self._counted[client.id] = key
+            if key[1] == "tcp":
+                self._count_held(port, client)
             return
         # mitmproxy closes a connection whose client_connected sets an error.
-        what = f"more than {MAX_CONNECTIONS} open {key[1].upper()} connections from this sandbox"
+        if n < MAX_CONNECTIONS:
+            what = f"more than {HELD_LIVE_MAX} TCP connections with no upstream from this sandbox, open or being closed"
+        else:
+            what = f"more than {MAX_CONNECTIONS} open {key[1].upper()} connections from this sandbox"
         client.error = f"ppp: {what}"
         try:
             sandbox = self.sandbox_of(client)
@@ -1411,6 +1489,62 @@ class PppAddon:
             )
         except Exception:  # noqa: BLE001
             log.exception("ppp: could not log a refused connection")
+
+    def _count_held(self, port: int, client: connection.Client) -> None:
+        """`client` has no upstream connection now: count it among its
+        sandbox's held connections, and close the one held longest past
+        HELD_MAX."""
+        held = self._held.setdefault(port, collections.OrderedDict())
+        held[client.id] = client
+        while len(held) > HELD_MAX:
+            _, oldest = held.popitem(last=False)
+            self._evicted[oldest.id] = port
+            self._closing[port] = self._closing.get(port, 0) + 1
+            self._close_held(oldest)
+
+    def _close_held(self, client: connection.Client) -> None:
+        what = f"more than {HELD_MAX} TCP connections with no upstream held by this sandbox; the oldest is closed"
+        try:
+            handler = ctx.master.addons.get("proxyserver").connections.get(client.id)
+        except Exception:  # noqa: BLE001
+            handler = None
+        if handler is not None:
+
+            def close() -> None:
+                try:
+                    handler.close_connection(client)
+                except Exception:  # noqa: BLE001
+                    pass  # already gone
+
+            # Not from inside the hook of the connection that pushed it out.
+            asyncio.get_running_loop().call_soon(close)
+        try:
+            sandbox = self.sandbox_of(client)
+            ip, dport = (client.sockname[0], client.sockname[1]) if client.sockname else (None, None)
+            log.info("ppp: [%s] closed a held TCP connection: %s", sandbox, what)
+            self.log_flow(sandbox=sandbox, kind="tcp", ip=ip, port=dport, decision="deny", reason=what, duration_ms=None)
+        except Exception:  # noqa: BLE001
+            log.exception("ppp: could not log a closed held connection")
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        cid = data.client.id
+        if cid not in self._counted:
+            return
+        self._upstreams[cid] = self._upstreams.get(cid, 0) + 1
+        port = self._counted[cid][0]
+        held = self._held.get(port)
+        if held is not None:
+            held.pop(cid, None)
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        cid = data.client.id
+        n = self._upstreams.pop(cid, 0) - 1
+        if n > 0:
+            self._upstreams[cid] = n
+        elif (key := self._counted.get(cid)) is not None and key[1] == "tcp" and data.client.connected:
+            # Its last upstream went (an idle keep-alive the service
+            # closed): held again, as the newest.
+            self._count_held(key[0], data.client)
 
     def save_tunnels(self, force: bool = False) -> None:
         """Write `tunnels.json` when activity changed, at most once a second."""
@@ -2121,6 +2255,18 @@ class PppAddon:
                 self._open[key] = n
             else:
                 self._open.pop(key, None)
+            held = self._held.get(key[0])
+            if held is not None:
+                held.pop(client.id, None)
+                if not held:
+                    del self._held[key[0]]
+        self._upstreams.pop(client.id, None)
+        if (port := self._evicted.pop(client.id, None)) is not None:
+            n = self._closing.get(port, 1) - 1
+            if n > 0:
+                self._closing[port] = n
+            else:
+                self._closing.pop(port, None)
         self._denied.pop(client.id, None)
         self._approved.pop(client.id, None)
         HELD_WAITED.pop(client.id, None)

@@ -188,6 +188,17 @@ fn addon_shares_the_event_loop_between_sandboxes() {
     assert_eq!(python_suite(&d.data, &["LoopShareTest"]), 6);
 }
 
+/// mitmproxy's DNS layer, patched as `load` patches it (issue 22, point
+/// 3): answered flows leave it, unanswered ones are bounded, and a UDP DNS
+/// connection closes once its queries are answered. Needs no daemon.
+#[test]
+fn addon_bounds_what_dns_connections_keep() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    assert_eq!(python_suite(&d.data, &["DnsLayerTest"]), 5);
+}
+
 /// The addon's cache of mitmproxy's hook lookup needs no daemon.
 #[test]
 fn addon_dispatches_hooks_as_mitmproxy_does() {
