@@ -187,6 +187,15 @@ pub fn command(spec: &Spec) -> Invocation {
     // Client configs go to stdout; buffered, they would sit unseen in a
     // file until mitmdump exits.
     inv.env("PYTHONUNBUFFERED", "1")
+        // mitmproxy_rs gives every guest TCP connection two 64 KiB smoltcp
+        // buffers from calloc. glibc serves those from its heaps and zeroes
+        // a reused chunk whole, so each held connection cost its full
+        // 128 KiB, and kept it while the guest left the socket half open
+        // after ppp closed it (2,000 such grew mitmdump by 216 MiB, issue 22
+        // point 4). Mapped on their own (64 KiB and up), they are fresh
+        // zero pages that cost only what the connection really carried, and
+        // go back to the kernel when it closes.
+        .env("MALLOC_MMAP_THRESHOLD_", "65536")
 }
 
 /// Write the addon's files into a directory named by their SHA-256 and
@@ -585,6 +594,7 @@ mod tests {
           --set
           console_eventlog_verbosity=info
         env PYTHONUNBUFFERED=1
+        env MALLOC_MMAP_THRESHOLD_=65536
         ");
         assert_eq!(spec.keys(51822), Path::new("/data/ppp/wg/keys-51822-0123456789abcdef.conf"));
         let empty = Spec::new(&d, "m".into(), [], "a.py".into(), "ca.pem".into());

@@ -24,6 +24,23 @@ usage:
                                      EXPECT were closed by the other side;
                                      prints how many stayed open, then
                                      closes them and makes one HTTP request
+  flood.py slow IP HOST N SECONDS KEEP
+                                     slowloris: N TCP connections to IP:80,
+                                     each with an unfinished HTTP/1.1
+                                     request (Host HOST) and a header line
+                                     every few seconds, for SECONDS; KEEP=1
+                                     keeps a connection's descriptor open
+                                     after the proxy closed it (never
+                                     answering its FIN); prints how many the
+                                     proxy closed and what a request on a
+                                     fresh connection then got
+  flood.py agent IP HOST KEEPALIVE STREAMS UPLOAD
+                                     what a legitimate agent holds open at
+                                     once (HTTP to IP:80, Host HOST):
+                                     KEEPALIVE kept-alive connections asked
+                                     twice 15 s apart, STREAMS 2 MiB
+                                     responses read over ~20 s, one UPLOAD
+                                     byte POST; prints each one's statuses
   flood.py held IP HOST TOTAL STALL  a POST to IP:80 with Host HOST and a
                                      chunked body of up to TOTAL bytes, sent
                                      as fast as the connection takes it;
@@ -231,6 +248,121 @@ def conns(ip, port, n, expect):
         answer += chunk
     s.close()
     return {"failed": failed, "closed": closed, "held": held, "after": answer.split(b"\r\n", 1)[0].decode()}
+
+def slow(ip, host, n, seconds, keep):
+    """Slowloris: requests whose headers never end, each connection fed a
+    header line every few seconds so that no idle timeout closes it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, n + 256)), hard))
+    socks, failed = {}, 0
+    poll = select.poll()  # select() stops at descriptor 1023
+    for i in range(n):
+        s = socket.socket()
+        s.settimeout(10)
+        try:
+            s.connect((ip, 80))
+            s.sendall(f"GET /slow-{i} HTTP/1.1\r\nHost: {host}\r\n".encode())
+        except OSError:
+            failed += 1
+            s.close()
+            continue
+        s.setblocking(False)
+        socks[s.fileno()] = s
+        poll.register(s.fileno(), select.POLLIN)
+    closed = set()
+    end = time.monotonic() + seconds
+    next_line = time.monotonic() + 3
+    while time.monotonic() < end:
+        for fd, _ in poll.poll(500):
+            try:
+                data = socks[fd].recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                poll.unregister(fd)
+                closed.add(fd)
+        if time.monotonic() >= next_line:
+            next_line = time.monotonic() + 3
+            for fd, s in socks.items():
+                if fd not in closed:
+                    try:
+                        s.send(b"X-a: b\r\n")
+                    except OSError:
+                        pass
+        if not keep:
+            for fd in closed & socks.keys():
+                socks.pop(fd).close()
+    still = len([fd for fd in socks if fd not in closed])
+    # A request on a fresh connection, while the held ones are still open.
+    try:
+        c = socket.create_connection((ip, 80), timeout=20)
+        c.sendall(f"GET /after-slowloris HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := c.recv(4096):
+            answer += chunk
+        c.close()
+        after = answer.split(b"\r\n", 1)[0].decode("latin-1") or "closed"
+    except OSError as e:
+        after = f"error: {e}"
+    for s in socks.values():
+        s.close()
+    return {"failed": failed, "closed": len(closed), "open": still, "after": after}
+
+
+
+def agent(ip, host, keepalive, streams, upload):
+    """What a legitimate agent keeps open at once: `keepalive` kept-alive
+    connections, each asked again after a pause; `streams` long responses
+    read slowly (as an SSE stream is); one upload of `upload` bytes."""
+    import http.client
+    import threading
+
+    out = {"keepalive": [], "streams": [], "upload": None}
+    lock = threading.Lock()
+
+    def keep(i):
+        c = http.client.HTTPConnection(ip, 80, timeout=60)
+        codes = []
+        for round_ in range(2):
+            c.request("GET", f"/keepalive-{i}-{round_}", headers={"Host": host})
+            r = c.getresponse()
+            r.read()
+            codes.append(r.status)
+            if round_ == 0:
+                time.sleep(15)
+        c.close()
+        with lock:
+            out["keepalive"].append(codes)
+
+    def stream(i, size=2 << 20):
+        c = http.client.HTTPConnection(ip, 80, timeout=60)
+        c.request("GET", f"/chunked/{size}", headers={"Host": host})
+        r = c.getresponse()
+        got = 0
+        while chunk := r.read(64 << 10):
+            got += len(chunk)
+            time.sleep(0.5)  # ~20 s for 2 MiB
+        c.close()
+        with lock:
+            out["streams"].append([r.status, got == size])
+
+    def up():
+        c = http.client.HTTPConnection(ip, 80, timeout=120)
+        c.request("POST", "/upload", body=bytes(upload), headers={"Host": host})
+        r = c.getresponse()
+        body = json.loads(r.read() or b"{}")
+        out["upload"] = [r.status, body.get("body_bytes") == upload]
+
+    threads = [threading.Thread(target=keep, args=(i,)) for i in range(keepalive)]
+    threads += [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    threads.append(threading.Thread(target=up))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def held(ip, host, total, stall):
     """Headers an `ask` default holds, then the body behind them, pushed
     while the user has not answered: what mitmdump reads of it meanwhile it
@@ -322,6 +454,10 @@ def main():
         out = conns(args[0], int(args[1]), int(args[2]), int(args[3]))
     elif cmd == "h2":
         out = h2(args[0], args[1], args[2], args[3:])
+    elif cmd == "slow":
+        out = slow(args[0], args[1], int(args[2]), float(args[3]), args[4] == "1")
+    elif cmd == "agent":
+        out = agent(args[0], args[1], int(args[2]), int(args[3]), int(args[4]))
     elif cmd == "held":
         out = held(args[0], args[1], int(args[2]), float(args[3]))
     else:

@@ -43,6 +43,19 @@ MAX_WS_MESSAGE = 16 * 1024 * 1024
 # past this many unanswered ones, the oldest is forgotten (its client has
 # long given up: resolvers wait about 5 s).
 DNS_PENDING_MAX = 256
+# Seconds a UDP DNS connection stays open once every query on it was
+# answered. mitmproxy keeps a UDP connection 20 s after its last datagram
+# (`UDP_TIMEOUT`), each with its handler, layers, tasks and flow: a guest
+# that sends every name from a new socket (as getaddrinfo does) kept up to
+# the 1,024-connection cap alive, and their reference cycles waited for a
+# full collection, so mitmdump grew ~5 KB a name and did not give it back
+# (issue 22, point 3). A stub resolver that reuses its socket sends the
+# next query within milliseconds of an answer (glibc's `single-request`
+# sends AAAA after the A answer) or after a timeout with its query still
+# unanswered (the connection then stays: nothing closes while a query
+# waits). mitmproxy_rs drops datagrams on a closed 4-tuple for 60 s either
+# way, as it does after mitmproxy's own 20 s timeout.
+DNS_UDP_LINGER = 0.5
 
 
 # Client connections one sandbox may hold open at once, per transport (TCP,

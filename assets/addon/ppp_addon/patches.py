@@ -11,6 +11,7 @@ never trust the guest's framing: every bound holds whatever the bytes
 claim. `install` applies them all, from the entry file's `load`.
 """
 
+import asyncio
 import inspect
 import logging
 from typing import Any
@@ -32,8 +33,8 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, RequestData, RequestHeaders, ResponseProtocolError
 from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 
-from .common import log, patch
-from .limits import DNS_PENDING_MAX, MAX_HEADER_BYTES, MAX_WS_MESSAGE, REFUSED_BODY_DRAIN
+from .common import addon_named, log, patch
+from .limits import DNS_PENDING_MAX, DNS_UDP_LINGER, MAX_HEADER_BYTES, MAX_WS_MESSAGE, REFUSED_BODY_DRAIN
 from .scheduler import _share_the_loop
 
 
@@ -179,10 +180,12 @@ def _forget_answered_dns() -> None:
     def handle_response(self: Any, flow: Any, msg: Any, _orig: Any = orig_response) -> Any:
         yield from _orig(self, flow, msg)
         forget(self, flow)
+        _close_answered_udp(self)
 
     def handle_error(self: Any, flow: Any, err: str, _orig: Any = orig_error) -> Any:
         yield from _orig(self, flow, err)
         forget(self, flow)
+        _close_answered_udp(self)
 
     def state_query(self: Any, event: Any, _orig: Any = orig_query) -> Any:
         yield from _orig(self, event)
@@ -196,6 +199,34 @@ def _forget_answered_dns() -> None:
     patch(cls, "handle_error", handle_error)
     # state_start binds `self.state_query` by name: the wrapper.
     patch(cls, "state_query", state_query)
+
+
+def _close_answered_udp(layer: Any) -> None:
+    """Close `layer`'s UDP DNS connection DNS_UDP_LINGER seconds after its
+    last answer went out, unless a query came in meanwhile (whose own
+    answer starts the wait again). Called from inside the layer: the close
+    is a timer on the loop, never a command in the middle of its answer."""
+    client = layer.context.client
+    if client.transport_protocol != "udp" or layer.flows:
+        return
+    stamp = object()
+    layer.ppp_answered = stamp
+    try:
+        asyncio.get_running_loop().call_later(DNS_UDP_LINGER, _close_if_quiet, layer, stamp)
+    except RuntimeError:
+        pass  # no loop (a unit test driving the layer by hand)
+
+
+def _close_if_quiet(layer: Any, stamp: object) -> None:
+    if layer.flows or getattr(layer, "ppp_answered", None) is not stamp:
+        return  # a query came since: its answer decides
+    client = layer.context.client
+    try:
+        handler = addon_named("proxyserver").connections.get(client.id)
+        if handler is not None and client in handler.transports:
+            handler.close_connection(client)
+    except Exception:  # noqa: BLE001
+        pass  # already gone
 
 
 def _frame_converted_bodies() -> None:
