@@ -177,6 +177,51 @@ pub fn socket_suffix_len(machine: &str) -> usize {
     "/podman/".len() + machine.len() + "-gvproxy.sock".len().max("qmp_.sock".len())
 }
 
+/// The processes podman runs for a machine and records by pid file in its
+/// runtime directory (`$XDG_RUNTIME_DIR/podman` on Linux): `gvproxy.pid`
+/// (one per home: pkg/machine/shim/networking.go, `AppendToNewVMFile
+/// ("gvproxy.pid")`) and qemu's `<machine>_vm.pid` (pkg/machine/qemu,
+/// `-pidfile`). Checked against podman 5.4.2's binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineProcess {
+    Gvproxy,
+    Qemu,
+}
+
+impl MachineProcess {
+    pub const fn name(self) -> &'static str {
+        match self {
+            MachineProcess::Gvproxy => "gvproxy",
+            MachineProcess::Qemu => "qemu",
+        }
+    }
+
+    /// Its pid file for `machine` under the runtime directory `runtime`.
+    pub fn pid_file(self, runtime: &Path, machine: &str) -> PathBuf {
+        let dir = runtime.join("podman");
+        match self {
+            MachineProcess::Gvproxy => dir.join("gvproxy.pid"),
+            MachineProcess::Qemu => dir.join(format!("{machine}_vm.pid")),
+        }
+    }
+
+    /// Whether `provider` runs it: gvproxy on every provider but WSL and
+    /// Hyper-V (`UseProviderNetworkSetup`), qemu on qemu only.
+    pub fn runs_on(self, provider: &str) -> bool {
+        match self {
+            MachineProcess::Gvproxy => !matches!(provider.to_ascii_lowercase().as_str(), "wsl" | "hyperv"),
+            MachineProcess::Qemu => provider.eq_ignore_ascii_case("qemu"),
+        }
+    }
+}
+
+/// Whether podman's `machine stop` failed on a gvproxy that was already
+/// gone (podman 5.4: it stops the VM first, then fails with "unable to
+/// clean up gvproxy: looking up PID …").
+pub fn is_gvproxy_cleanup_failure(text: &str) -> bool {
+    text.contains("unable to clean up gvproxy")
+}
+
 impl Home {
     /// The variables podman runs with in this home, for the OS `os`
     /// (`std::env::consts::OS`). Podman reads `XDG_CONFIG_HOME` and
@@ -466,12 +511,19 @@ pub struct Machine {
     pub vm_type: Option<String>,
     #[serde(default, rename = "LastUp")]
     pub last_up: Option<String>,
+    /// Why the machine cannot work although podman may call it running
+    /// (its gvproxy or its qemu is gone): not podman's, ppp's own finding
+    /// from the pid files podman keeps (see `sandbox::machine::remains`).
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none", rename = "Broken")]
+    pub broken: Option<String>,
 }
 
 impl Machine {
     /// The state word ppp shows for this machine.
     pub fn state(&self) -> &'static str {
-        if self.running {
+        if self.broken.is_some() {
+            "broken"
+        } else if self.running {
             "running"
         } else if self.starting {
             "starting"
