@@ -215,13 +215,6 @@ impl MachineProcess {
     }
 }
 
-/// Whether podman's `machine stop` failed on a gvproxy that was already
-/// gone (podman 5.4: it stops the VM first, then fails with "unable to
-/// clean up gvproxy: looking up PID …").
-pub fn is_gvproxy_cleanup_failure(text: &str) -> bool {
-    text.contains("unable to clean up gvproxy")
-}
-
 impl Home {
     /// The variables podman runs with in this home, for the OS `os`
     /// (`std::env::consts::OS`). Podman reads `XDG_CONFIG_HOME` and
@@ -740,6 +733,18 @@ mod tests {
         assert!(podman("6.0.1", "wsl").allows_many_running());
         assert!(is_one_vm_refusal("Error: only one VM can be active at a time"));
         assert!(!is_one_vm_refusal("Error: machine not found"));
+    }
+
+    /// Where podman 5.4.2 keeps the pid files ppp reads (names from its
+    /// binary), and on which providers each process exists.
+    #[test]
+    fn machine_pid_files_are_podmans() {
+        let run = Path::new("/run/user/1000/ppp-ab");
+        assert_eq!(MachineProcess::Gvproxy.pid_file(run, "ppp-a"), run.join("podman/gvproxy.pid"));
+        assert_eq!(MachineProcess::Qemu.pid_file(run, "ppp-a"), run.join("podman/ppp-a_vm.pid"));
+        assert!(MachineProcess::Gvproxy.runs_on("qemu") && MachineProcess::Gvproxy.runs_on("applehv"));
+        assert!(!MachineProcess::Gvproxy.runs_on("wsl") && !MachineProcess::Gvproxy.runs_on("hyperv"));
+        assert!(MachineProcess::Qemu.runs_on("qemu") && !MachineProcess::Qemu.runs_on("libkrun"));
     }
 
     #[test]

@@ -173,7 +173,11 @@ impl Rig {
         setup_policy(&rig.env, name);
         let started = std::time::Instant::now();
         let out = rig.run_agent(name);
-        eprintln!("real VM: `ppp run` (init, boot, provision, agent) took {:.0?}", started.elapsed());
+        eprintln!(
+            "real VM: `ppp run` (init, boot, provision, agent) took {:.0?}: {}",
+            started.elapsed(),
+            timed_steps(&out)
+        );
         assert_eq!(out.status.code(), Some(7), "{}", rig.explain(name, &out));
         rig.first_run = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         rig
@@ -184,18 +188,16 @@ impl Rig {
     /// there): ppp passes a `--template` it does not know to podman as the
     /// machine image, which is what a user with a local image does.
     pub fn run_agent(&self, name: &str) -> Output {
-        self.env.run(&[
-            "run",
-            "--name",
-            name,
-            "--template",
-            "/opt/ppp-vm/disk.qcow2",
-            "opencode",
-            &self.env.ws(),
-            "--",
-            "hello",
-            "vm",
-        ])
+        self.run_agent_with(name, &[])
+    }
+
+    /// [`Rig::run_agent`] with `flags` (e.g. `--cpus 1 -m 1536`) before the agent.
+    pub fn run_agent_with(&self, name: &str, flags: &[&str]) -> Output {
+        let ws = self.env.ws();
+        let mut argv = vec!["run", "--name", name, "--template", "/opt/ppp-vm/disk.qcow2"];
+        argv.extend_from_slice(flags);
+        argv.extend_from_slice(&["opencode", &ws, "--", "hello", "vm"]);
+        self.env.run(&argv)
     }
 
     /// A failed command with machine.log and the console's tail.
@@ -288,10 +290,20 @@ impl Rig {
             other => panic!("no pid file for {other}"),
         };
         let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-            panic!("{}: {e}; the directory has {:?}", file.display(), std::fs::read_dir(&dir).map(|d| d.count()))
+            panic!("{}: {e}; the directory has {:?}", file.display(), std::fs::read_dir(&dir).map(Iterator::count))
         });
         text.trim().parse().unwrap()
     }
+}
+
+/// The timed steps a ppp command printed (`ppp: … done in …`: podman's
+/// init and start, provisioning, the image, verify), joined by ` | `.
+pub fn timed_steps(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("ppp: ") && l.contains(" done in "))
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// Whether process `pid` is alive (a zombie is not).
