@@ -9,8 +9,11 @@
 //! while the first holds an SSE stream, which keeps flowing; and the first's
 //! qemu is killed: ppp reports it broken, and stop and rm clean up.
 //!
-//! Each VM gets 1 CPU and 1536 MiB (ppp's floor): two TCG guests share the
-//! 2 host cores of CI. See docs/harness.md, "The real VM".
+//! Each VM gets 2 vCPUs and 1536 MiB (ppp's floor). With one vCPU, TCG's
+//! one thread per vCPU could not use the host's second core: on a busy
+//! 2-core host a second guest's boot passed podman's 5-minute start (the
+//! run of 13:33). The first VM idles while the second boots. See
+//! docs/harness.md, "The real VM".
 
 #[path = "support/netns.rs"]
 mod netns;
@@ -28,8 +31,8 @@ use netns::describe;
 use serde_json::Value;
 use vm::Rig;
 
-/// Both VMs' size: one TCG vCPU each, and ppp's smallest memory.
-const SIZE: [&str; 4] = ["--cpus", "1", "-m", "1536"];
+/// Both VMs' size: two TCG vCPUs (one thread each) and ppp's smallest memory.
+const SIZE: [&str; 4] = ["--cpus", "2", "-m", "1536"];
 
 /// The qemu RSS of sandbox `name`'s VM, in MiB (`VmRSS` of its recorded pid).
 fn qemu_rss_mib(rig: &Rig, name: &str) -> u64 {
