@@ -182,13 +182,26 @@ fn two_real_sandboxes_at_once_one_image_build_their_own_policies() {
     let out = std::process::Command::new("kill").args(["-9", &qemu.to_string()]).output().unwrap();
     assert!(out.status.success(), "kill qemu: {}", describe(&out));
     netns::wait_until("qemu to go", netns::DEADLINE, || !vm::alive(qemu));
+    std::thread::sleep(Duration::from_secs(3));
+    let gvproxy_lived = vm::alive(gvproxy);
     let out = env.run(&["ls", "--json"]);
     let ls: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    eprintln!("real VM: ppp ls after qemu died: {} {}", ls[0]["state"], ls[0]["machine"]);
-    assert_eq!(ls[0]["state"], "broken", "{}", describe(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("hint: `ppp stop a`"), "{}", describe(&out));
+    eprintln!(
+        "real VM: ppp ls after qemu died (gvproxy {}): {} {}",
+        if gvproxy_lived { "still running" } else { "gone with it" },
+        ls[0]["state"],
+        ls[0]["machine"]
+    );
+    // podman lists it stopped. gvproxy 0.8.1 ends with its qemu (the run
+    // of 13:49): then "stopped" is the truth and nothing is left; were it
+    // left running (the fake's case), ppp says broken.
+    let want = if gvproxy_lived { "broken" } else { "stopped" };
+    assert_eq!(ls[0]["state"], want, "{}", describe(&out));
+    if gvproxy_lived {
+        assert!(String::from_utf8_lossy(&out.stderr).contains("hint: `ppp stop a`"), "{}", describe(&out));
+    }
     let report: Value = serde_json::from_str(&env.ok(&["diagnose", "-o", "json"])).unwrap();
-    assert_eq!(report["sandboxes"][0]["machine_state"], "broken", "{report}");
+    assert_eq!(report["sandboxes"][0]["machine_state"], want, "{report}");
     let out = env.run(&["exec", "a", "--", "true"]);
     assert!(!out.status.success(), "nothing answers in a VM whose qemu is gone: {}", describe(&out));
     let out = env.run(&["stop", "a"]);
