@@ -70,7 +70,7 @@ check-versions:
 test: test-deps check-versions py-check
 	scripts/run-tests.sh
 
-# The real-VM test (tests/e2e_vm.rs): a trixie root with podman 5.4, gvproxy
+# The real-VM tests (tests/e2e_vm.rs, tests/e2e_vm_many.rs): a trixie root with podman 5.4, gvproxy
 # and qemu, and a Debian guest image, both built once by tests/vm/build-image.sh
 # into $$XDG_CACHE_HOME/ppp-test (or $$PPP_VM_CACHE). A missing /dev/kvm fails
 # with a hint. Part of `make test` too; this target runs it alone, with the
@@ -78,7 +78,8 @@ test: test-deps check-versions py-check
 # forces one). See docs/harness.md ("The real VM").
 test-vm: test-deps
 	PPP_VM_DIR="$$(tests/vm/build-image.sh)" && export PPP_VM_DIR && \
-	$(CARGO) test --locked --test e2e_vm -- --nocapture --test-threads=1
+	$(CARGO) test --locked --test e2e_vm -- --nocapture --test-threads=1 && \
+	$(CARGO) test --locked --test e2e_vm_many -- --nocapture --test-threads=1
 
 fmt:
 	$(CARGO) fmt

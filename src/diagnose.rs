@@ -164,9 +164,13 @@ pub struct Sandbox {
     pub created_at: String,
     pub workspace: Vec<String>,
     pub machine_name: String,
-    /// `running`, `starting`, `stopped`, `missing` (podman has no such
+    /// `running`, `starting`, `stopped`, `broken` (its gvproxy or qemu is
+    /// gone, see `machine_problem`), `missing` (podman has no such
     /// machine) or `unknown` (podman did not answer).
     pub machine_state: String,
+    /// Why a `broken` machine cannot work, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_problem: Option<String>,
     /// The image the agent container runs (null: not recorded yet, or a
     /// record older than issue 24).
     #[serde(default)]
@@ -689,6 +693,10 @@ fn merge(
     records
         .into_iter()
         .map(|r| {
+            let machine_problem = own
+                .and_then(|l| l.machine_of(&r).ok().flatten())
+                .and_then(|m| m.broken.as_deref())
+                .map(|why| crate::sandbox::machine::broken_hint(&r.name, why));
             let machine_state = if r.podman_run.is_some() {
                 match own.map(|l| l.machine_of(&r)) {
                     Some(Ok(Some(m))) => m.state(),
@@ -719,6 +727,7 @@ fn merge(
                 last_seen: port.and_then(|p| p.last_seen.clone()),
                 tunnel,
                 machine_state,
+                machine_problem,
                 status: r.status.to_string(),
                 created_at: r.created_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
                 name: r.name,

@@ -177,6 +177,44 @@ pub fn socket_suffix_len(machine: &str) -> usize {
     "/podman/".len() + machine.len() + "-gvproxy.sock".len().max("qmp_.sock".len())
 }
 
+/// The processes podman runs for a machine and records by pid file in its
+/// runtime directory (`$XDG_RUNTIME_DIR/podman` on Linux): `gvproxy.pid`
+/// (one per home: pkg/machine/shim/networking.go, `AppendToNewVMFile
+/// ("gvproxy.pid")`) and qemu's `<machine>_vm.pid` (pkg/machine/qemu,
+/// `-pidfile`). Checked against podman 5.4.2's binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineProcess {
+    Gvproxy,
+    Qemu,
+}
+
+impl MachineProcess {
+    pub const fn name(self) -> &'static str {
+        match self {
+            MachineProcess::Gvproxy => "gvproxy",
+            MachineProcess::Qemu => "qemu",
+        }
+    }
+
+    /// Its pid file for `machine` under the runtime directory `runtime`.
+    pub fn pid_file(self, runtime: &Path, machine: &str) -> PathBuf {
+        let dir = runtime.join("podman");
+        match self {
+            MachineProcess::Gvproxy => dir.join("gvproxy.pid"),
+            MachineProcess::Qemu => dir.join(format!("{machine}_vm.pid")),
+        }
+    }
+
+    /// Whether `provider` runs it: gvproxy on every provider but WSL and
+    /// Hyper-V (`UseProviderNetworkSetup`), qemu on qemu only.
+    pub fn runs_on(self, provider: &str) -> bool {
+        match self {
+            MachineProcess::Gvproxy => !matches!(provider.to_ascii_lowercase().as_str(), "wsl" | "hyperv"),
+            MachineProcess::Qemu => provider.eq_ignore_ascii_case("qemu"),
+        }
+    }
+}
+
 impl Home {
     /// The variables podman runs with in this home, for the OS `os`
     /// (`std::env::consts::OS`). Podman reads `XDG_CONFIG_HOME` and
@@ -466,12 +504,19 @@ pub struct Machine {
     pub vm_type: Option<String>,
     #[serde(default, rename = "LastUp")]
     pub last_up: Option<String>,
+    /// Why the machine cannot work although podman may call it running
+    /// (its gvproxy or its qemu is gone): not podman's, ppp's own finding
+    /// from the pid files podman keeps (see `sandbox::machine::remains`).
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none", rename = "Broken")]
+    pub broken: Option<String>,
 }
 
 impl Machine {
     /// The state word ppp shows for this machine.
     pub fn state(&self) -> &'static str {
-        if self.running {
+        if self.broken.is_some() {
+            "broken"
+        } else if self.running {
             "running"
         } else if self.starting {
             "starting"
@@ -688,6 +733,18 @@ mod tests {
         assert!(podman("6.0.1", "wsl").allows_many_running());
         assert!(is_one_vm_refusal("Error: only one VM can be active at a time"));
         assert!(!is_one_vm_refusal("Error: machine not found"));
+    }
+
+    /// Where podman 5.4.2 keeps the pid files ppp reads (names from its
+    /// binary), and on which providers each process exists.
+    #[test]
+    fn machine_pid_files_are_podmans() {
+        let run = Path::new("/run/user/1000/ppp-ab");
+        assert_eq!(MachineProcess::Gvproxy.pid_file(run, "ppp-a"), run.join("podman/gvproxy.pid"));
+        assert_eq!(MachineProcess::Qemu.pid_file(run, "ppp-a"), run.join("podman/ppp-a_vm.pid"));
+        assert!(MachineProcess::Gvproxy.runs_on("qemu") && MachineProcess::Gvproxy.runs_on("applehv"));
+        assert!(!MachineProcess::Gvproxy.runs_on("wsl") && !MachineProcess::Gvproxy.runs_on("hyperv"));
+        assert!(MachineProcess::Qemu.runs_on("qemu") && !MachineProcess::Qemu.runs_on("libkrun"));
     }
 
     #[test]

@@ -482,6 +482,82 @@ fn a_second_sandbox_runs_beside_the_first() {
     assert_eq!(ls.len(), 2);
 }
 
+/// The pid podman recorded for sandbox `name`'s `file` (`gvproxy.pid`, or
+/// qemu's `<machine>_vm.pid`) in its runtime directory.
+fn recorded_pid(env: &Env, name: &str, file: &str) -> i32 {
+    let rec = ppp::sandbox::load(&env.dirs(), name).unwrap().unwrap();
+    let path = rec.podman_run.unwrap().join("podman").join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).trim().parse().unwrap()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| !r.starts_with('Z')))
+}
+
+/// Issue 23: gvproxy killed under a running machine (the VM has no network,
+/// podman still calls it running, and podman 5.4.2's stop fails on "unable
+/// to clean up gvproxy"), and qemu killed (podman calls it stopped, its
+/// gvproxy lives on). Both are `broken` in `ls` and `diagnose`, with a
+/// hint; `stop` and `rm` finish them, leaving no process of theirs. Fails
+/// on the code before: `ls` said running and stopped, `ppp stop` failed,
+/// and the gvproxy of the dead qemu outlived `rm`.
+#[test]
+fn a_machine_whose_gvproxy_or_qemu_died_is_broken_and_stop_and_rm_finish_it() {
+    let env = Env::new("qemu");
+    setup_policy(&env, "gv");
+    setup_policy(&env, "qm");
+    env.ok(&["create", "--name", "gv", "-m", "2g", "opencode", &env.ws()]);
+    env.ok(&["create", "--name", "qm", "-m", "2g", "opencode", &env.ws()]);
+    let gv_qemu = recorded_pid(&env, "gv", "ppp-gv_vm.pid");
+    let qm_gvproxy = recorded_pid(&env, "qm", "gvproxy.pid");
+    for (name, file) in [("gv", "gvproxy.pid"), ("qm", "ppp-qm_vm.pid")] {
+        let pid = recorded_pid(&env, name, file);
+        assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+        netns::wait_until("the killed process to go", netns::DEADLINE, || !alive(pid));
+    }
+
+    let out = env.run(&["ls", "--json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let ls: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |n: &str| ls.iter().find(|r| r["name"] == n).unwrap().clone();
+    assert_eq!(row("gv")["state"], "broken", "{ls:?}");
+    assert!(row("gv")["machine"]["Broken"].as_str().unwrap().contains("gvproxy"), "{ls:?}");
+    assert_eq!(row("qm")["state"], "broken", "{ls:?}");
+    assert!(row("qm")["machine"]["Broken"].as_str().unwrap().contains("qemu died"), "{ls:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`gv`'s machine is broken") && err.contains("hint: `ppp stop gv`"), "{err}");
+    let report: Value = serde_json::from_str(&env.ok(&["diagnose", "-o", "json"])).unwrap();
+    let sandboxes = report["sandboxes"].as_array().unwrap();
+    for n in ["gv", "qm"] {
+        let s = sandboxes.iter().find(|s| s["name"] == n).unwrap();
+        assert_eq!(s["machine_state"], "broken", "{s}");
+        assert!(s["machine_problem"].as_str().unwrap().contains(&format!("ppp stop {n}")), "{s}");
+    }
+
+    // stop finishes the one whose gvproxy died: podman's stop ends qemu,
+    // fails on the gone gvproxy; ppp says so and finishes.
+    let out = env.run(&["stop", "gv"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(err.contains("unable to clean up gvproxy") && err.contains("ppp finishes the stop"), "{err}");
+    assert!(!alive(gv_qemu), "gv's qemu is gone");
+    // rm of the one whose qemu died: its gvproxy is ended first (-f:
+    // standard input is not a terminal to confirm on).
+    let out = env.run(&["rm", "-f", "qm"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ended gvproxy"), "{}", describe(&out));
+    assert!(!alive(qm_gvproxy), "qm's gvproxy outlived rm");
+    let ls = env.ls();
+    assert_eq!(ls.len(), 1);
+    assert_eq!(ls[0]["state"], "stopped", "{ls:?}");
+    // And the stopped one starts again, with a live gvproxy of its own.
+    let out = env.run(&["run", "--name", "gv", "opencode", &env.ws(), "--", "again"]);
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(alive(recorded_pid(&env, "gv", "gvproxy.pid")));
+    env.ok(&["rm", "-f", "gv"]);
+}
+
 #[test]
 fn sixteen_parallel_creates_get_distinct_names_ports_and_addresses() {
     let env = Env::new("wsl");

@@ -201,11 +201,7 @@ fn a_real_podman_machine_from_run_to_rm() {
         rebooted.elapsed(),
         rig.podman(&["machine", "inspect", "--format", "{{.State}}", "ppp-vm"]).trim()
     );
-    assert!(
-        came_back,
-        "the guest came back from its reboot:\nconsole (tail):\n{}",
-        vm::tail(&rig.state.join("home/qemu-console.log"), 60)
-    );
+    assert!(came_back, "the guest came back from its reboot:\nconsole (tail):\n{}", vm::tail(&rig.console("vm"), 60));
     closed_after_boot(&rig, &image, "after the reboot", "direct-after-reboot");
     let out = rig.guest("curl -sS -m 10 -o /dev/null -w '%{http_code}' https://echo.test/after-reboot");
     assert!(!out.status.success(), "no tunnel until ppp provisions again: {}", describe(&out));
@@ -268,16 +264,38 @@ fn a_real_podman_machine_from_run_to_rm() {
             .unwrap()
     };
     assert!(git(&["init", "-q"]).status.success());
+    // A bare remote in the workspace for the agent's push (its `origin`,
+    // set by the host: the agent cannot write .git/config).
+    let remote = Path::new(&env.ws()).join("remote.git");
+    let out = std::process::Command::new("git").args(["init", "-q", "--bare"]).arg(&remote).output().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(git(&["remote", "add", "origin", "./remote.git"]).status.success());
     assert!(std::process::Command::new("chown").args(["-R", "1000:1000", &env.ws()]).status().unwrap().success());
     let config_before = std::fs::read_to_string(Path::new(&env.ws()).join(".git/config")).unwrap();
     let out = env.run(&["run", "--name", "vm", "opencode", &env.ws()]);
     assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    for want in ["vm-agent hook: refused", "vm-agent config: refused", "vm-agent git-dir: writable"] {
+    for want in [
+        "vm-agent hook: refused",
+        "vm-agent config: refused",
+        "vm-agent git-dir: writable",
+        "vm-agent commit: ok",
+        "vm-agent push: ok",
+    ] {
         assert!(text.contains(want), "{want} in the agent's run on the real VM: {}", describe(&out));
     }
     assert!(!Path::new(&env.ws()).join(".git/hooks/pre-commit").exists(), "no hook planted");
     assert_eq!(std::fs::read_to_string(Path::new(&env.ws()).join(".git/config")).unwrap(), config_before);
+    // The agent's commit is in the workspace's history and in the remote.
+    let log = git(&["log", "--format=%s", "-1"]);
+    assert_eq!(String::from_utf8_lossy(&log.stdout).trim(), "by the agent", "{}", describe(&log));
+    let pushed = std::process::Command::new("git")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(&remote)
+        .args(["log", "--format=%s", "-1", "from-agent"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&pushed.stdout).trim(), "by the agent", "{}", describe(&pushed));
     // The host's git afterwards runs nothing planted.
     std::fs::write(Path::new(&env.ws()).join("README"), "hello\n").unwrap();
     assert!(git(&["add", "README"]).status.success());
@@ -310,18 +328,72 @@ fn a_real_podman_machine_from_run_to_rm() {
     assert_eq!(report["endpoint"]["host"], "192.168.127.254");
     assert_eq!(env.ls()[0]["state"], "running");
 
-    // Killing gvproxy mid-download fails closed (the download stops, no
-    // direct egress), but `ppp stop` then fails on podman 5.4.2's "unable
-    // to clean up gvproxy" and `ppp ls` still says running: that step is on
-    // branch `vm-gvproxy` until ppp handles it (docs/harness.md).
+    // 7. Kill gvproxy while a download streams in the guest: the download
+    //    fails (the tunnel is gone with the link; nothing else leaves), ppp
+    //    reports the machine broken, and stop and rm still clean up. The
+    //    guest reports on its serial console (the management channel went
+    //    with gvproxy).
+    let console = rig.console("vm");
+    let script = format!(
+        "curl -sS -m 900 --speed-limit 1 --speed-time 20 -o /dev/null -w '%{{size_download}}' https://echo.test/chunked/8000000000 >/tmp/dl.size 2>/tmp/dl.err; \
+         echo \"ppp-dl rc=$? bytes=$(cat /tmp/dl.size)\" >/dev/ttyS0; \
+         curl -sS -m 5 http://{UPSTREAM_IP}/direct-after-gvproxy >/dev/null 2>&1; echo \"ppp-direct rc=$?\" >/dev/ttyS0"
+    );
+    env.ok(&["exec", "vm", "--", "sudo", "systemd-run", "--unit", "ppp-dl", "sh", "-c", &script]);
+    std::thread::sleep(std::time::Duration::from_secs(15));
+    let gvproxy = rig.machine_pid("gvproxy");
+    let qemu = rig.machine_pid("qemu");
+    let run_dir = ppp::sandbox::load(&env.dirs(), "vm").unwrap().unwrap().podman_run.unwrap();
+    let out = std::process::Command::new("kill").args(["-9", &gvproxy.to_string()]).output().unwrap();
+    assert!(out.status.success(), "kill gvproxy: {}", describe(&out));
+    let killed = std::time::Instant::now();
+    let mut dl = String::new();
+    while killed.elapsed() < std::time::Duration::from_secs(240) {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        if text.contains("ppp-direct rc=") {
+            dl = text
+                .lines()
+                .filter(|l| l.contains("ppp-dl rc=") || l.contains("ppp-direct rc="))
+                .collect::<Vec<_>>()
+                .join(" | ");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    eprintln!("real VM: after gvproxy was killed, the guest said: {dl}");
+    assert!(
+        dl.contains("ppp-dl rc=") && !dl.contains("ppp-dl rc=0 "),
+        "the download fails: {dl:?}\nconsole:\n{}",
+        vm::tail(&console, 30)
+    );
+    assert!(dl.contains("ppp-direct rc=") && !dl.contains("ppp-direct rc=0"), "no direct egress: {dl:?}");
+    let seen = std::fs::read_to_string(&env.upstream.requests_log).unwrap_or_default();
+    assert!(!seen.contains("direct-after"), "nothing reached the upstream directly: {seen}");
+    let out = env.run(&["ls", "--json"]);
+    let ls: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!("real VM: ppp ls after gvproxy died: {} {}", ls[0]["state"], ls[0]["machine"]);
+    assert_eq!(ls[0]["state"], "broken", "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hint: `ppp stop vm`"), "{}", describe(&out));
+    let report: Value = serde_json::from_str(&env.ok(&["diagnose", "-o", "json"])).unwrap();
+    let sandbox = &report["sandboxes"][0];
+    assert_eq!(sandbox["machine_state"], "broken", "{sandbox}");
+    assert!(sandbox["machine_problem"].as_str().unwrap_or_default().contains("gvproxy"), "{sandbox}");
+    let out = env.run(&["stop", "vm"]);
+    eprintln!("real VM: ppp stop after gvproxy died: {}", describe(&out));
+    assert!(out.status.success(), "ppp stop after gvproxy died: {}", describe(&out));
+    assert_eq!(env.ls()[0]["state"], "stopped");
+    assert!(!vm::alive(qemu) && !vm::alive(gvproxy), "qemu {qemu} or gvproxy {gvproxy} outlived ppp stop");
     env.ok(&["rm", "-f", "vm"]);
     assert!(env.ls().is_empty());
     assert!(!env.dirs().sandbox_podman("vm").exists(), "the sandbox's podman home is gone");
     assert!(!rig.podman(&["machine", "list", "--format", "json"]).contains("ppp-vm"));
     // Nothing of the machine is left running.
     // pgrep directly: through `sh -c`, the shell's own command line matched.
-    let leftovers = std::process::Command::new("pgrep").arg("-af").arg(&state).output().unwrap();
-    assert!(leftovers.stdout.is_empty(), "{}", describe(&leftovers));
+    for dir in [&state, &run_dir] {
+        let leftovers = std::process::Command::new("pgrep").arg("-af").arg(dir).output().unwrap();
+        assert!(leftovers.stdout.is_empty(), "{}", describe(&leftovers));
+    }
+    assert!(!run_dir.exists(), "the sandbox's podman runtime dir is gone");
     let ws = env.ws();
     let virtiofsd = std::process::Command::new("pgrep").arg("-af").arg("virtiofsd").output().unwrap();
     assert!(!String::from_utf8_lossy(&virtiofsd.stdout).contains(&ws), "virtiofsd left: {}", describe(&virtiofsd));

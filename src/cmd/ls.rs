@@ -50,6 +50,11 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
     }
     let listing = if records.is_empty() { None } else { listing(dirs, &records, &mut |w| eprintln!("warning: {w}")) };
     let mut rows = merge(records, listing.as_ref());
+    for r in &rows {
+        if let Some(why) = r.machine.as_ref().and_then(|m| m.broken.as_deref()) {
+            eprintln!("warning: {}", machine::broken_hint(&r.record.name, why));
+        }
+    }
     let config = crate::config::load(dirs)?;
     let learning = crate::policy::learning(dirs).unwrap_or_else(|e| {
         eprintln!("warning: {e:#}");

@@ -14,6 +14,7 @@
 //! Nothing here knows what builds on sandboxes: kits reach a new sandbox
 //! as [`Extension`]s the command passes in.
 
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -281,6 +282,12 @@ pub fn reattach(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<Reco
     ensure_daemon(dirs, ui)?;
     wait_for_wg0(dirs, name, rec.port)?;
     let mut running = vm.running;
+    if let Some(why) = &vm.broken {
+        // Its gvproxy or qemu is gone: only a fresh start brings it back.
+        ui.note(&format!("the machine of `{name}` is broken ({why}): stopping it first"));
+        stop_machine(dirs, podman, name, &rec.machine_name)?;
+        running = false;
+    }
     if running && lost_its_mounts(podman, &rec) {
         // A reboot from inside the guest: the machine runs, its workspace
         // is not mounted, and only podman's own start mounts it again.
@@ -309,14 +316,45 @@ pub fn stop(dirs: &Dirs, podman: &Podman, name: &str, ui: Ui) -> Result<()> {
     let rec = super::load(dirs, name)?.ok_or_else(|| unknown(name))?;
     let podman = &super::podman_for(podman, dirs, &rec);
     ui.timed(&format!("stopping `{name}`"), || {
-        let running =
-            machine::list(podman)?.into_iter().any(|m| m.name == rec.machine_name && (m.running || m.starting));
-        if running {
-            machine::run_logged(dirs, name, &podman.stop(&rec.machine_name), "podman machine stop")?;
-        }
+        stop_machine(dirs, podman, name, &rec.machine_name)?;
         set_status(dirs, name, Status::Stopped)?;
         Ok(())
     })
+}
+
+/// Stop sandbox `name`'s machine and leave nothing of it running. When
+/// podman's stop fails on a machine that cannot work any more (its gvproxy
+/// or its qemu gone: podman 5.4.2 then stops qemu and fails on "unable to
+/// clean up gvproxy"), ppp says why and finishes the stop itself: it ends
+/// what is left by the pids podman recorded (see [`machine::Remains`]).
+/// A machine podman lists stopped whose gvproxy outlived its qemu is
+/// finished the same way.
+fn stop_machine(dirs: &Dirs, podman: &Podman, name: &str, machine_name: &str) -> Result<()> {
+    let find = |all: Vec<crate::podman::Machine>| all.into_iter().find(|m| m.name == machine_name);
+    let before = find(machine::list(podman)?);
+    let running = before.as_ref().is_some_and(|m| m.running || m.starting);
+    if let Some(why) = before.as_ref().and_then(|m| m.broken.as_deref()) {
+        eprintln!("warning: machine `{machine_name}` of `{name}` is broken: {why}");
+    }
+    if running && let Err(e) = machine::run_logged(dirs, name, &podman.stop(machine_name), "podman machine stop") {
+        let now = machine::list(podman).ok().and_then(find);
+        let still = now.as_ref().is_some_and(|m| m.running || m.starting);
+        let remains = machine::remains(&podman.home, machine_name, &podman.provider);
+        let why = remains.as_ref().and_then(|r| r.broken(still)).or_else(|| before.and_then(|m| m.broken));
+        match why {
+            None if still => return Err(e),
+            why => eprintln!(
+                "warning: {e}\n  machine `{machine_name}` {}; ppp finishes the stop",
+                why.map_or_else(|| "is down all the same".to_owned(), |w| format!("cannot work: {w}"))
+            ),
+        }
+    }
+    let remains = machine::remains(&podman.home, machine_name, &podman.provider);
+    for line in remains.map(|r| r.reap()).unwrap_or_default() {
+        eprintln!("warning: {line}");
+        let _ = writeln!(machine::open_log(dirs, name)?, "# ppp: {line}");
+    }
+    Ok(())
 }
 
 /// Remove a sandbox: its machine (even an unresponsive one with `force`),
@@ -341,7 +379,16 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
     ui.timed(&format!("removing `{name}`"), || {
         if let Some(podman) = podman {
             // When podman cannot list machines, try removing anyway.
-            let exists = machine::list(podman).map_or(true, |all| all.iter().any(|m| m.name == machine));
+            let listed = machine::list(podman).map(|all| all.into_iter().find(|m| m.name == machine));
+            let exists = listed.as_ref().map_or(true, Option::is_some);
+            // A broken machine is stopped first, as `ppp stop` would:
+            // podman's own stop inside `rm` fails on it.
+            if let Ok(Some(m)) = &listed
+                && m.broken.is_some()
+                && let Err(e) = stop_machine(dirs, podman, name, &machine)
+            {
+                eprintln!("warning: could not stop broken machine `{machine}`: {e:#}");
+            }
             if exists && let Err(e) = exec::run(&podman.rm(&machine)) {
                 if !force {
                     return Err(anyhow::Error::new(e).context(
@@ -351,6 +398,12 @@ pub fn remove(dirs: &Dirs, podman: Option<&Podman>, name: &str, force: bool, ui:
                     ));
                 }
                 eprintln!("warning: could not remove machine `{machine}`: {e}; removing the sandbox's state anyway");
+            }
+            // Nothing of it may outlive its home (which goes next): a gvproxy
+            // whose qemu died is not podman's `rm`'s to end.
+            let remains = machine::remains(&podman.home, &machine, &podman.provider);
+            for line in remains.map(|r| r.reap()).unwrap_or_default() {
+                eprintln!("warning: {line}");
             }
         } else if !force {
             return Err(fail("podman was not found, so the sandbox's machine cannot be removed")

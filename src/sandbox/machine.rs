@@ -25,7 +25,165 @@ use crate::state;
 /// podman failure.
 pub fn list(podman: &Podman) -> Result<Vec<Machine>> {
     let out = exec::run(&podman.list())?;
-    podman::parse_machine_list(&out.stdout).context("could not parse `podman machine list --format json`")
+    let mut all =
+        podman::parse_machine_list(&out.stdout).context("could not parse `podman machine list --format json`")?;
+    for m in &mut all {
+        judge(&podman.home, m, &podman.provider);
+    }
+    Ok(all)
+}
+
+/// Set `m.broken` from what ppp sees of its processes (ppp's own homes
+/// only; a machine still starting is left alone).
+fn judge(home: &Home, m: &mut Machine, provider: &str) {
+    if m.starting && !m.running {
+        return;
+    }
+    let provider = m.vm_type.clone().unwrap_or_else(|| provider.to_owned());
+    m.broken = remains(home, &m.name, &provider).and_then(|r| r.broken(m.running));
+}
+
+/// What ppp sees of one process podman recorded for a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// No pid file (never started, or podman cleaned up).
+    NoFile,
+    /// A pid file naming no process of this machine: it died (a pid
+    /// reused by another process counts as dead).
+    Gone(i32),
+    /// Alive, and its command line names this home's runtime directory.
+    Alive(i32),
+}
+
+/// The processes podman recorded for one machine of a ppp home, as found.
+#[derive(Debug, Clone)]
+pub struct Remains {
+    runtime: PathBuf,
+    machine: String,
+    provider: String,
+    pub gvproxy: Seen,
+    pub qemu: Seen,
+}
+
+/// Podman's pid files of `machine` in `home`. Only ppp's own homes: there
+/// ppp chose the runtime directory, so the files are where it looks, and a
+/// pid is taken as the machine's only when its process names that
+/// directory (its sockets and pid file are in it), never by a program's
+/// name.
+pub fn remains(home: &Home, machine: &str, provider: &str) -> Option<Remains> {
+    let Home::Own(h) = home else { return None };
+    let seen = |what: podman::MachineProcess| {
+        if !what.runs_on(provider) {
+            return Seen::NoFile;
+        }
+        let Ok(text) = std::fs::read_to_string(what.pid_file(&h.runtime, machine)) else { return Seen::NoFile };
+        match text.trim().parse::<i32>() {
+            Ok(pid) if pid > 1 && is_ours(pid, &h.runtime) => Seen::Alive(pid),
+            Ok(pid) => Seen::Gone(pid),
+            Err(_) => Seen::Gone(0),
+        }
+    };
+    Some(Remains {
+        runtime: h.runtime.clone(),
+        machine: machine.to_owned(),
+        provider: provider.to_owned(),
+        gvproxy: seen(podman::MachineProcess::Gvproxy),
+        qemu: seen(podman::MachineProcess::Qemu),
+    })
+}
+
+/// Whether `pid` is alive and one of the machine's own: its command line
+/// names the home's runtime directory (where its sockets and pid file are).
+fn is_ours(pid: i32, runtime: &Path) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    if cfg!(target_os = "linux") {
+        // A zombie has an empty command line: dead for this purpose.
+        let needle = runtime.as_os_str().as_encoded_bytes();
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+    } else {
+        true
+    }
+}
+
+impl Remains {
+    /// Why the machine cannot work, if it cannot, given whether podman
+    /// lists it running: running without its gvproxy (no network, no
+    /// management channel) or without its qemu; or listed stopped (its qemu
+    /// died outside podman) with its gvproxy or qemu still there.
+    pub fn broken(&self, running: bool) -> Option<String> {
+        use podman::MachineProcess::Gvproxy;
+        if running {
+            if Gvproxy.runs_on(&self.provider) && !matches!(self.gvproxy, Seen::Alive(_)) {
+                return Some(format!("its gvproxy{} is gone: the VM has no network", pid_words(self.gvproxy)));
+            }
+            if let Seen::Gone(_) = self.qemu {
+                return Some(format!("its qemu{} is gone", pid_words(self.qemu)));
+            }
+            return None;
+        }
+        match (self.qemu, self.gvproxy) {
+            (Seen::Alive(pid), _) => Some(format!("podman lists it stopped, yet its qemu (pid {pid}) still runs")),
+            (_, Seen::Alive(pid)) => Some(format!(
+                "its VM is gone (podman lists it stopped; qemu died outside podman), yet its gvproxy (pid {pid}) still runs"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Whether nothing of the machine is left running.
+    pub fn is_clear(&self) -> bool {
+        !matches!(self.gvproxy, Seen::Alive(_)) && !matches!(self.qemu, Seen::Alive(_))
+    }
+
+    /// End what is left of the machine, by the pids podman recorded (each
+    /// checked to be the machine's own, see [`remains`]): SIGTERM, then
+    /// SIGKILL after 10 s; then remove the pid files that name no live
+    /// process, as podman's own cleanup would (a stale `gvproxy.pid` fails
+    /// podman's next stop). Returns a line for each process ended.
+    pub fn reap(&self) -> Vec<String> {
+        use podman::MachineProcess::{Gvproxy, Qemu};
+        let mut said = Vec::new();
+        // qemu first: without it, gvproxy serves nothing.
+        for (what, seen) in [(Qemu, self.qemu), (Gvproxy, self.gvproxy)] {
+            if let Seen::Alive(pid) = seen {
+                let target = nix::unistd::Pid::from_raw(pid);
+                let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
+                let end = std::time::Instant::now() + Duration::from_secs(10);
+                while is_ours(pid, &self.runtime) && std::time::Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if is_ours(pid, &self.runtime) {
+                    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
+                }
+                said.push(format!("ended {} (pid {pid}), left behind by machine `{}`", what.name(), self.machine));
+            }
+            let file = what.pid_file(&self.runtime, &self.machine);
+            let pid = std::fs::read_to_string(&file).ok().and_then(|t| t.trim().parse::<i32>().ok());
+            if pid.is_some_and(|p| !is_ours(p, &self.runtime)) || (file.exists() && pid.is_none()) {
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+        said
+    }
+}
+
+/// What `ls` and `diagnose` say of sandbox `name` whose machine is broken
+/// for the reason `why`, with what to do.
+pub fn broken_hint(name: &str, why: &str) -> String {
+    format!(
+        "sandbox `{name}`'s machine is broken: {why}\n\
+         hint: `ppp stop {name}` ends what is left of it; `ppp run --name {name} …` starts it again, \
+         `ppp rm {name}` removes it"
+    )
+}
+
+fn pid_words(seen: Seen) -> String {
+    match seen {
+        Seen::Gone(pid) | Seen::Alive(pid) if pid > 0 => format!(" (pid {pid})"),
+        _ => String::new(),
+    }
 }
 
 /// What podman lists in every home ppp uses: the user's own, and each
@@ -112,8 +270,12 @@ pub fn list_homes(
                 listing.errors.insert(String::new(), e);
             }
             (Some(n), Ok(ms)) => {
-                let machine = records.iter().find(|r| r.name == n).map(|r| r.machine_name.clone());
-                let m = ms.into_iter().find(|m| Some(&m.name) == machine.as_ref());
+                let rec = records.iter().find(|r| r.name == n);
+                let machine = rec.map(|r| r.machine_name.clone());
+                let mut m = ms.into_iter().find(|m| Some(&m.name) == machine.as_ref());
+                if let (Some(m), Some(r)) = (m.as_mut(), rec) {
+                    judge(&super::home(dirs, r), m, podman::default_provider());
+                }
                 listing.own.insert(n, m);
             }
             (Some(n), Err(e)) => {

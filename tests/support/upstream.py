@@ -7,7 +7,8 @@ used), and append the same JSON as one line to LOG, so a test can also see
 requests whose response never made it back. A chunked request body is read
 and counted, never kept (`body_bytes`, for the flood tests). Two paths do
 something else: `GET /chunked/<n>` answers n zero bytes, chunked, generated
-as they are sent; `/ws` is a WebSocket server that counts what a client
+as they are sent; `GET /sse-ticks/<n>/<ms>` is a text/event-stream of n events
+(`data: <i>`), one every ms milliseconds (a long-lived SSE stream); `/ws` is a WebSocket server that counts what a client
 sends (binary messages) and answers each text message with
 `{"echo": <text>, "bytes": <binary bytes so far>}`. DNS on ADDR:53 (UDP) answers A
 queries from ZONE, a JSON object {name: ipv4} re-read on every query (so a
@@ -31,6 +32,7 @@ import ssl
 import struct
 import sys
 import threading
+import time
 
 addrs, cert, key, log_path, ready_path, zone_path, dns_log_path = sys.argv[1:8]
 addrs = addrs.split(",")
@@ -43,6 +45,9 @@ class Echo(http.server.BaseHTTPRequestHandler):
     def handle_any(self):
         if self.path.startswith("/chunked/"):
             return self.send_chunked(int(self.path.rsplit("/", 1)[1]))
+        if self.path.startswith("/sse-ticks/"):
+            n, ms = self.path.split("/")[2:4]
+            return self.send_ticks(int(n), int(ms))
         if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
             return self.websocket()
         body_bytes = 0
@@ -109,6 +114,22 @@ class Echo(http.server.BaseHTTPRequestHandler):
             part = block[: min(left, len(block))]
             self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             left -= len(part)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def send_ticks(self, n, ms):
+        # As an LLM API's server does: each small event goes out at once.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(1, n + 1):
+            event = b"data: %d\n\n" % i
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+            time.sleep(ms / 1000.0)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 

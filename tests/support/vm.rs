@@ -46,6 +46,17 @@ if [ -d .git ]; then
   if (printf '[core]\n\thooksPath = /tmp\n' >> .git/config) 2>/dev/null; then echo "vm-agent config: written"; else echo "vm-agent config: refused"; fi
   if (echo "agent $$" > .git/agent-object) 2>/dev/null; then echo "vm-agent git-dir: writable"; else echo "vm-agent git-dir: refused"; fi
   rm -f .git/agent-object
+  # The agent's normal work still works: a commit, and a push to the bare
+  # remote the host made in the workspace (remote `origin`).
+  if command -v git >/dev/null; then
+    echo "agent change $$" > agent-change.txt
+    if git add agent-change.txt && git -c user.name=agent -c user.email=agent@ppp.test commit -qm "by the agent"; then echo "vm-agent commit: ok"; else echo "vm-agent commit: failed"; fi
+    if [ -d remote.git ]; then
+      if git push -q origin HEAD:refs/heads/from-agent; then echo "vm-agent push: ok"; else echo "vm-agent push: failed"; fi
+    fi
+  else
+    echo "vm-agent git: missing"
+  fi
 fi
 echo "echo planted by the agent $$" > .envrc
 
@@ -92,6 +103,9 @@ pub struct Rig {
     pub accel: String,
     /// What the first `ppp run` printed (the agent's lines).
     pub first_run: String,
+    /// The sandbox [`Rig::provisioned`] made: the one [`Rig::podman`] and
+    /// [`Rig::guest`] talk to (in its own podman home).
+    pub name: String,
     registry: Child,
 }
 
@@ -121,7 +135,16 @@ impl Rig {
             env.extra.push(("PPP_VM_ACCEL".into(), accel));
         }
         let registry = registry(&env);
-        let mut rig = Rig { env, dir, state, image, accel: String::new(), first_run: String::new(), registry };
+        let mut rig = Rig {
+            env,
+            dir,
+            state,
+            image,
+            accel: String::new(),
+            first_run: String::new(),
+            name: String::new(),
+            registry,
+        };
         let probe = rig.enter(&["/opt/ppp-test/bin/qemu-system-x86_64", "ppp-accel"]);
         assert!(probe.status.success(), "the qemu wrapper's probe: {}", describe(&probe));
         String::from_utf8_lossy(&probe.stdout).trim().clone_into(&mut rig.accel);
@@ -146,10 +169,15 @@ impl Rig {
     /// in (exit 7): the function other real-VM tests start from.
     pub fn provisioned(name: &str) -> Rig {
         let mut rig = Rig::new();
+        name.clone_into(&mut rig.name);
         setup_policy(&rig.env, name);
         let started = std::time::Instant::now();
         let out = rig.run_agent(name);
-        eprintln!("real VM: `ppp run` (init, boot, provision, agent) took {:.0?}", started.elapsed());
+        eprintln!(
+            "real VM: `ppp run` (init, boot, provision, agent) took {:.0?}: {}",
+            started.elapsed(),
+            timed_steps(&out)
+        );
         assert_eq!(out.status.code(), Some(7), "{}", rig.explain(name, &out));
         rig.first_run = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         rig
@@ -160,18 +188,16 @@ impl Rig {
     /// there): ppp passes a `--template` it does not know to podman as the
     /// machine image, which is what a user with a local image does.
     pub fn run_agent(&self, name: &str) -> Output {
-        self.env.run(&[
-            "run",
-            "--name",
-            name,
-            "--template",
-            "/opt/ppp-vm/disk.qcow2",
-            "opencode",
-            &self.env.ws(),
-            "--",
-            "hello",
-            "vm",
-        ])
+        self.run_agent_with(name, &[])
+    }
+
+    /// [`Rig::run_agent`] with `flags` (e.g. `--cpus 1 -m 1536`) before the agent.
+    pub fn run_agent_with(&self, name: &str, flags: &[&str]) -> Output {
+        let ws = self.env.ws();
+        let mut argv = vec!["run", "--name", name, "--template", "/opt/ppp-vm/disk.qcow2"];
+        argv.extend_from_slice(flags);
+        argv.extend_from_slice(&["opencode", &ws, "--", "hello", "vm"]);
+        self.env.run(&argv)
     }
 
     /// A failed command with machine.log and the console's tail.
@@ -180,49 +206,110 @@ impl Rig {
             "{}\nmachine.log:\n{}\nconsole (tail):\n{}",
             describe(out),
             std::fs::read_to_string(self.env.dirs().sandbox_machine_log(name)).unwrap_or_default(),
-            tail(&self.state.join("home/qemu-console.log"), 60)
+            tail(&self.console(name), 60)
         )
+    }
+
+    /// Sandbox `name`'s serial console (the qemu wrapper writes one per machine).
+    pub fn console(&self, name: &str) -> PathBuf {
+        self.state.join(format!("home/qemu-console-ppp-{name}.log"))
+    }
+
+    /// The variables of sandbox `name`'s podman home, as ppp gives them to
+    /// podman (enter.sh maps them onto the podman user's); none once the
+    /// sandbox is gone (the podman user's own home).
+    pub fn home_of(&self, name: &str) -> Vec<(String, String)> {
+        match ppp::sandbox::load(&self.env.dirs(), name) {
+            Ok(Some(_)) => self.env.home_vars(name),
+            _ => Vec::new(),
+        }
     }
 
     /// A command of the trixie root (tests/vm/enter.sh), in the host namespace.
     pub fn enter(&self, argv: &[&str]) -> Output {
+        self.enter_with(&[], argv)
+    }
+
+    /// [`Rig::enter`] with `vars` (a podman home's) on top.
+    pub fn enter_with(&self, vars: &[(String, String)], argv: &[&str]) -> Output {
         Command::new("ip")
             .args(["netns", "exec", &self.env.topo.host_ns()])
             .arg(repo().join("tests/vm/enter.sh"))
             .args(argv)
             .env_clear()
             .envs(self.env.extra.iter().cloned())
+            .envs(vars.iter().cloned())
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .output()
             .unwrap()
     }
 
-    /// `podman ARGS` of the trixie root, as ppp calls it; must succeed.
+    /// `podman ARGS` of the trixie root in the provisioned sandbox's podman
+    /// home, as ppp calls it; must succeed.
     pub fn podman(&self, args: &[&str]) -> String {
+        self.podman_in(&self.name, args)
+    }
+
+    /// `podman ARGS` in sandbox `name`'s podman home; must succeed.
+    pub fn podman_in(&self, name: &str, args: &[&str]) -> String {
         let mut words = vec!["podman"];
         words.extend_from_slice(args);
-        let out = self.enter(&words);
-        assert!(out.status.success(), "podman {args:?}: {}", describe(&out));
+        let out = self.enter_with(&self.home_of(name), &words);
+        assert!(out.status.success(), "podman {args:?} ({name}'s home): {}", describe(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `sh -c SCRIPT` in the guest as core, through podman directly (not ppp).
     pub fn guest(&self, script: &str) -> Output {
-        self.enter(&["podman", "machine", "ssh", "ppp-vm", "--", &shell_quote(&["sh", "-c", script])])
+        self.guest_in(&self.name, script)
     }
 
-    /// The pid in podman's pid file under the runtime dir whose name holds
-    /// `what` (`gvproxy`, or `_vm` for qemu).
-    pub fn machine_pid(&self, what: &str) -> u32 {
-        let dir = self.state.join("run/podman");
-        let files: Vec<PathBuf> =
-            std::fs::read_dir(&dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
-        let file = files
-            .iter()
-            .find(|p| p.extension().is_some_and(|e| e == "pid") && p.to_string_lossy().contains(what))
-            .unwrap_or_else(|| panic!("no {what} pid file in {}: {files:?}", dir.display()));
-        std::fs::read_to_string(file).unwrap().trim().parse().unwrap()
+    /// [`Rig::guest`] in sandbox `name`'s machine.
+    pub fn guest_in(&self, name: &str, script: &str) -> Output {
+        let machine = format!("ppp-{name}");
+        self.enter_with(
+            &self.home_of(name),
+            &["podman", "machine", "ssh", &machine, "--", &shell_quote(&["sh", "-c", script])],
+        )
     }
+
+    /// The pid podman recorded for the provisioned sandbox's `what`
+    /// (`gvproxy` or `qemu`) in its runtime directory.
+    pub fn machine_pid(&self, what: &str) -> u32 {
+        self.machine_pid_in(&self.name, what)
+    }
+
+    /// [`Rig::machine_pid`] of sandbox `name`: podman 5.4's `gvproxy.pid`
+    /// and `<machine>_vm.pid` in the runtime directory ppp gave its home.
+    pub fn machine_pid_in(&self, name: &str, what: &str) -> u32 {
+        let rec = ppp::sandbox::load(&self.env.dirs(), name).unwrap().expect("the sandbox exists");
+        let dir = rec.podman_run.expect("the sandbox has its own podman home").join("podman");
+        let file = match what {
+            "gvproxy" => dir.join("gvproxy.pid"),
+            "qemu" => dir.join(format!("ppp-{name}_vm.pid")),
+            other => panic!("no pid file for {other}"),
+        };
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            panic!("{}: {e}; the directory has {:?}", file.display(), std::fs::read_dir(&dir).map(Iterator::count))
+        });
+        text.trim().parse().unwrap()
+    }
+}
+
+/// The timed steps a ppp command printed (`ppp: … done in …`: podman's
+/// init and start, provisioning, the image, verify), joined by ` | `.
+pub fn timed_steps(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("ppp: ") && l.contains(" done in "))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// Whether process `pid` is alive (a zombie is not).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| !r.starts_with('Z')))
 }
 
 impl Drop for Rig {

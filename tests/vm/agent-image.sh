@@ -23,7 +23,7 @@ dir=${PPP_VM_DIR:?set PPP_VM_DIR}
 : "${PPP_VM_STATE:?set PPP_VM_STATE}" # read by enter.sh
 
 # build-image.sh made the rootfs beside the VM images.
-rootfs=$(dirname "$(readlink -f "$dir/guest")")/agent-rootfs-trixie-curl.tar
+rootfs=$(dirname "$(readlink -f "$dir/guest")")/agent-rootfs-trixie-curl-git.tar
 [ -s "$rootfs" ] || die "no agent rootfs at $rootfs" "run tests/vm/build-image.sh"
 
 # The tar goes where the trixie root sees it at the same path (/tmp).

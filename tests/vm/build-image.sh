@@ -90,7 +90,7 @@ mkdir -p "$base"
 exec 9>"$base/.lock"
 flock 9
 if [ -e "$out/root/usr/bin/podman" ] && [ -e "$out/guest/done" ] && [ -e "$out/guest/vmlinux" ] &&
-  [ -s "$base/agent-rootfs-trixie-curl.tar" ]; then
+  [ -s "$base/agent-rootfs-trixie-curl-git.tar" ]; then
   say "cached: $out"
   printf '%s\n' "$out"
   exit 0
@@ -164,11 +164,16 @@ fi
 # The stand-in agent's rootfs (tests/vm/agent-image.sh adds the agent and a
 # big file, then imports and pushes it). Built here because the test pushes
 # from a namespace with no route to the mirror.
-agent=$base/agent-rootfs-trixie-curl.tar
+agent=$base/agent-rootfs-trixie-curl-git.tar
 if [ ! -s "$agent" ]; then
-  say "agent rootfs (trixie, sh, curl)"
+  say "agent rootfs (trixie, sh, curl, git)"
   rm -rf "$agent.tmp"
-  mmdebstrap --quiet --format=tar --variant=essential --include=curl,ca-certificates trixie "$agent.tmp" "$mirror" >&2
+  # git for issue 26's commit and push inside the agent's container; its
+  # manuals, docs and locales left out to keep the image small.
+  mmdebstrap --quiet --format=tar --variant=essential --include=curl,ca-certificates,git \
+    --dpkgopt=path-exclude=/usr/share/man/* --dpkgopt=path-exclude=/usr/share/doc/* \
+    --dpkgopt=path-exclude=/usr/share/locale/* --dpkgopt=path-exclude=/usr/share/info/* \
+    trixie "$agent.tmp" "$mirror" >&2
   mv "$agent.tmp" "$agent"
 fi
 
