@@ -24,7 +24,7 @@ export PPP_TEST_VENV PPP_TEST_MITMDUMP
 
 SHELL_SCRIPTS := $(wildcard scripts/*.sh bench/*.sh tests/support/*.sh tests/vm/*.sh fuzz/*.sh assets/*.sh) tests/fake-podman/guest-bin/sudo $(wildcard tests/fake-podman/host-bin/*) tests/vm/podman tests/vm/bin/qemu-system-x86_64 .ci/run
 
-.PHONY: help build install install-man man test-deps test test-vm check check-versions layers lint clippy fmt fmt-check bench fuzz clean
+.PHONY: help build install install-man man test-deps test test-vm check check-versions layers lint py-check clippy fmt fmt-check bench fuzz clean
 
 help:
 	@echo 'make build       release build (cargo build --release --locked)'
@@ -33,10 +33,11 @@ help:
 	@echo 'make install-man only the man pages, from the ppp already installed'
 	@echo 'make man         one man page per command into target/man (ppp.1, ppp-policy-allow.1, ...)'
 	@echo 'make test-deps   Debian packages and the mitmproxy $(MITMPROXY_VERSION) venv (root; idempotent)'
-	@echo 'make test        test-deps, check-versions, then the whole test suite (what CI runs)'
+	@echo 'make test        test-deps, check-versions, py-check, then the whole test suite (what CI runs)'
 	@echo 'make test-vm     the real-VM test alone (also part of make test): podman 5.4 machine, qemu KVM or TCG, from Debian packages (root, /dev/kvm)'
 	@echo 'make layers      only tests/layers.rs: no file below the command line names it, sandbox/ never names kit/'
-	@echo 'make check       fmt-check, clippy -D warnings, layers, lint, then test'
+	@echo 'make py-check    the addon (assets/addon, tests/addon): ruff check, ruff format --check, mypy --strict'
+	@echo 'make check       fmt-check, clippy -D warnings, layers, lint, py-check, then test'
 	@echo 'make bench       criterion benchmarks and bench/cli.sh (hyperfine)'
 	@echo 'make fuzz        run each cargo-fuzz target for FUZZ_SECONDS (default 60)'
 	@echo 'make fmt         cargo fmt'
@@ -64,7 +65,9 @@ check-versions:
 # scripts/run-tests.sh runs every test target plus doctests and ends with a
 # `total: N passed, N failed` line. Benchmarks run once as smoke tests only;
 # nothing is timed here.
-test: test-deps check-versions
+# The addon's Python tests run inside it too, under pytest: tests/addon.rs
+# starts the daemon they need and runs each class.
+test: test-deps check-versions py-check
 	scripts/run-tests.sh
 
 # The real-VM tests (tests/e2e_vm.rs, tests/e2e_vm_many.rs): a trixie root with podman 5.4, gvproxy
@@ -95,7 +98,16 @@ layers:
 lint: test-deps check-versions
 	shellcheck $(SHELL_SCRIPTS)
 
-check: fmt-check clippy layers lint test
+# The addon's Python, with the tools versions.env pins (installed into the
+# test venv by test-deps; configured in pyproject.toml). Seconds; part of
+# `test`, so CI (.ci/run) runs it.
+PY_TOOLS := $(PPP_TEST_VENV)/bin
+py-check: test-deps
+	$(PY_TOOLS)/ruff check
+	$(PY_TOOLS)/ruff format --check
+	$(PY_TOOLS)/mypy
+
+check: fmt-check clippy layers lint py-check test
 
 bench:
 	$(CARGO) bench --locked

@@ -253,21 +253,20 @@ load() { # mitmproxy-ca
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 
 # (a) Bare mitmdump, no addon; (c) the same plus only ppp's cache of
-# mitmproxy's hook lookup (`_cache_hook_dispatch` in assets/addon.py, taken
-# from this checkout). ppp's addon installs that cache, which makes
+# mitmproxy's hook lookup (`_cache_hook_dispatch` in
+# assets/addon/ppp_addon/patches.py, taken from this checkout). ppp's addon installs that cache, which makes
 # mitmproxy's own dispatch cheaper than bare's: (b)/(a) is what a user gets,
 # (b)/(c) is what the rest of the addon costs.
 cat >"$work/dispatch-cache.py" <<PY
 """bench/addon-overhead.sh side (c): bare mitmdump with ppp's hook-dispatch cache."""
-import importlib.util
+import sys
 from mitmproxy import ctx
-spec = importlib.util.spec_from_file_location("ppp_addon_source", "$root/assets/addon.py")
-ppp_addon = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ppp_addon)
+sys.path.insert(0, "$root/assets/addon")
+from ppp_addon import patches  # noqa: E402
 
 
 def load(loader):
-    ppp_addon._cache_hook_dispatch(ctx.master.addons)
+    patches._cache_hook_dispatch(ctx.master.addons)
 PY
 conf() { sed -n "s/^$2 = //p" "$1" | head -n1; }
 start_bare() { # side port [mitmdump args...]: start it, set bare_pid

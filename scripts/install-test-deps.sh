@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a Debian machine (root, no
-# prompts) and build the pinned mitmproxy venv the end-to-end tests run.
+# prompts) and build the pinned mitmproxy venv the end-to-end tests run, with
+# the addon's pinned Python tooling (ruff, mypy, pytest) in it.
 #
 # Idempotent and quick on repeat: apt is skipped when every package is already
 # installed, and the venv is kept when its mitmdump reports the pinned version.
@@ -96,6 +97,7 @@ fi
 # --- mitmproxy venv ----------------------------------------------------------
 venv=${PPP_TEST_VENV:-$root/target/test-venv}
 note mitmproxy "$("$root/scripts/install-mitmproxy-venv.sh" "$venv")"
+note python-tools "$("$root/scripts/install-python-tools.sh" "$venv")"
 note python "$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])') ($(readlink -f "$venv/bin/python"))"
 
 printf '%s\n' "${summary[@]}"

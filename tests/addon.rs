@@ -1,8 +1,10 @@
-//! The mitmproxy addon (`assets/addon.py`) against the real daemon socket:
+//! The mitmproxy addon (`assets/addon/`) against the real daemon socket:
 //! each test builds a `$PPP_DATA` (policy files, the file secret store, a
 //! port registry), serves `secret.sock` in-process, and runs the Python
-//! suite `tests/addon/test_addon.py` in the test venv, which drives the
-//! addon's hooks with mitmproxy's own test flows. No network is used.
+//! suite `tests/addon/test_addon.py` under pytest in the test venv, which
+//! drives the addon's hooks with mitmproxy's own test flows. No network is
+//! used. `tests/addon/test_package.py` checks that the entry file loads the
+//! package beside it, through mitmproxy's own script loader.
 //!
 //! Plus one real `mitmdump -s <addon>` start, inside a network namespace with
 //! nothing but loopback (needs root and `ip netns`), proving the addon loads.
@@ -125,31 +127,85 @@ impl Drop for Daemon {
     }
 }
 
-/// Run the Python suite (or the named tests) with `PPP_STATE_DIR=data`;
-/// returns how many tests ran. Fails unless unittest says OK.
-fn python_suite(data: &Path, names: &[&str]) -> usize {
+/// The pytest command of the test venv, run from the repository root (its
+/// pyproject.toml configures pytest) with `PPP_STATE_DIR=data`.
+fn pytest(data: &Path) -> Command {
     let python = venv().join("bin/python");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(&python)
-        .arg(root.join("tests/addon/test_addon.py"))
-        .arg("-v")
-        .args(names)
+    let mut c = Command::new(&python);
+    c.args(["-m", "pytest", "-p", "no:cacheprovider"])
         .current_dir(root)
         .env("PPP_STATE_DIR", data)
+        // The suite imports the package from assets/: no bytecode there,
+        // where the build would embed it.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("PPP_DATA")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+        .env_remove("PYTEST_ADDOPTS")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Run the named test classes (`Live`: one of `tests/addon/test_addon.py`;
+/// `file.py::Class`: another file's) under pytest; returns how many tests
+/// passed. Fails unless every collected test passed: none skipped, none
+/// failed.
+fn python_suite(data: &Path, names: &[&str]) -> usize {
+    let ids = names
+        .iter()
+        .map(|n| if n.contains("::") { format!("tests/addon/{n}") } else { format!("tests/addon/test_addon.py::{n}") });
+    let out = pytest(data).arg("-v").args(ids).output().unwrap_or_else(|e| panic!("pytest: {e}"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}{stderr}");
     assert!(out.status.success(), "the addon suite failed");
-    let ran = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("Ran ").and_then(|r| r.split_whitespace().next()?.parse::<usize>().ok()))
-        .expect("unittest reports how many tests ran");
-    assert!(stderr.lines().any(|l| l.trim() == "OK"), "unittest did not say OK");
-    ran
+    // pytest's last line: `===== 51 passed, 3 warnings in 1.20s =====`.
+    let summary = stdout.lines().rev().find(|l| l.contains(" passed")).expect("pytest reports how many passed");
+    for bad in ["failed", "error", "skipped", "xfail", "xpass", "deselected"] {
+        assert!(!summary.contains(bad), "pytest: {summary}");
+    }
+    summary
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find_map(|w| (w[1] == "passed").then(|| w[0].parse::<usize>().ok()).flatten())
+        .expect("a count before `passed`")
+}
+
+/// Every Python test class, and which test of this file runs it: a class
+/// added to tests/addon/ must be run here, or this fails (`DnsLayerTest`
+/// was once run by nothing).
+const PYTHON_CLASSES: &[&str] = &[
+    "test_addon.py::Live",
+    "test_addon.py::NoDaemon",
+    "test_addon.py::LoopShareTest",
+    "test_addon.py::HookDispatchTest",
+    "test_addon.py::AskTest",
+    "test_addon.py::OffLoopTest",
+    "test_addon.py::DnsLayerTest",
+    "test_package.py::PackageTest",
+];
+
+#[test]
+fn every_python_test_is_run_here() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let out = pytest(tmp.path()).args(["--collect-only", "-q", "tests/addon"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "pytest --collect-only failed:\n{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let mut classes = std::collections::BTreeMap::<String, usize>::new();
+    for id in stdout.lines().filter_map(|l| l.strip_prefix("tests/addon/")) {
+        let mut parts = id.split("::");
+        let (Some(file), Some(class), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+            panic!("a Python test outside a class: {id}");
+        };
+        *classes.entry(format!("{file}::{class}")).or_default() += 1;
+    }
+    let known: std::collections::BTreeSet<_> = PYTHON_CLASSES.iter().map(|c| (*c).to_owned()).collect();
+    let found: std::collections::BTreeSet<_> = classes.keys().cloned().collect();
+    assert_eq!(found, known, "Python test classes collected vs run by tests/addon.rs");
+    // 74 tests in test_addon.py (70 before the split into a package,
+    // then issue 22's), 4 in test_package.py: a test removed shows here.
+    let total: usize = classes.values().sum();
+    assert!(total >= 78, "only {total} Python tests collected: {classes:?}");
 }
 
 #[test]
@@ -159,7 +215,7 @@ fn addon_suite_against_the_real_daemon() {
     fixture(&d);
     let _daemon = Daemon::start(&d);
     let ran = python_suite(&d.data, &["Live"]);
-    assert!(ran >= 19, "only {ran} tests ran");
+    assert!(ran >= 51, "only {ran} tests ran");
     let flows = std::fs::read_to_string(d.flows_log()).unwrap();
     for secret in ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444"] {
         assert!(!flows.contains(secret), "flows.jsonl leaks a secret");
@@ -227,6 +283,14 @@ fn addon_decides_off_the_event_loop() {
     assert_eq!(python_suite(&d.data, &["OffLoopTest"]), 4);
 }
 
+/// The entry file imports the `ppp_addon` beside it, never another copy
+/// already imported or first on the path; needs no daemon.
+#[test]
+fn addon_entry_loads_its_own_package() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    assert_eq!(python_suite(tmp.path(), &["test_package.py::PackageTest"]), 4);
+}
+
 /// Deletes the named network namespace on drop, also when an assertion fails.
 struct Cleanup(String);
 
@@ -236,7 +300,7 @@ impl Drop for Cleanup {
     }
 }
 
-/// `mitmdump -s addon.py` starts a WireGuard server with the addon loaded
+/// `mitmdump -s addon-<hash>/addon.py` starts a WireGuard server with the addon loaded
 /// and logs no error, in a namespace with no route anywhere.
 #[test]
 fn mitmdump_loads_the_addon() {

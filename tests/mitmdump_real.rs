@@ -158,7 +158,11 @@ fn three_servers_print_configs_guests_can_use() {
     let mitmdump = test_mitmdump();
     let tmp = tempfile::Builder::new().prefix("ppp-mitm-").tempdir().unwrap();
     let d = dirs(tmp.path());
-    let addon = mitmdump::write_addon(&d, b"# ppp test addon: loads, does nothing\n").unwrap();
+    let addon = mitmdump::write_addon(
+        &d,
+        &ppp::assets::Addon::from_files([("addon.py", b"# ppp test addon: loads, does nothing\n".as_slice())]),
+    )
+    .unwrap();
     let ca =
         trust::export(&d, &trust::Source::Files(trust::LINUX_BUNDLES.iter().map(PathBuf::from).collect())).unwrap();
     // Out of order and not contiguous, so nothing can line up by accident.

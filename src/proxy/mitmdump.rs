@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
+use crate::assets::{ADDON_ENTRY, Addon};
 use crate::dirs::Dirs;
 use crate::env;
 use crate::error::fail;
@@ -197,22 +198,63 @@ pub fn command(spec: &Spec) -> Invocation {
         .env("MALLOC_MMAP_THRESHOLD_", "65536")
 }
 
-/// Write `bytes` as the addon, at a path named by their SHA-256, and return
-/// that path. An identical file already there is reused, so a restart with
-/// the same addon does not touch the disk, and a new ppp never overwrites an
-/// addon a running mitmdump still has open.
-pub fn write_addon(dirs: &Dirs, bytes: &[u8]) -> Result<PathBuf> {
-    let digest = Sha256::digest(bytes);
-    let hex = digest.iter().take(8).fold(String::new(), |mut s, b| {
+/// Write the addon's files into a directory named by their SHA-256 and
+/// return the path of its entry file, the one `mitmdump -s` loads. A
+/// directory already there with the same files is reused, so a restart
+/// with the same addon does not touch the disk, and a new ppp never
+/// overwrites an addon a running mitmdump still imports from. The whole
+/// package appears at once (written in a temp directory, then renamed):
+/// the entry file imports its modules from beside it, so they must be the
+/// ones it was written with (assets/addon/addon.py, `_load_package`).
+pub fn write_addon(dirs: &Dirs, addon: &Addon) -> Result<PathBuf> {
+    if !addon.files.iter().any(|(p, _)| p == ADDON_ENTRY) {
+        anyhow::bail!("the addon has no entry file `{ADDON_ENTRY}`");
+    }
+    let mut h = Sha256::new();
+    for (path, bytes) in &addon.files {
+        // Lengths first, so that no two sets of files hash alike.
+        h.update((path.len() as u64).to_le_bytes());
+        h.update(path.as_bytes());
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
+    let hex = h.finalize().iter().take(8).fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
         s
     });
-    let path = dirs.addon_dir().join(format!("addon-{hex}.py"));
-    if std::fs::read(&path).is_ok_and(|old| old == bytes) {
-        return Ok(path);
+    let root = dirs.addon_dir();
+    let dir = root.join(format!("addon-{hex}"));
+    let entry = dir.join(ADDON_ENTRY);
+    if addon.files.iter().all(|(p, bytes)| std::fs::read(dir.join(p)).is_ok_and(|old| old == *bytes)) {
+        return Ok(entry);
     }
-    state::write_atomic_mode(&path, bytes, 0o600)?;
-    Ok(path)
+    state::create_private_dir(&root)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".tmp-addon-")
+        .tempdir_in(&root)
+        .with_context(|| format!("could not create a temp directory in `{}`", root.display()))?;
+    for (rel, bytes) in &addon.files {
+        let rel_path = Path::new(rel);
+        if !rel_path.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+            anyhow::bail!("the addon file `{rel}` is not a plain relative path");
+        }
+        state::write_atomic_mode(&tmp.path().join(rel_path), bytes, 0o600)?;
+    }
+    if dir.exists() {
+        // A damaged copy (a file edited or missing): moved aside whole,
+        // then replaced, never patched file by file.
+        let old = root.join(format!(".old-addon-{hex}-{}", std::process::id()));
+        std::fs::rename(&dir, &old).with_context(|| format!("could not move `{}` aside", dir.display()))?;
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    let written = tmp.keep();
+    std::fs::rename(&written, &dir)
+        .with_context(|| format!("could not rename `{}` to `{}`", written.display(), dir.display()))?;
+    // The rename is durable only once the directory entry is.
+    std::fs::File::open(&root)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("could not sync directory `{}`", root.display()))?;
+    Ok(entry)
 }
 
 /// `mitmdump --version`.
@@ -583,21 +625,46 @@ mod tests {
     fn addon_is_content_addressed() {
         let tmp = tempfile::tempdir().unwrap();
         let d = dirs(tmp.path());
-        let a = write_addon(&d, b"print('a')\n").unwrap();
-        let b = write_addon(&d, b"print('b')\n").unwrap();
+        let addon = |text: &'static str| {
+            Addon::from_files([
+                ("addon.py", b"import ppp_addon\n".as_slice()),
+                ("ppp_addon/__init__.py", text.as_bytes()),
+            ])
+        };
+        let a = write_addon(&d, &addon("A = 1\n")).unwrap();
+        let b = write_addon(&d, &addon("A = 2\n")).unwrap();
+        // A change in any module is a new directory: the entry file's
+        // siblings are always the ones it was written with.
         assert_ne!(a, b);
-        assert_eq!(a.parent().unwrap(), d.addon_dir());
-        let name = a.file_name().unwrap().to_string_lossy().into_owned();
-        let hex = name.strip_prefix("addon-").and_then(|n| n.strip_suffix(".py")).unwrap();
+        assert_eq!(a.file_name().unwrap(), "addon.py");
+        let dir = a.parent().unwrap();
+        assert_eq!(dir.parent().unwrap(), d.addon_dir());
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let hex = name.strip_prefix("addon-").unwrap();
         assert!(hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()), "{name}");
-        let before = std::fs::metadata(&a).unwrap().modified().unwrap();
-        assert_eq!(write_addon(&d, b"print('a')\n").unwrap(), a);
-        assert_eq!(std::fs::metadata(&a).unwrap().modified().unwrap(), before);
-        assert_eq!(std::fs::read(&a).unwrap(), b"print('a')\n");
-        // A damaged file at the right name is repaired.
-        std::fs::write(&a, b"junk").unwrap();
-        assert_eq!(write_addon(&d, b"print('a')\n").unwrap(), a);
-        assert_eq!(std::fs::read(&a).unwrap(), b"print('a')\n");
+        let module = dir.join("ppp_addon/__init__.py");
+        assert_eq!(std::fs::read(&module).unwrap(), b"A = 1\n");
+        assert_eq!(std::fs::read(b.parent().unwrap().join("ppp_addon/__init__.py")).unwrap(), b"A = 2\n");
+        let before = std::fs::metadata(&module).unwrap().modified().unwrap();
+        assert_eq!(write_addon(&d, &addon("A = 1\n")).unwrap(), a);
+        assert_eq!(std::fs::metadata(&module).unwrap().modified().unwrap(), before);
+        // A damaged module, or a missing one, is repaired: the whole
+        // directory is written again.
+        std::fs::write(&module, b"junk").unwrap();
+        assert_eq!(write_addon(&d, &addon("A = 1\n")).unwrap(), a);
+        assert_eq!(std::fs::read(&module).unwrap(), b"A = 1\n");
+        std::fs::remove_file(&module).unwrap();
+        assert_eq!(write_addon(&d, &addon("A = 1\n")).unwrap(), a);
+        assert_eq!(std::fs::read(&module).unwrap(), b"A = 1\n");
+        // Nothing is left behind but the two addons.
+        let mut left: Vec<_> =
+            std::fs::read_dir(d.addon_dir()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left.len(), 2, "{left:?}");
+        // No entry file, or a path out of the directory: refused.
+        assert!(write_addon(&d, &Addon::from_files([("x.py", b"".as_slice())])).is_err());
+        let escape = Addon::from_files([("addon.py", b"".as_slice()), ("../x.py", b"".as_slice())]);
+        assert!(write_addon(&d, &escape).is_err());
     }
 
     #[test]

@@ -87,8 +87,8 @@ pub fn is_running(dirs: &Dirs) -> Result<bool> {
 pub struct Options {
     /// The mitmdump executable (already checked to be the pinned version).
     pub mitmdump: PathBuf,
-    /// The addon's bytes; written to a content-addressed file.
-    pub addon: Vec<u8>,
+    /// The addon's files; written to a content-addressed directory.
+    pub addon: crate::assets::Addon,
 }
 
 /// Run the daemon in the foreground until SIGTERM or SIGINT. Returns

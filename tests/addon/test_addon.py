@@ -24,19 +24,21 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import types
 import unittest
 import unittest.mock
-from pathlib import Path
 from collections.abc import Iterator
-from typing import Any
+from datetime import UTC
+from pathlib import Path
+from typing import Any, ClassVar
 
 from mitmproxy import connection, dns, http, tcp, websocket
 from mitmproxy.hooks import UpdateHook
 from mitmproxy.proxy import server_hooks
-from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
 from mitmproxy.tls import ClientHelloData
@@ -47,7 +49,8 @@ SECRETS = ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-sec
 
 
 def load_addon_module() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("ppp_addon", ROOT / "assets" / "addon.py")
+    """The entry file, as mitmdump loads it; it imports its `ppp_addon`."""
+    spec = importlib.util.spec_from_file_location("ppp_addon_entry", ROOT / "assets" / "addon" / "addon.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -55,6 +58,7 @@ def load_addon_module() -> types.ModuleType:
 
 
 A = load_addon_module()
+from ppp_addon import common, connections, daemon, decisions, flowlog, limits, names, patches, scheduler, scrubber  # noqa: E402
 
 
 def ask(req: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +158,7 @@ def http_flow(
     else:
         f.client_conn.timestamp_tls_setup = None
         f.client_conn.sni = None
-    if resolve and A.ip_text(name) is None:
+    if resolve and names.ip_text(name) is None:
         resolved(port, name, ip)
     r = f.request
     r.scheme, r.host, r.port, r.authority = ("https" if dport == 443 else "http"), ip, dport, ""
@@ -228,7 +232,7 @@ class Base(unittest.TestCase):
 
         def flaky(req: dict[str, Any]) -> dict[str, Any]:
             if down[0] and req["op"] == "decide":
-                raise A.DaemonError("down")
+                raise daemon.DaemonError("down")
             return real(req)
 
         self.addon.daemon.ask = flaky  # type: ignore[method-assign]
@@ -399,7 +403,9 @@ class Live(Base):
         self.assertEqual(f.response.stream(b"z" * 65536), [])
         body = f.response.stream(b"")
         self.assertIn(b"larger than the download limit of 10MiB (this sandbox's policy)", body)
-        self.assertIn(b"to raise it: ppp policy allow network --sandbox red-fox --download 20MiB www.allowed.test", body)
+        self.assertIn(
+            b"to raise it: ppp policy allow network --sandbox red-fox --download 20MiB www.allowed.test", body
+        )
         self.assertEqual(int(f.response.headers["content-length"]), len(body))
         self.assertEqual(f.response.stream(b""), [])
         self.addon.response(f)
@@ -415,8 +421,12 @@ class Live(Base):
             self.assertEqual(f.response.stream(chunk), chunk)
         self.assertEqual(f.response.stream(chunk), [])
         self.assertIn("response body exceeds the download limit of 10MiB", f.metadata["ppp"]["aborted"])
-        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413)
-        self.assertEqual(self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200)
+        self.assertEqual(
+            self.run_http(http_flow(51820, "www.allowed.test", content=b"12345678901")).response.status_code, 413
+        )
+        self.assertEqual(
+            self.run_http(http_flow(51820, "www.allowed.test", content=b"1234567890")).response.status_code, 200
+        )
 
     def test_limits_come_from_the_policy_and_keys_lift_the_default_upload_gate(self) -> None:
         big = b"x" * (2 * 1024 * 1024)
@@ -425,7 +435,9 @@ class Live(Base):
         self.addon.requestheaders(f)
         self.assertEqual(f.response.status_code, 413)
         self.assertIn("larger than the upload limit of 1MiB (ppp's default)", f.response.text)
-        self.assertIn("to raise it: ppp policy allow network --sandbox red-fox --upload 2MiB www.allowed.test", f.response.text)
+        self.assertIn(
+            "to raise it: ppp policy allow network --sandbox red-fox --upload 2MiB www.allowed.test", f.response.text
+        )
         # A request that carries an injected key is not gated by default.
         f = http_flow(51820, "api.anthropic.com", content=big)
         self.addon.requestheaders(f)
@@ -445,7 +457,7 @@ class Live(Base):
 
     def test_a_refused_request_body_is_never_buffered(self) -> None:
         # Small declared bodies are read, so the guest gets its 403.
-        f = http_flow(51820, "blocked.test", content=b"x" * A.REFUSED_BODY_DRAIN)
+        f = http_flow(51820, "blocked.test", content=b"x" * limits.REFUSED_BODY_DRAIN)
         self.addon.requestheaders(f)
         self.assertEqual(f.response.status_code, 403)
         self.assertIsNone(f.error)
@@ -466,7 +478,7 @@ class Live(Base):
         self.assertEqual(f.response.status_code, 403)
         self.assertIsNone(f.error)
         # Header blocks over the limit get 431 and go nowhere.
-        f = http_flow(51820, "www.allowed.test", headers={"x-big": "h" * A.MAX_HEADER_BYTES})
+        f = http_flow(51820, "www.allowed.test", headers={"x-big": "h" * limits.MAX_HEADER_BYTES})
         self.addon.requestheaders(f)
         self.assertEqual(f.response.status_code, 431)
         self.assertEqual(f.metadata["ppp"]["decision"], "deny")
@@ -484,9 +496,9 @@ class Live(Base):
             return c
 
         # The count alone: no held connection closed before it.
-        self.enterContext(unittest.mock.patch.object(A, "HELD_MAX", A.MAX_CONNECTIONS + 1))
-        self.enterContext(unittest.mock.patch.object(A, "HELD_LIVE_MAX", A.MAX_CONNECTIONS + 1))
-        held = [connect(51820) for _ in range(A.MAX_CONNECTIONS)]
+        self.enterContext(unittest.mock.patch.object(connections, "HELD_MAX", limits.MAX_CONNECTIONS + 1))
+        self.enterContext(unittest.mock.patch.object(connections, "HELD_LIVE_MAX", limits.MAX_CONNECTIONS + 1))
+        held = [connect(51820) for _ in range(limits.MAX_CONNECTIONS)]
         self.assertTrue(all(c.error is None for c in held))
         extra = connect(51820)
         self.assertIn("more than 1024 open TCP connections", extra.error or "")
@@ -546,7 +558,7 @@ class Live(Base):
         async def main() -> None:
             busy = connect()
             upstream(busy, True)
-            first = [connect() for _ in range(A.HELD_MAX)]
+            first = [connect() for _ in range(connections.HELD_MAX)]
             other = [connect(51821) for _ in range(10)]  # another sandbox: counted apart
             more = [connect() for _ in range(5)]
             await asyncio.sleep(0)
@@ -558,7 +570,7 @@ class Live(Base):
             closed.clear()
             for c in first[6:]:
                 self.addon.client_disconnected(c)
-            for _ in range(A.HELD_MAX - 6):
+            for _ in range(connections.HELD_MAX - 6):
                 connect()
             await asyncio.sleep(0)
             self.assertEqual(closed, [], "room again once they went")
@@ -571,7 +583,7 @@ class Live(Base):
             # Closed ones count until they are gone: a burst faster than
             # the loop closes them is refused past HELD_LIVE_MAX.
             closing = 7  # first[:6] and more[0] never went
-            for _ in range(A.HELD_LIVE_MAX - A.HELD_MAX - closing):
+            for _ in range(connections.HELD_LIVE_MAX - connections.HELD_MAX - closing):
                 connect()
             connect(refused=True)
             self.addon.client_disconnected(first[0])
@@ -592,13 +604,13 @@ class Live(Base):
         self.assertEqual(len(self.addon._decisions), 50)
         # The most recent are kept; a hit refreshes an entry.
         self.assertIn(("blue", "n119.refused.test", None, 53, "dns"), self.addon._decisions)
-        lru = A.Lru(2)
+        lru = common.Lru(2)
         lru["a"], lru["b"] = 1, 2
         self.assertEqual(lru.get("a"), 1)
         lru["c"] = 3
         self.assertEqual(list(lru), ["a", "c"])
-        for cache in (self.addon._secrets, self.addon._denied, self.addon._seen, self.addon._logged, A._IP_MEMO):
-            self.assertIsInstance(cache, A.Lru)
+        for cache in (self.addon._secrets, self.addon._denied, self.addon._seen, self.addon._logged, names._IP_MEMO):
+            self.assertIsInstance(cache, common.Lru)
 
     def test_stream_messages_are_dropped_and_counted(self) -> None:
         f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("10.9.1.1", 5432))
@@ -640,16 +652,16 @@ class Live(Base):
         rows = self.flows()[before:]
         self.assertEqual(len(rows), 1, rows)
         self.assertEqual((rows[0]["host"], rows[0]["port"]), ("same.refused.test", 5353))
-        for i in range(A.LOG_BUDGET + 100):
+        for i in range(flowlog.LOG_BUDGET + 100):
             query(f"d{i}.refused.test", 53)
         rows = self.flows()[before:]
-        self.assertEqual(len(rows), A.LOG_BUDGET, "one sandbox's denials per window are capped")
+        self.assertEqual(len(rows), flowlog.LOG_BUDGET, "one sandbox's denials per window are capped")
         self.assertEqual((rows[1]["host"], rows[1]["suppressed"]), ("d0.refused.test", 49))
-        saved, A.LOG_WINDOW = A.LOG_WINDOW, 0.0
+        saved, flowlog.LOG_WINDOW = flowlog.LOG_WINDOW, 0.0
         try:
             query("next.refused.test", 53)
         finally:
-            A.LOG_WINDOW = saved
+            flowlog.LOG_WINDOW = saved
         row = self.flows()[-1]
         self.assertEqual(row["host"], "next.refused.test")
         self.assertEqual(row["suppressed"], 100 + 1, "what was not logged is counted")
@@ -657,7 +669,7 @@ class Live(Base):
     def test_flow_log_rotates(self) -> None:
         path = Path(STATE) / "flows.jsonl"
         old = Path(str(path) + ".1")
-        saved, A.FLOW_LOG_MAX = A.FLOW_LOG_MAX, 2000
+        saved, flowlog.FLOW_LOG_MAX = flowlog.FLOW_LOG_MAX, 2000
         try:
             for i in range(40):
                 self.run_http(http_flow(51820, f"r{i}.allowed.test"))
@@ -667,7 +679,7 @@ class Live(Base):
             hosts = [json.loads(x)["host"] for p in (old, path) for x in p.read_text().splitlines()]
             self.assertEqual(hosts[-1], "r39.allowed.test")
         finally:
-            A.FLOW_LOG_MAX = saved
+            flowlog.FLOW_LOG_MAX = saved
             old.unlink(missing_ok=True)
 
     def test_flow_log_has_the_path_without_its_query_and_the_duration(self) -> None:
@@ -688,15 +700,15 @@ class Live(Base):
         ok, denied, long = self.flows()[-3:]
         self.assertEqual((ok["method"], ok["path"], ok["status"]), ("GET", "/v1/items", 200))
         self.assertEqual((denied["path"], denied["status"], denied["decision"]), ("/deny/me", 403, "deny"))
-        self.assertEqual(len(long["path"]), A.MAX_LOGGED_PATH)
+        self.assertEqual(len(long["path"]), flowlog.MAX_LOGGED_PATH)
         self.assertTrue(long["path"].endswith("\u2026"))
         for row in (ok, denied, long):
             self.assertIsInstance(row["duration_ms"], int, row)
             self.assertGreaterEqual(row["duration_ms"], 0)
-        self.assertEqual(A.logged_path(""), None)
-        self.assertEqual(A.logged_path("/a?b"), "/a")
-        self.assertEqual(A.duration_ms(None), None)
-        self.assertGreaterEqual(A.duration_ms(time.time() - 2), 1990)
+        self.assertEqual(flowlog.logged_path(""), None)
+        self.assertEqual(flowlog.logged_path("/a?b"), "/a")
+        self.assertEqual(flowlog.duration_ms(None), None)
+        self.assertGreaterEqual(flowlog.duration_ms(time.time() - 2), 1990)
 
     def test_tls_denial_refuses_upstream_and_requests(self) -> None:
         c = self.tls(51821, "www.allowed.test", "93.184.216.34")
@@ -788,7 +800,9 @@ class Live(Base):
         f = answered(51820, "rebind6.allowed.test", "::1", qtype=dns.types.AAAA)
         self.assertEqual(f.response.response_code, dns.response_codes.REFUSED)
         logged = [
-            x for x in self.flows() if x["kind"] == "dns" and x["host"] == "rebind.allowed.test" and x["decision"] == "deny"
+            x
+            for x in self.flows()
+            if x["kind"] == "dns" and x["host"] == "rebind.allowed.test" and x["decision"] == "deny"
         ]
         self.assertTrue(logged, "the refused answer is logged")
         self.assertEqual((logged[-1]["decision"], logged[-1]["status"]), ("deny", "REFUSED"))
@@ -918,7 +932,6 @@ class Live(Base):
         finally:
             reg.write_text(before)
 
-
     def test_modes_follow_the_daemon_once_per_generation(self) -> None:
         wg = Path(STATE) / "wg"
         want = [f"wireguard:{wg}/keys-{p}.conf@{p}" for p in (51820, 51821)]
@@ -948,7 +961,6 @@ class Live(Base):
         self.addon.save_tunnels(force=True)
         self.assertFalse(path.exists())
 
-
     def test_mitm_it_is_served_locally_and_never_upstream(self) -> None:
         confdir = Path(STATE) / "mitmproxy-test-confdir"
         confdir.mkdir(exist_ok=True)
@@ -971,7 +983,6 @@ class Live(Base):
         stranger = http_flow(51899, "mitm.it", ip="10.0.0.53", dport=80)
         stranger.request.path = "/cert/pem"
         self.assertEqual(self.run_http(stranger).response.status_code, 403)
-
 
     def test_mitm_it_tls_serves_only_mitm_it(self) -> None:
         # SNI mitm.it is let through without policy; a request inside it for
@@ -1045,9 +1056,9 @@ class Live(Base):
         self.assertTrue(callable(stream))
         # The key split over chunk boundaries is still caught.
         body = b"".join(flat(stream(c)) for c in [b"aaa sk-ant-F", b"OX-22", b"22 bbb", b""])
-        self.assertEqual(body, b"aaa " + A.redaction(b"sk-ant-FOX-2222") + b" bbb")
+        self.assertEqual(body, b"aaa " + scrubber.redaction(b"sk-ant-FOX-2222") + b" bbb")
         # Same length, so a Content-Length stays true.
-        self.assertEqual(len(A.redaction(b"sk-ant-FOX-2222")), len(b"sk-ant-FOX-2222"))
+        self.assertEqual(len(scrubber.redaction(b"sk-ant-FOX-2222")), len(b"sk-ant-FOX-2222"))
 
     def test_scrubber_never_loses_or_reorders_bytes(self) -> None:
         import random
@@ -1059,25 +1070,25 @@ class Live(Base):
             whole = b"".join(parts)
             cuts = sorted(rnd.sample(range(len(whole) + 1), min(len(whole) + 1, rnd.randint(0, 5))))
             chunks = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
-            sc = A.Scrubber([secret])
+            sc = scrubber.Scrubber([secret])
             out = b"".join(flat(sc(c)) for c in [*chunks, b""])
-            self.assertEqual(out, whole.replace(secret, A.redaction(secret)), (parts, chunks))
+            self.assertEqual(out, whole.replace(secret, scrubber.redaction(secret)), (parts, chunks))
 
     def test_scrubber_holds_back_only_what_could_start_a_secret(self) -> None:
         import random
 
         # An SSE event or a gRPC message goes on whole and at once (before,
         # the last len(secret) - 1 bytes of every chunk waited for the next).
-        sc = A.Scrubber([b"sk-ant-SECRET-123", b"tok-9"])
+        sc = scrubber.Scrubber([b"sk-ant-SECRET-123", b"tok-9"])
         self.assertEqual(flat(sc(b"data: 1\n\n")), b"data: 1\n\n")
         self.assertEqual(flat(sc(b"x tok")), b"x ")
-        self.assertEqual(flat(sc(b"-9 data: sk-ant-S")), A.redaction(b"tok-9") + b" data: ")
-        self.assertEqual(flat(sc(b"ECRET-123!")), A.redaction(b"sk-ant-SECRET-123") + b"!")
+        self.assertEqual(flat(sc(b"-9 data: sk-ant-S")), scrubber.redaction(b"tok-9") + b" data: ")
+        self.assertEqual(flat(sc(b"ECRET-123!")), scrubber.redaction(b"sk-ant-SECRET-123") + b"!")
         # Against a slow reference, on bytes that overlap themselves.
         rnd = random.Random(11)
         for _ in range(3000):
             values = [bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(2, 7))) for _ in range(rnd.randint(1, 3))]
-            sc = A.Scrubber(values)
+            sc = scrubber.Scrubber(values)
             data = bytes(rnd.choice(b"xyz") for _ in range(rnd.randint(0, 20)))
             want = max(
                 [n for v in sc.values for n in range(1, min(len(v) - 1, len(data)) + 1) if data.endswith(v[:n])],
@@ -1113,7 +1124,7 @@ class Live(Base):
 
         def failing(req: dict[str, Any]) -> dict[str, Any]:
             if req.get("op") == "inject":
-                raise A.DaemonError(f"daemon socket {STATE}/secret.sock: [Errno 111] Connection refused")
+                raise daemon.DaemonError(f"daemon socket {STATE}/secret.sock: [Errno 111] Connection refused")
             return real(req)
 
         self.addon.daemon.ask = failing  # type: ignore[method-assign]
@@ -1127,7 +1138,7 @@ class Live(Base):
 
     def test_flow_log_reopened_when_the_file_is_replaced(self) -> None:
         path = Path(STATE) / "flows.jsonl"
-        saved, A.FLOW_LOG_RECHECK = A.FLOW_LOG_RECHECK, 0.0
+        saved, flowlog.FLOW_LOG_RECHECK = flowlog.FLOW_LOG_RECHECK, 0.0
         try:
             self.run_http(http_flow(51820, "a.allowed.test"))
             self.assertTrue(path.exists())
@@ -1139,8 +1150,7 @@ class Live(Base):
             path.unlink()
             backup.rename(path)
         finally:
-            A.FLOW_LOG_RECHECK = saved
-
+            flowlog.FLOW_LOG_RECHECK = saved
 
     def test_a_reload_applies_to_the_very_next_request(self) -> None:
         # No socket poll in between (_last_poll is fresh): only the stat of
@@ -1191,7 +1201,7 @@ class Live(Base):
         real = self.addon.daemon.ask
 
         def down(req: dict[str, Any]) -> dict[str, Any]:
-            raise A.DaemonError("down")
+            raise daemon.DaemonError("down")
 
         self.addon.daemon.ask = down  # type: ignore[method-assign]
         self.addon._last_poll = 0.0
@@ -1208,35 +1218,35 @@ class Live(Base):
 
     def test_parse_ip_and_ip_text(self) -> None:
         for _ in range(2):  # the second round comes from the memo
-            self.assertEqual(A.parse_ip("[::ffff:10.0.0.1]"), ipaddress.ip_address("10.0.0.1"))
-            self.assertEqual(A.ip_text("[::ffff:10.0.0.1]"), "10.0.0.1")
-            self.assertEqual(A.ip_text("fe80::1%eth0"), "fe80::1")
-            self.assertIsNone(A.parse_ip("api.anthropic.com"))
-            self.assertIsNone(A.ip_text("api.anthropic.com"))
-            self.assertIsNone(A.ip_text(""))
-            self.assertIsNone(A.parse_ip(None))
+            self.assertEqual(names.parse_ip("[::ffff:10.0.0.1]"), ipaddress.ip_address("10.0.0.1"))
+            self.assertEqual(names.ip_text("[::ffff:10.0.0.1]"), "10.0.0.1")
+            self.assertEqual(names.ip_text("fe80::1%eth0"), "fe80::1")
+            self.assertIsNone(names.parse_ip("api.anthropic.com"))
+            self.assertIsNone(names.ip_text("api.anthropic.com"))
+            self.assertIsNone(names.ip_text(""))
+            self.assertIsNone(names.parse_ip(None))
 
     def test_ip_memo_is_bounded(self) -> None:
-        for i in range(A._IP_MEMO_MAX + 10):
-            A.ip_text(f"host{i}.test")
-        self.assertLessEqual(len(A._IP_MEMO), A._IP_MEMO_MAX)
-        self.assertEqual(A.ip_text("10.1.2.3"), "10.1.2.3")
+        for i in range(names._IP_MEMO_MAX + 10):
+            names.ip_text(f"host{i}.test")
+        self.assertLessEqual(len(names._IP_MEMO), names._IP_MEMO_MAX)
+        self.assertEqual(names.ip_text("10.1.2.3"), "10.1.2.3")
 
     def test_timestamp_format(self) -> None:
-        from datetime import datetime, timezone
+        from datetime import datetime
 
-        a = datetime.now(timezone.utc)
-        s = A.now_rfc3339()
-        b = datetime.now(timezone.utc)
+        a = datetime.now(UTC)
+        s = common.now_rfc3339()
+        b = datetime.now(UTC)
         self.assertRegex(s, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
         t = datetime.fromisoformat(s.replace("Z", "+00:00"))
         self.assertTrue(a.replace(microsecond=a.microsecond // 1000 * 1000) <= t <= b, (a, s, b))
 
     def test_header_text_matches_headers_get(self) -> None:
         h = http.Headers([(b"Content-Length", b"10"), (b"X-A", b"1"), (b"content-length", b"12")])
-        self.assertEqual(A.header_text(h, b"content-length"), h.get("content-length", ""))
-        self.assertEqual(A.header_text(h, b"x-a"), "1")
-        self.assertEqual(A.header_text(h, b"nope"), "")
+        self.assertEqual(common.header_text(h, b"content-length"), h.get("content-length", ""))
+        self.assertEqual(common.header_text(h, b"x-a"), "1")
+        self.assertEqual(common.header_text(h, b"nope"), "")
 
 
 class AskTest(Base):
@@ -1282,7 +1292,7 @@ class LoopShareTest(unittest.TestCase):
 
     def setUp(self) -> None:
         self.now = 100.0
-        self.share = A.LoopShare(clock=lambda: self.now)
+        self.share = scheduler.LoopShare(clock=lambda: self.now)
 
     def test_a_sandbox_alone_never_waits(self) -> None:
         for _ in range(100):
@@ -1293,21 +1303,21 @@ class LoopShareTest(unittest.TestCase):
     def test_a_flood_waits_while_another_sandbox_is_active_and_the_other_never(self) -> None:
         self.share.charge(51821, 0.001)  # blue's small request
         self.share.charge(51820, 0.01)  # red's chunk
-        self.assertAlmostEqual(self.share.wait(51820), 0.01 * A.LOOP_YIELD)
+        self.assertAlmostEqual(self.share.wait(51820), 0.01 * scheduler.LOOP_YIELD)
         self.assertEqual(self.share.wait(51821), 0.0)
         # Debt adds up, but one wait is bounded.
         for _ in range(50):
             self.share.charge(51820, 0.01)
-        self.assertEqual(self.share.wait(51820), A.LOOP_MAX_WAIT)
+        self.assertEqual(self.share.wait(51820), scheduler.LOOP_MAX_WAIT)
         # A hook that waited (a held flow) is charged at most LOOP_MAX_CHARGE.
         self.share.charge(51822, 60.0)
-        self.assertLessEqual(self.share._usage[51822][0], A.LOOP_MAX_CHARGE)
+        self.assertLessEqual(self.share._usage[51822][0], scheduler.LOOP_MAX_CHARGE)
 
     def test_the_wait_ends_when_the_other_goes_quiet(self) -> None:
         self.share.charge(51821, 0.001)
         self.share.charge(51820, 0.05)
         self.assertGreater(self.share.wait(51820), 0.0)
-        self.now += A.LOOP_ACTIVE + 0.01
+        self.now += scheduler.LOOP_ACTIVE + 0.01
         self.assertEqual(self.share.wait(51820), 0.0)
         self.share.charge(51820, 0.05)
         self.assertEqual(self.share.wait(51820), 0.0)
@@ -1329,7 +1339,7 @@ class LoopShareTest(unittest.TestCase):
         self.assertGreater(used[51820], 0.2)
         # Equal floods are not held: first come first served already
         # alternates them, and holding either would leave the loop idle.
-        self.share = A.LoopShare(clock=lambda: self.now)
+        self.share = scheduler.LoopShare(clock=lambda: self.now)
         for _ in range(100):
             for k in cost:
                 self.assertEqual(self.share.wait(k), 0.0)
@@ -1340,7 +1350,7 @@ class LoopShareTest(unittest.TestCase):
         for port in range(1000, 3000):
             self.share.charge(port, 0.0001)
             self.now += 0.001
-        self.now += 10 * A.LOOP_ACTIVE + 1
+        self.now += 10 * scheduler.LOOP_ACTIVE + 1
         self.share.charge(51820, 0.0001)
         self.assertEqual(set(self.share._seen), {51820})
         self.assertLessEqual(len(self.share._usage), 1)
@@ -1350,18 +1360,25 @@ class LoopShareTest(unittest.TestCase):
 
         from mitmproxy.proxy import server as proxy_server
 
-        A._share_the_loop()
+        scheduler._share_the_loop()
         self.assertTrue(getattr(proxy_server.ConnectionHandler.server_event, "ppp_shared", False))
-        handler = types.SimpleNamespace(
-            client=client(51820), transports={}, _drain_lock=asyncio.Lock()
-        )
+        handler = types.SimpleNamespace(client=client(51820), transports={}, _drain_lock=asyncio.Lock())
         other = types.SimpleNamespace(client=client(51821))
-        share = A.LOOP_SHARE
-        share.charge(A._share_key(other), 0.0001)
-        share.charge(A._share_key(handler), 0.05)
-        self.assertIsNone(A._share_key(types.SimpleNamespace(client=connection.Client(
-            peername=("10.0.0.2", 1), sockname=("0.0.0.0", 8080), timestamp_start=0.0,
-            proxy_mode=ProxyMode.parse("regular")))))
+        share = scheduler.LOOP_SHARE
+        share.charge(scheduler._share_key(other), 0.0001)
+        share.charge(scheduler._share_key(handler), 0.05)
+        self.assertIsNone(
+            scheduler._share_key(
+                types.SimpleNamespace(
+                    client=connection.Client(
+                        peername=("10.0.0.2", 1),
+                        sockname=("0.0.0.0", 8080),
+                        timestamp_start=0.0,
+                        proxy_mode=ProxyMode.parse("regular"),
+                    )
+                )
+            )
+        )
         t = time.monotonic()
         asyncio.run(proxy_server.ConnectionHandler.drain_writers(handler))  # type: ignore[arg-type]
         self.assertGreaterEqual(time.monotonic() - t, 0.05)
@@ -1433,13 +1450,20 @@ class HookDispatchTest(unittest.TestCase):
         events = [HttpRequestHook(f), HttpResponseHook(f), UpdateHook([f])]
         with self.assertLogs(level="ERROR") as logged:
             plain = self.fire(*events)
-            A._cache_hook_dispatch(self.manager)
+            patches._cache_hook_dispatch(self.manager)
             cached = self.fire(*events)
             again = self.fire(*events)  # from the table
         self.assertEqual(
             plain,
-            ["first:request", "parent:request", "child:request", "child:request:awaited",
-             "broken:request", "last:request", "first:response"],
+            [
+                "first:request",
+                "parent:request",
+                "child:request",
+                "child:request:awaited",
+                "broken:request",
+                "last:request",
+                "first:response",
+            ],
         )
         self.assertEqual(cached, plain)
         self.assertEqual(again, plain)
@@ -1448,16 +1472,17 @@ class HookDispatchTest(unittest.TestCase):
 
     def test_addon_halt_stops_the_event(self) -> None:
         from mitmproxy import exceptions as mexc
+
         def halt() -> None:
             raise mexc.AddonHalt()
 
         self.manager.add(self.hooks("a", request=halt), self.hooks("b", request=None))
-        A._cache_hook_dispatch(self.manager)
+        patches._cache_hook_dispatch(self.manager)
         self.assertEqual(self.fire(HttpRequestHook(tflow.tflow())), ["a:request"])
 
     def test_a_change_to_the_chain_is_seen_by_the_next_event(self) -> None:
         parent = self.build_chain()
-        A._cache_hook_dispatch(self.manager)
+        patches._cache_hook_dispatch(self.manager)
         ev = HttpRequestHook(tflow.tflow())
         self.fire(ev)
         self.assertTrue(self.manager.ppp_hook_table)
@@ -1491,7 +1516,7 @@ class HookDispatchTest(unittest.TestCase):
         odd = self.hooks("odd")
         odd.request = 42
         self.manager.add(self.hooks("a", request=None), odd, self.hooks("b", request=None))
-        A._cache_hook_dispatch(self.manager)
+        patches._cache_hook_dispatch(self.manager)
         with self.assertLogs(level="ERROR") as logged:
             calls = self.fire(HttpRequestHook(tflow.tflow()))
         self.assertEqual(calls, ["a:request", "b:request"])
@@ -1521,7 +1546,7 @@ class OffLoopTest(Base):
 
         def recording(req: dict[str, Any]) -> dict[str, Any]:
             if req["op"] == "decide":
-                threads.append(A.threading.current_thread().name)
+                threads.append(threading.current_thread().name)
             return real(req)
 
         self.addon.daemon.ask = recording  # type: ignore[method-assign]
@@ -1553,7 +1578,7 @@ class OffLoopTest(Base):
         self.assertEqual(t.metadata["ppp"]["decision"], "allow")
 
     def test_one_sandbox_cannot_take_every_thread_and_past_its_bound_is_denied(self) -> None:
-        release = A.threading.Event()
+        release = threading.Event()
         real = self.addon.daemon.ask
 
         def slow_for_red(req: dict[str, Any]) -> dict[str, Any]:
@@ -1562,17 +1587,17 @@ class OffLoopTest(Base):
             return real(req)
 
         self.addon.daemon.ask = slow_for_red  # type: ignore[method-assign]
-        saved = A.DECIDE_MAX
-        A.DECIDE_MAX = 2 * A.DECIDE_RUNNING
+        saved = decisions.DECIDE_MAX
+        decisions.DECIDE_MAX = 2 * decisions.DECIDE_RUNNING
         results: dict[str, Any] = {}
 
         async def run() -> None:
-            red = [http_flow(51820, f"r{i}.allowed.test") for i in range(A.DECIDE_MAX + 1)]
+            red = [http_flow(51820, f"r{i}.allowed.test") for i in range(decisions.DECIDE_MAX + 1)]
             tasks = [asyncio.ensure_future(self.addon.requestheaders(f)) for f in red]
             await asyncio.sleep(0.05)
             # The one past the bound was denied at once; the others wait.
             results["over"] = red[-1].response
-            results["held"] = all(f.client_conn.id in A.HELD_CLIENTS for f in red[:-1])
+            results["held"] = all(f.client_conn.id in scheduler.HELD_CLIENTS for f in red[:-1])
             results["pending"] = sum(1 for f in red[:-1] if "ppp" not in f.metadata)
             blue = http_flow(51821, "b.allowed.test")
             # Blue's new decision gets a thread while red's are all stuck.
@@ -1587,16 +1612,16 @@ class OffLoopTest(Base):
             asyncio.run(run())
         finally:
             release.set()
-            A.DECIDE_MAX = saved
+            decisions.DECIDE_MAX = saved
         self.assertIsNotNone(results["over"])
         self.assertEqual(results["over"].status_code, 403)
         self.assertIn("already wait for the policy daemon", results["over"].text)
         self.assertTrue(results["held"], "a client waiting for its decision reads nothing more")
-        self.assertEqual(results["pending"], 2 * A.DECIDE_RUNNING)
+        self.assertEqual(results["pending"], 2 * decisions.DECIDE_RUNNING)
         self.assertEqual(results["blue"], "allow")
-        self.assertEqual(results["red_still_pending"], 2 * A.DECIDE_RUNNING)
-        self.assertEqual(results["red"], ["allow"] * (2 * A.DECIDE_RUNNING))
-        self.assertEqual(A.HELD_CLIENTS, {})
+        self.assertEqual(results["red_still_pending"], 2 * decisions.DECIDE_RUNNING)
+        self.assertEqual(results["red"], ["allow"] * (2 * decisions.DECIDE_RUNNING))
+        self.assertEqual(scheduler.HELD_CLIENTS, {})
         self.assertEqual((self.addon._asking, self.addon._asking_total), ({}, 0))
 
     def test_a_daemon_failure_in_the_thread_denies_and_is_not_cached(self) -> None:
@@ -1650,7 +1675,7 @@ class DnsLayerTest(unittest.TestCase):
         from mitmproxy.proxy.layers import dns as dns_layer
 
         self.struct, self.commands, self.events, self.dns_layer = struct, commands, events, dns_layer
-        A._forget_answered_dns()
+        patches._forget_answered_dns()
         self.tctx = taddons.context()
         self.tctx.__enter__()
 
@@ -1664,7 +1689,9 @@ class DnsLayerTest(unittest.TestCase):
 
     def layer(self, refuse: Any) -> tuple[Any, Any]:
         c = connection.Client(
-            peername=("10.0.0.1", 5000), sockname=("10.0.0.53", 53), transport_protocol="udp",
+            peername=("10.0.0.1", 5000),
+            sockname=("10.0.0.53", 53),
+            transport_protocol="udp",
             state=connection.ConnectionState.OPEN,
         )
         cx = Context(c, self.tctx.options)
@@ -1699,7 +1726,7 @@ class DnsLayerTest(unittest.TestCase):
         layer, send = self.layer(refuse=False)
         for i in range(3000):
             send(i)
-        self.assertEqual(len(layer.flows), A.DNS_PENDING_MAX)
+        self.assertEqual(len(layer.flows), limits.DNS_PENDING_MAX)
         self.assertIn(2999, layer.flows)
 
     # Issue 22, point 3, a socket per name: mitmproxy kept each answered UDP
@@ -1715,7 +1742,7 @@ class DnsLayerTest(unittest.TestCase):
         closed: list[float] = []
 
         class Handler:
-            transports = {client: None}
+            transports: ClassVar[dict[Any, None]] = {client: None}
 
             def close_connection(self, c: Any) -> None:
                 assert c is client
@@ -1727,7 +1754,7 @@ class DnsLayerTest(unittest.TestCase):
 
         async def main() -> None:
             await script(send, asyncio.sleep)
-            await asyncio.sleep(A.DNS_UDP_LINGER * 2)
+            await asyncio.sleep(limits.DNS_UDP_LINGER * 2)
 
         with unittest.mock.patch.object(
             self.tctx.master.addons, "get", lambda name: proxyserver if name == "proxyserver" else get(name)
@@ -1741,19 +1768,19 @@ class DnsLayerTest(unittest.TestCase):
 
         closed = self.closes(True, script)
         self.assertEqual(len(closed), 1, closed)
-        self.assertGreaterEqual(closed[0], A.DNS_UDP_LINGER * 0.9)
+        self.assertGreaterEqual(closed[0], limits.DNS_UDP_LINGER * 0.9)
 
     def test_a_query_after_an_answer_keeps_the_connection_for_its_own(self) -> None:
         # glibc's A then AAAA on the same socket (`single-request`), or a
         # second question: each answer starts the linger again.
         async def script(send: Any, sleep: Any) -> None:
             send(1)
-            await sleep(A.DNS_UDP_LINGER * 0.6)
+            await sleep(limits.DNS_UDP_LINGER * 0.6)
             send(2)
 
         closed = self.closes(True, script)
         self.assertEqual(len(closed), 1, closed)
-        self.assertGreaterEqual(closed[0], A.DNS_UDP_LINGER * 1.5)
+        self.assertGreaterEqual(closed[0], limits.DNS_UDP_LINGER * 1.5)
 
     def test_a_connection_with_an_unanswered_query_stays_open(self) -> None:
         # A+AAAA in parallel, one answered, the other still upstream (or a
