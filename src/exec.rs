@@ -214,6 +214,33 @@ pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
     Ok((code, Output { stdout, stderr }))
 }
 
+/// Run `inv` to completion and return its exit code, the first `cap` bytes
+/// of its stdout and whether it printed more. Its stderr goes to
+/// `/dev/null` unread: for a command that prints a secret (a
+/// `--command` secret), whatever it says there may hold one too.
+pub fn stdout_capped(inv: &Invocation, cap: usize) -> Result<(i32, Vec<u8>, bool), ExecError> {
+    tracing::debug!("running `{}`", inv.program.display());
+    let command = inv.program.display().to_string();
+    let mut child = spawn_retrying(|| {
+        inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()
+    })
+    .map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+        _ => ExecError::Spawn { command: command.clone(), source },
+    })?;
+    let mut out_pipe = child.stdout.take().expect("piped");
+    let out_t = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let _ = out_pipe.by_ref().take(cap as u64).read_to_end(&mut kept);
+        // Drained, so the child never blocks on a full pipe; dropped.
+        let more = std::io::copy(&mut out_pipe, &mut std::io::sink()).unwrap_or(0) > 0;
+        (kept, more)
+    });
+    let status = wait_with_timeout(&mut child, inv.timeout, &command)?;
+    let (kept, more) = out_t.join().unwrap_or_default();
+    Ok((status, kept, more))
+}
+
 /// Run `inv` with stdout and stderr appended to `log`, and return its exit
 /// code (128 + the signal number when a signal ended it). A non-zero code
 /// is not an error here: the caller reads the log to say what failed.
