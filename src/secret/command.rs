@@ -492,7 +492,7 @@ mod tests {
 
     #[test]
     fn split_refuses_what_it_cannot_run() {
-        for bad in ["", "   ", "a 'b", "a \"b", "a\\", "gh auth token | tr -d x", "a && b", "a > f", "a\nb"] {
+        for bad in ["", "   ", "a 'b", "a \"b", "a\\", "gh auth token | tr -d x", "a && b", "a > f", "a\u{0}b"] {
             let err = split(bad).unwrap_err();
             let (text, _) = crate::error::render(&err);
             assert!(text.starts_with("error: "), "{bad:?}: {text}");
