@@ -213,7 +213,7 @@ fn a_failing_command_gives_a_503_naming_the_secret_and_nothing_it_printed() {
     }
     assert!(ls.contains("failed"), "secret ls shows the failure: {ls}");
     assert!(status.contains("exited with status 3"), "{status}");
-    let diag = rig.daemon.ok(&["diagnose", "-o", "text"]);
+    let diag = rig.daemon.ok(&["diagnose", "-o", "table"]);
     assert!(diag.contains("anthropic") && diag.contains("exited with status 3"), "ppp diagnose shows it:\n{diag}");
     assert!(!diag.contains(LEAK_OUT) && !diag.contains(LEAK_ERR), "{diag}");
 }
