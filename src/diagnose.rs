@@ -1067,7 +1067,7 @@ fn keychain_text(k: &Keychain) -> String {
     };
     let backend = k.backend.as_deref().map(|b| format!("; new secrets go to the {b} store")).unwrap_or_default();
     let stored: usize = k.secrets.values().sum();
-    let failed: String = k.command_failures.iter().map(|f| format!("; {f}")).collect();
+    let failed: String = k.command_failures.iter().flat_map(|f| ["; ", f.as_str()]).collect();
     format!("{state}{backend}; {stored} secret(s) stored{failed}")
 }
 

@@ -221,13 +221,12 @@ pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
 pub fn stdout_capped(inv: &Invocation, cap: usize) -> Result<(i32, Vec<u8>, bool), ExecError> {
     tracing::debug!("running `{}`", inv.program.display());
     let command = inv.program.display().to_string();
-    let mut child = spawn_retrying(|| {
-        inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()
-    })
-    .map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
-        _ => ExecError::Spawn { command: command.clone(), source },
-    })?;
+    let mut child =
+        spawn_retrying(|| inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::null()).spawn())
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+                _ => ExecError::Spawn { command: command.clone(), source },
+            })?;
     let mut out_pipe = child.stdout.take().expect("piped");
     let out_t = std::thread::spawn(move || {
         let mut kept = Vec::new();

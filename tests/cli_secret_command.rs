@@ -2,7 +2,7 @@
 //! line (issue 30, point 3): parsing, errors with error/cause/hint, what the
 //! index keeps (the argv, mode 0600, no value in any backend), and what
 //! `secret ls` shows (source, refresh, last refresh; never a value or the
-//! command line). The daemon running the command is tests/e2e_secret_command.rs.
+//! command line). The daemon running the command is `tests/e2e_secret_command.rs`.
 
 mod common;
 
@@ -93,7 +93,10 @@ fn set_custom_takes_a_command_too() {
 fn bad_commands_and_refresh_intervals_say_what_and_how_to_fix() {
     let w = World::new();
     let cases: &[(&[&str], &[&str])] = &[
-        (&["--command", "gh auth token", "--refresh", "55"], &["`--refresh 55`", "has no unit", "hint: write a number and a unit"]),
+        (
+            &["--command", "gh auth token", "--refresh", "55"],
+            &["`--refresh 55`", "has no unit", "hint: write a number and a unit"],
+        ),
         (&["--command", "gh auth token", "--refresh", "0s"], &["`--refresh 0s`", "between 1 s and 7 days", "hint:"]),
         (&["--command", "gh auth token", "--refresh", "1w"], &["`w` is not a unit", "hint:"]),
         (&["--command", "gh auth token | tr -d x"], &["`--command` cannot be run", "`|`", "hint:", "sh -c"]),

@@ -1,6 +1,6 @@
 //! Secrets from a command (issue 30, point 3), through the real daemon and
 //! mitmdump on a netns guest, TLS to the service host inside the test's
-//! namespaces (as tests/e2e_secrets_live.rs): `ppp secret set anthropic
+//! namespaces (as `tests/e2e_secrets_live.rs`): `ppp secret set anthropic
 //! --command …` runs a script in the test's temp dir on the host, which
 //! prints a token from a counter file and counts its runs there. The value
 //! rotates after `--refresh` and after the service answers 401; a guest that
@@ -208,7 +208,13 @@ fn a_failing_command_gives_a_503_naming_the_secret_and_nothing_it_printed() {
     let log = std::fs::read_to_string(data.join("proxy.log")).unwrap_or_default();
     let ls = rig.daemon.ok(&["secret", "ls"]);
     let status = std::fs::read_to_string(data.join("secret-status.json")).unwrap();
-    for (what, text) in [("a 503 body", &bodies.join("\n")), ("flows.jsonl", &flows), ("proxy.log", &log), ("secret ls", &ls), ("secret-status.json", &status)] {
+    for (what, text) in [
+        ("a 503 body", &bodies.join("\n")),
+        ("flows.jsonl", &flows),
+        ("proxy.log", &log),
+        ("secret ls", &ls),
+        ("secret-status.json", &status),
+    ] {
         assert!(!text.contains(LEAK_OUT) && !text.contains(LEAK_ERR), "{what} holds what the command printed:\n{text}");
     }
     assert!(ls.contains("failed"), "secret ls shows the failure: {ls}");

@@ -667,7 +667,11 @@ mod tests {
             Response::parse(r#"{"ok":false,"reason":"from-the-future"}"#).unwrap().0,
             Response::Error { reason: Reason::Unknown, .. }
         ));
-        let s = Response::Substitutions(vec![Substitution { placeholder: "P".into(), value: Value::new("v".into()), ttl: None }]);
+        let s = Response::Substitutions(vec![Substitution {
+            placeholder: "P".into(),
+            value: Value::new("v".into()),
+            ttl: None,
+        }]);
         assert_eq!(s.to_line(None), "{\"ok\":true,\"substitutions\":[{\"placeholder\":\"P\",\"value\":\"v\"}]}\n");
     }
 

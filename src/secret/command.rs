@@ -15,6 +15,7 @@
 //! make the host run the command in a loop (docs/adr/0047).
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -204,7 +205,7 @@ pub fn show_refresh(secs: u64) -> String {
     let mut rest = secs;
     for (unit, n) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
         if rest >= n {
-            out.push_str(&format!("{}{unit}", rest / n));
+            let _ = write!(out, "{}{unit}", rest / n);
             rest %= n;
         }
     }
@@ -236,9 +237,9 @@ impl std::fmt::Display for Failure {
             Failure::Empty => f.write_str("it printed nothing"),
             Failure::TooLong => write!(f, "it printed more than {MAX_OUTPUT} bytes"),
             Failure::NotUtf8 => f.write_str("its output is not UTF-8"),
-            Failure::Invalid => f.write_str(
-                "its output is not a valid header value (a control character or surrounding whitespace)",
-            ),
+            Failure::Invalid => {
+                f.write_str("its output is not a valid header value (a control character or surrounding whitespace)")
+            }
         }
     }
 }
@@ -279,11 +280,11 @@ pub fn value_from_output(mut out: Vec<u8>, truncated: bool) -> Result<Value, Fai
 }
 
 /// Run `argv` once and take its value.
-fn run(argv: &[String]) -> Result<Value, Failure> {
-    let Some((program, args)) = argv.split_first() else {
+fn run(words: &[String]) -> Result<Value, Failure> {
+    let Some((program, rest)) = words.split_first() else {
         return Err(Failure::NotFound);
     };
-    let inv = Invocation::new(PathBuf::from(program)).args(args).timeout(TIMEOUT);
+    let inv = Invocation::new(PathBuf::from(program)).args(rest).timeout(TIMEOUT);
     match exec::stdout_capped(&inv, MAX_OUTPUT + 2) {
         Ok((0, out, truncated)) => value_from_output(out, truncated),
         Ok((code, mut out, _)) => {
@@ -318,11 +319,7 @@ pub struct Status {
 /// shown, never decided on).
 #[must_use]
 pub fn load_status(path: &std::path::Path) -> HashMap<String, Status> {
-    crate::state::read_optional(path)
-        .ok()
-        .flatten()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default()
+    crate::state::read_optional(path).ok().flatten().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
 }
 
 /// One secret's cached value and its bookkeeping.
@@ -393,7 +390,7 @@ impl Cache {
         if let Some((v, at)) = &s.value {
             let age = now.duration_since(*at);
             if age < refresh {
-                return Ok((v.clone(), refresh - age));
+                return Ok((v.clone(), refresh.saturating_sub(age)));
             }
         }
         let failed_err = |f: &Failure| -> anyhow::Error {
