@@ -206,12 +206,15 @@ fn a_failing_command_gives_a_503_naming_the_secret_and_nothing_it_printed() {
     let data = rig.daemon.data();
     let flows = std::fs::read_to_string(data.join("flows.jsonl")).unwrap_or_default();
     let log = std::fs::read_to_string(data.join("proxy.log")).unwrap_or_default();
+    let daemon_log = std::fs::read_to_string(data.join("daemon.log")).unwrap_or_default();
+    assert!(daemon_log.contains("its command `/bin/sh` failed"), "the daemon logs the failure:\n{daemon_log}");
     let ls = rig.daemon.ok(&["secret", "ls"]);
     let status = std::fs::read_to_string(data.join("secret-status.json")).unwrap();
     for (what, text) in [
         ("a 503 body", &bodies.join("\n")),
         ("flows.jsonl", &flows),
         ("proxy.log", &log),
+        ("daemon.log", &daemon_log),
         ("secret ls", &ls),
         ("secret-status.json", &status),
     ] {
