@@ -604,6 +604,15 @@ impl Store {
         Ok(self.lookup_entry(sandbox, service)?.map(|(e, v)| (e.scope, v)))
     }
 
+    /// Whether `sandbox` has a key for `service` (its own, else the global
+    /// one), from the index alone: a key from a command counts without its
+    /// command being run (only the daemon runs those).
+    pub fn is_set(&self, sandbox: Option<&str>, service: &str) -> Result<bool> {
+        validate::service(service)?;
+        let index = self.index()?;
+        Ok(scopes(sandbox)?.iter().any(|scope| index.find(scope, service, Kind::Service).is_some()))
+    }
+
     /// [`Store::lookup`], with the index entry that was used, so the caller
     /// can ask it [`Entry::header_for`].
     pub fn lookup_entry(&self, sandbox: Option<&str>, service: &str) -> Result<Option<(Entry, Value)>> {
@@ -990,6 +999,40 @@ mod tests {
         let lock = Lock::acquire(&dirs.state_lock()).unwrap();
         assert_eq!(store.remove_scope(&red, &lock).unwrap(), 1);
         changed("removing a sandbox's secrets");
+    }
+
+    /// Only the injection path runs a secret's command: listing, `get`
+    /// (diagnose's redaction) and `is_set` (a kit's check) never do. A 401
+    /// drops the value at most once per `STALE_MIN`.
+    #[test]
+    fn only_injection_runs_a_secret_command() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = Dirs { config: tmp.path().join("c"), data: tmp.path().join("d"), cache: tmp.path().join("k") };
+        std::fs::create_dir_all(&dirs.data).unwrap();
+        let store = Store::open_with(&dirs, &Settings { backend: Some(Backend::File), age_identity: None }).unwrap();
+        let runs = tmp.path().join("runs");
+        let script = format!("echo x >> {}; wc -l < {} | tr -d ' ' | sed 's/^/tok-/'", runs.display(), runs.display());
+        let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), script];
+        let source = Source::Command { argv, refresh: std::time::Duration::from_secs(3600) };
+        store.set_service_from(&Scope::Global, "anthropic", &[], None, source).unwrap();
+        let count = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+        assert!(store.is_set(Some("red"), "anthropic").unwrap());
+        assert!(store.get(&Scope::Global, "anthropic", Kind::Service).unwrap().is_none());
+        assert_eq!(store.list().unwrap()[0].command.as_ref().unwrap()[0], "/bin/sh");
+        assert_eq!(count(), 0, "nothing ran yet");
+        let inject = || store.header_for_host(Some("red"), "api.anthropic.com").unwrap().unwrap();
+        let first = inject();
+        assert_eq!(first.value.expose(), "tok-1");
+        assert!(first.ttl.is_some_and(|t| t.as_secs() > 3590));
+        assert_eq!(inject().value.expose(), "tok-1", "cached");
+        assert_eq!(store.stale(Some("red"), "api.anthropic.com").unwrap(), 1);
+        assert_eq!(inject().value.expose(), "tok-2");
+        for _ in 0..5 {
+            assert_eq!(store.stale(Some("red"), "api.anthropic.com").unwrap(), 0, "rate-limited");
+            assert_eq!(inject().value.expose(), "tok-2");
+        }
+        assert_eq!(store.stale(None, "evil.example").unwrap(), 0);
+        assert_eq!(count(), 2);
     }
 
     #[test]
