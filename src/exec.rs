@@ -228,16 +228,23 @@ pub fn stdout_capped(inv: &Invocation, cap: usize) -> Result<(i32, Vec<u8>, bool
                 _ => ExecError::Spawn { command: command.clone(), source },
             })?;
     let mut out_pipe = child.stdout.take().expect("piped");
-    let out_t = std::thread::spawn(move || {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut kept = Vec::new();
         let _ = out_pipe.by_ref().take(cap as u64).read_to_end(&mut kept);
         // Drained, so the child never blocks on a full pipe; dropped.
         let more = std::io::copy(&mut out_pipe, &mut std::io::sink()).unwrap_or(0) > 0;
-        (kept, more)
+        let _ = tx.send((kept, more));
     });
+    let start = Instant::now();
     let status = wait_with_timeout(&mut child, inv.timeout, &command)?;
-    let (kept, more) = out_t.join().unwrap_or_default();
-    Ok((status, kept, more))
+    // A grandchild left running can hold stdout open after the child
+    // exits: the timeout bounds the wait for it too.
+    let left = inv.timeout.map_or(Duration::from_secs(3600), |t| t.saturating_sub(start.elapsed()));
+    match rx.recv_timeout(left.max(Duration::from_millis(100))) {
+        Ok((kept, more)) => Ok((status, kept, more)),
+        Err(_) => Err(ExecError::TimedOut { command, timeout: inv.timeout.unwrap_or_default() }),
+    }
 }
 
 /// Run `inv` with stdout and stderr appended to `log`, and return its exit
@@ -484,6 +491,19 @@ fn is_executable(p: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stdout_capped_keeps_the_first_bytes_and_bounds_the_wait() {
+        let inv = Invocation::new("/bin/sh").args(["-c", "echo tok; echo oops >&2"]).timeout(Duration::from_secs(5));
+        let (code, out, more) = stdout_capped(&inv, 64).unwrap();
+        assert_eq!((code, out.as_slice(), more), (0, &b"tok\n"[..], false));
+        let inv = Invocation::new("/bin/sh").args(["-c", "head -c 100 /dev/zero; exit 4"]);
+        let (code, out, more) = stdout_capped(&inv, 10).unwrap();
+        assert_eq!((code, out.len(), more), (4, 10, true));
+        // A grandchild that keeps stdout open past the child's exit.
+        let inv = Invocation::new("/bin/sh").args(["-c", "sleep 5 & echo tok"]).timeout(Duration::from_millis(300));
+        assert!(matches!(stdout_capped(&inv, 64), Err(ExecError::TimedOut { .. })));
+    }
 
     #[test]
     fn captures_output_and_failure() {
