@@ -1231,6 +1231,14 @@ pub struct SecretSetArgs {
     #[arg(long)]
     pub registry: bool,
 
+    /// Take the value from this command's output, run by the daemon on the host (no shell: write `sh -c '…'` for one)
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["token", "password_stdin", "registry"])]
+    pub command: Option<String>,
+
+    /// With --command: run it again after this long (default 1h; e.g. 30s, 55m, 1h30m)
+    #[arg(long, value_name = "DURATION", requires = "command")]
+    pub refresh: Option<String>,
+
     /// Sign in with OAuth instead of pasting a key
     #[arg(long)]
     pub oauth: bool,
@@ -1270,6 +1278,14 @@ pub struct SecretSetCustomArgs {
     /// Also export the placeholder in the sandbox as this environment variable
     #[arg(long, value_name = "NAME")]
     pub env: Option<String>,
+
+    /// Take the real value from this command's output, run by the daemon on the host (no shell)
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["value", "token", "password_stdin"])]
+    pub command: Option<String>,
+
+    /// With --command: run it again after this long (default 1h; e.g. 30s, 55m)
+    #[arg(long, value_name = "DURATION", requires = "command")]
+    pub refresh: Option<String>,
 }
 
 /// `ppp secret rm`.

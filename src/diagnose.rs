@@ -129,6 +129,10 @@ pub struct Keychain {
     pub backend: Option<String>,
     /// How many secrets the index lists, by backend.
     pub secrets: BTreeMap<String, usize>,
+    /// Secrets from a command whose last run failed: `name (scope): why`,
+    /// never the command's output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command_failures: Vec<String>,
 }
 
 /// `podman machine list`.
@@ -631,6 +635,7 @@ impl Secrets {
                 error: Some(message.clone()),
                 backend: None,
                 secrets: BTreeMap::new(),
+                command_failures: Vec::new(),
             },
             values: Vec::new(),
             unreadable: 0,
@@ -647,6 +652,7 @@ fn secrets(dirs: &Dirs) -> Secrets {
         error: status.err(),
         backend: None,
         secrets: BTreeMap::new(),
+        command_failures: Vec::new(),
     };
     let listed = secret::Store::open(dirs).and_then(|store| {
         keychain.backend = Some(store.backend().to_string());
@@ -664,6 +670,15 @@ fn secrets(dirs: &Dirs) -> Secrets {
             };
         }
     };
+    let status = secret::command::load_status(&dirs.secret_status());
+    for e in entries.iter().filter(|e| e.command.is_some()) {
+        if let Some(st) = status.get(&e.key())
+            && let Some(why) = &st.error
+            && st.last_failure > st.last_refresh
+        {
+            keychain.command_failures.push(format!("`{}` ({} scope): its command failed: {why}", e.name, e.scope));
+        }
+    }
     let mut values = Vec::new();
     let mut unreadable = 0;
     let mut first_error = None;
@@ -1061,7 +1076,8 @@ fn keychain_text(k: &Keychain) -> String {
     };
     let backend = k.backend.as_deref().map(|b| format!("; new secrets go to the {b} store")).unwrap_or_default();
     let stored: usize = k.secrets.values().sum();
-    format!("{state}{backend}; {stored} secret(s) stored")
+    let failed: String = k.command_failures.iter().flat_map(|f| ["; ", f.as_str()]).collect();
+    format!("{state}{backend}; {stored} secret(s) stored{failed}")
 }
 
 fn daemon_text(d: Option<&Daemon>) -> String {

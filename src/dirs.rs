@@ -258,6 +258,11 @@ impl Dirs {
     pub fn secrets_index(&self) -> PathBuf {
         self.data.join("secrets-index.json")
     }
+    /// `$PPP_DATA/secret-status.json`: when the daemon last ran each command
+    /// secret's command, and how it failed; never a value or an output.
+    pub fn secret_status(&self) -> PathBuf {
+        self.data.join("secret-status.json")
+    }
     /// `$PPP_DATA/wg`: WireGuard key files and captured client configs.
     pub fn wg(&self) -> PathBuf {
         self.data.join("wg")

@@ -214,6 +214,39 @@ pub fn output(inv: &Invocation) -> Result<(i32, Output), ExecError> {
     Ok((code, Output { stdout, stderr }))
 }
 
+/// Run `inv` to completion and return its exit code, the first `cap` bytes
+/// of its stdout and whether it printed more. Its stderr goes to
+/// `/dev/null` unread: for a command that prints a secret (a
+/// `--command` secret), whatever it says there may hold one too.
+pub fn stdout_capped(inv: &Invocation, cap: usize) -> Result<(i32, Vec<u8>, bool), ExecError> {
+    tracing::debug!("running `{}`", inv.program.display());
+    let command = inv.program.display().to_string();
+    let mut child =
+        spawn_retrying(|| inv.command().stdin(inv.stdin_stdio()?).stdout(Stdio::piped()).stderr(Stdio::null()).spawn())
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::NotFound => ExecError::NotFound { program: inv.program.clone() },
+                _ => ExecError::Spawn { command: command.clone(), source },
+            })?;
+    let mut out_pipe = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let _ = out_pipe.by_ref().take(cap as u64).read_to_end(&mut kept);
+        // Drained, so the child never blocks on a full pipe; dropped.
+        let more = std::io::copy(&mut out_pipe, &mut std::io::sink()).unwrap_or(0) > 0;
+        let _ = tx.send((kept, more));
+    });
+    let start = Instant::now();
+    let status = wait_with_timeout(&mut child, inv.timeout, &command)?;
+    // A grandchild left running can hold stdout open after the child
+    // exits: the timeout bounds the wait for it too.
+    let left = inv.timeout.map_or(Duration::from_secs(3600), |t| t.saturating_sub(start.elapsed()));
+    match rx.recv_timeout(left.max(Duration::from_millis(100))) {
+        Ok((kept, more)) => Ok((status, kept, more)),
+        Err(_) => Err(ExecError::TimedOut { command, timeout: inv.timeout.unwrap_or_default() }),
+    }
+}
+
 /// Run `inv` with stdout and stderr appended to `log`, and return its exit
 /// code (128 + the signal number when a signal ended it). A non-zero code
 /// is not an error here: the caller reads the log to say what failed.
@@ -458,6 +491,19 @@ fn is_executable(p: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stdout_capped_keeps_the_first_bytes_and_bounds_the_wait() {
+        let inv = Invocation::new("/bin/sh").args(["-c", "echo tok; echo oops >&2"]).timeout(Duration::from_secs(5));
+        let (code, out, more) = stdout_capped(&inv, 64).unwrap();
+        assert_eq!((code, out.as_slice(), more), (0, &b"tok\n"[..], false));
+        let inv = Invocation::new("/bin/sh").args(["-c", "head -c 100 /dev/zero; exit 4"]);
+        let (code, out, more) = stdout_capped(&inv, 10).unwrap();
+        assert_eq!((code, out.len(), more), (4, 10, true));
+        // A grandchild that keeps stdout open past the child's exit.
+        let inv = Invocation::new("/bin/sh").args(["-c", "sleep 5 & echo tok"]).timeout(Duration::from_millis(300));
+        assert!(matches!(stdout_capped(&inv, 64), Err(ExecError::TimedOut { .. })));
+    }
 
     #[test]
     fn captures_output_and_failure() {

@@ -12,7 +12,7 @@ use super::Ctx;
 use crate::cli::{SecretCommand, SecretRmArgs, SecretSetArgs, SecretSetCustomArgs};
 use crate::dirs::Dirs;
 use crate::error::{Failure, fail};
-use crate::secret::{self, Kind, Scope, Store, Value, services};
+use crate::secret::{self, Kind, Scope, Source, Store, Value, command, services};
 use crate::{output, proxy, sandbox};
 
 /// Run `ppp secret …`.
@@ -126,12 +126,34 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
             .code(2)
             .into());
     }
+    if let Some(line) = &a.command {
+        let (argv, refresh) = command_source(line, a.refresh.as_deref())?;
+        let store = Store::open(dirs)?;
+        store.set_service_from(&scope, &service, &a.hosts, None, Source::Command { argv, refresh })?;
+        reload(dirs);
+        output::println(&format!(
+            "stored `{service}` {} from a command, run by the daemon every {}",
+            scope_words(&scope),
+            command::show_refresh(refresh.as_secs())
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let value = read_value(a.token.as_deref(), a.password_stdin, &format!("`{service}`"), "--password-stdin")?;
     let store = Store::open(dirs)?;
     store.set_service(&scope, &service, &a.hosts, &value)?;
     reload(dirs);
     output::println(&format!("stored `{service}` {} ({})", scope_words(&scope), store.backend()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--command CMD [--refresh DURATION]`: the argv and the interval.
+fn command_source(line: &str, refresh: Option<&str>) -> Result<(Vec<String>, std::time::Duration)> {
+    let argv = command::split(line).context("`--command` cannot be run")?;
+    let refresh = match refresh {
+        Some(r) => command::parse_refresh(r)?,
+        None => command::DEFAULT_REFRESH,
+    };
+    Ok((argv, refresh))
 }
 
 /// `ppp secret set --registry HOST`: credentials `ppp kit push/pull` send to
@@ -198,6 +220,19 @@ fn set_custom(dirs: &Dirs, a: &SecretSetCustomArgs) -> Result<ExitCode> {
         }
         None => Scope::Global,
     };
+    if let Some(line) = &a.command {
+        let (argv, refresh) = command_source(line, a.refresh.as_deref())?;
+        let store = Store::open(dirs)?;
+        store.set_custom_from(&scope, &a.placeholder, &a.hosts, a.env.as_deref(), Source::Command { argv, refresh })?;
+        reload(dirs);
+        output::println(&format!(
+            "stored a value for placeholder `{}` {} from a command, run by the daemon every {}",
+            a.placeholder,
+            scope_words(&scope),
+            command::show_refresh(refresh.as_secs())
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let given = a.value.as_deref().or(a.token.as_deref());
     let value = read_value(given, a.password_stdin, &format!("placeholder `{}`", a.placeholder), "--password-stdin")?;
     let store = Store::open(dirs)?;
@@ -294,8 +329,32 @@ fn ls(
         })
         .filter(|e| service.is_none_or(|s| e.name == s))
         .collect();
+    let status = command::load_status(&dirs.secret_status());
+    let last = |e: &secret::Entry| status.get(&e.key()).cloned().unwrap_or_default();
     if json {
-        output::json(&entries)?;
+        // The index's fields but the command line (which may name a vault
+        // path or carry a token in `sh -c '…'`), plus the source and the
+        // daemon's last runs; never a value or an output.
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| {
+                let mut v = serde_json::to_value(e).unwrap_or_default();
+                if let Some(m) = v.as_object_mut() {
+                    m.remove("command");
+                    m.remove("refresh");
+                    m.insert("source".into(), source_word(e).into());
+                    if e.command.is_some() {
+                        let st = last(e);
+                        m.insert("refresh".into(), e.refresh.into());
+                        m.insert("last_refresh".into(), rfc3339(st.last_refresh).into());
+                        m.insert("last_failure".into(), rfc3339(st.last_failure).into());
+                        m.insert("error".into(), st.error.into());
+                    }
+                }
+                v
+            })
+            .collect();
+        output::json(&rows)?;
         return Ok(ExitCode::SUCCESS);
     }
     if quiet {
@@ -315,12 +374,30 @@ fn ls(
                 e.name.clone(),
                 e.kind.to_string(),
                 if e.hosts.is_empty() { "-".to_owned() } else { e.hosts.join(",") },
-                e.backend.to_string(),
+                if e.command.is_some() { "-".to_owned() } else { e.backend.to_string() },
+                source_word(e).to_owned(),
+                e.refresh.map_or_else(|| "-".to_owned(), command::show_refresh),
+                match (e.command.is_some(), last(e)) {
+                    (false, _) => "-".to_owned(),
+                    (true, st) if st.error.is_some() && st.last_failure > st.last_refresh => "failed".to_owned(),
+                    (true, st) => rfc3339(st.last_refresh).unwrap_or_else(|| "never".to_owned()),
+                },
             ]
         })
         .collect();
-    output::print(&output::table(&["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND"], &rows))?;
+    output::print(&output::table(
+        &["SCOPE", "NAME", "KIND", "HOSTS", "BACKEND", "SOURCE", "REFRESH", "LAST REFRESH"],
+        &rows,
+    ))?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn source_word(e: &secret::Entry) -> &'static str {
+    if e.command.is_some() { "command" } else { "static" }
+}
+
+fn rfc3339(t: Option<time::OffsetDateTime>) -> Option<String> {
+    t.and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
 }
 
 fn rm(dirs: &Dirs, a: &SecretRmArgs) -> Result<ExitCode> {

@@ -43,7 +43,7 @@ pub fn check_secrets(dirs: &Dirs, sandbox: Option<&str>, kits: &[&Loaded]) -> Re
     }
     let store = crate::secret::Store::open(dirs)?;
     for (kit, service) in needed {
-        if store.lookup(sandbox, service)?.is_none() {
+        if !store.is_set(sandbox, service)? {
             let scope = sandbox.map_or_else(|| "-g ".to_owned(), |s| format!("--sandbox {s} "));
             return Err(fail(format!("kit `{kit}` needs the secret `{service}`, which is not stored"))
                 .hint(format!("store it with `ppp secret set {scope}{service}`; nothing was applied"))

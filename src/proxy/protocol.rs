@@ -43,6 +43,15 @@ pub enum Request {
         sandbox: Option<String>,
         host: String,
     },
+    /// `host` answered 401 to a request that carried a key: a secret from a
+    /// command that covers it is run again on the next request (at most
+    /// once per `secret::command::STALE_MIN` per secret, whatever the guest
+    /// provokes). Acknowledged with `{"ok":true}`.
+    Stale {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        host: String,
+    },
     /// Evaluate a flow against the policy.
     Decide {
         #[serde(default)]
@@ -178,6 +187,9 @@ pub enum Reason {
     BadPolicy,
     /// The peer runs as another user; the server closes the connection.
     Forbidden,
+    /// A secret's command failed; the detail names the secret (never the
+    /// command's output), and the flow gets a 503 that says so.
+    CommandFailed,
     /// Anything else went wrong inside the daemon.
     Internal,
     /// `answer` named an id no request waits on (answered, timed out).
@@ -193,6 +205,9 @@ pub struct Substitution {
     pub placeholder: String,
     #[serde(with = "exposed")]
     pub value: Value,
+    /// Seconds the value may be cached, for a value from a command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u64>,
 }
 
 /// The rule that decided, in a `decide` reply.
@@ -318,8 +333,9 @@ impl Decision {
 // cost an allocation per decision to save a few bytes on the stack.
 #[allow(clippy::large_enum_variant)]
 pub enum Response {
-    /// `secret` with a service: inject `header: value`.
-    Header { header: String, value: Value },
+    /// `secret` with a service: inject `header: value`; `ttl`: seconds it
+    /// may be cached, for a value from a command.
+    Header { header: String, value: Value, ttl: Option<u64> },
     /// `secret` without a service: replace each placeholder.
     Substitutions(Vec<Substitution>),
     /// `decide`.
@@ -354,9 +370,10 @@ impl Response {
     pub fn to_line(&self, id: Option<&serde_json::Value>) -> String {
         let mut w = Wire { ok: self.is_ok(), id: id.cloned(), ..Wire::default() };
         match self {
-            Response::Header { header, value } => {
+            Response::Header { header, value, ttl } => {
                 w.header = Some(header.clone());
                 w.value = Some(value.clone());
+                w.ttl = *ttl;
             }
             Response::Substitutions(s) => w.substitutions = Some(s.clone()),
             Response::Decision(d) => {
@@ -397,7 +414,7 @@ impl Response {
         let r = if !w.ok {
             Response::Error { reason: w.reason.unwrap_or(Reason::Unknown), detail: w.detail }
         } else if let (Some(header), Some(value)) = (w.header, w.value) {
-            Response::Header { header, value }
+            Response::Header { header, value, ttl: w.ttl }
         } else if let Some(s) = w.substitutions {
             Response::Substitutions(s)
         } else if let (Some(verdict), Some(generation)) = (w.verdict, w.generation) {
@@ -457,6 +474,8 @@ struct Wire {
     header: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "exposed_opt")]
     value: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ttl: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     substitutions: Option<Vec<Substitution>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -589,14 +608,14 @@ mod tests {
 
     #[test]
     fn replies_round_trip_and_redact() {
-        let r = Response::Header { header: "x-api-key".into(), value: Value::new("sk-secret".into()) };
+        let r = Response::Header { header: "x-api-key".into(), value: Value::new("sk-secret".into()), ttl: None };
         let line = r.to_line(None);
         assert_eq!(line, "{\"ok\":true,\"header\":\"x-api-key\",\"value\":\"sk-secret\"}\n");
         assert!(!format!("{r:?}").contains("sk-secret"));
         let (back, id) = Response::parse(&line).unwrap();
         assert!(id.is_none());
         assert!(
-            matches!(back, Response::Header { ref header, ref value } if header == "x-api-key" && value.expose() == "sk-secret")
+            matches!(back, Response::Header { ref header, ref value, .. } if header == "x-api-key" && value.expose() == "sk-secret")
         );
 
         let d = Response::Decision(Decision {
@@ -659,7 +678,11 @@ mod tests {
             Response::parse(r#"{"ok":false,"reason":"from-the-future"}"#).unwrap().0,
             Response::Error { reason: Reason::Unknown, .. }
         ));
-        let s = Response::Substitutions(vec![Substitution { placeholder: "P".into(), value: Value::new("v".into()) }]);
+        let s = Response::Substitutions(vec![Substitution {
+            placeholder: "P".into(),
+            value: Value::new("v".into()),
+            ttl: None,
+        }]);
         assert_eq!(s.to_line(None), "{\"ok\":true,\"substitutions\":[{\"placeholder\":\"P\",\"value\":\"v\"}]}\n");
     }
 

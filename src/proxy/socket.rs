@@ -454,6 +454,21 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
             secret_blocking(state, wanted, sandbox, host).await
         }
         Request::Inject { sandbox, host } => secret_blocking(state, Wanted::AnyService, sandbox, host).await,
+        Request::Stale { sandbox, host } => {
+            if let Some(s) = &sandbox
+                && let Err(e) = secret::validate::sandbox(s)
+            {
+                return Response::error(Reason::BadRequest, format!("{e:#}"));
+            }
+            let st = state.clone();
+            // Only index reads and a flag: the command runs on the next
+            // request for the secret, never here.
+            match tokio::task::spawn_blocking(move || st.store.stale(sandbox.as_deref(), &host)).await {
+                Ok(Ok(_)) => Response::Ack,
+                Ok(Err(e)) => Response::error(Reason::Internal, format!("{e:#}")),
+                Err(e) => Response::error(Reason::Internal, format!("stale task failed: {e}")),
+            }
+        }
         Request::Hold { sandbox, host, ip, port, protocol, method, path, size } => {
             let key = Key::new(sandbox, host, ip, port, protocol, method, path);
             hold(state, key, size).await
@@ -633,6 +648,11 @@ fn secret(store: &Store, wanted: &Wanted, sandbox: Option<&str>, host: &str) -> 
         return Response::error(Reason::BadRequest, format!("{e:#}"));
     }
     let failed = |e: &anyhow::Error| {
+        if let Some(c) = e.downcast_ref::<secret::command::CommandFailed>() {
+            // Logged by the cache when it ran; the detail names the secret
+            // and the kind of failure, never the output.
+            return Response::error(Reason::CommandFailed, format!("`{}` ({} scope): {}", c.name, c.scope, c.failure));
+        }
         if secret::is_unavailable(e) {
             tracing::warn!("daemon socket: the secret store is locked: {e:#}");
             Response::Error { reason: Reason::Locked, detail: None }
@@ -649,7 +669,11 @@ fn secret(store: &Store, wanted: &Wanted, sandbox: Option<&str>, host: &str) -> 
             return match store.substitutions(sandbox, host) {
                 Ok(subs) => Response::Substitutions(
                     subs.into_iter()
-                        .map(|s| protocol::Substitution { placeholder: s.placeholder, value: s.value })
+                        .map(|s| protocol::Substitution {
+                            placeholder: s.placeholder,
+                            value: s.value,
+                            ttl: s.ttl.map(|t| t.as_secs()),
+                        })
                         .collect(),
                 ),
                 Err(e) => failed(&e),
@@ -659,7 +683,7 @@ fn secret(store: &Store, wanted: &Wanted, sandbox: Option<&str>, host: &str) -> 
     match header {
         Ok(Some(i)) => {
             tracing::debug!("daemon socket: injecting a key ({} scope) for `{host}`", i.scope);
-            Response::Header { header: i.header, value: i.value }
+            Response::Header { header: i.header, value: i.value, ttl: i.ttl.map(|t| t.as_secs()) }
         }
         Ok(None) => Response::Error { reason: Reason::NoSecret, detail: None },
         Err(e) => failed(&e),

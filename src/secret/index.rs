@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::fail;
 use crate::secret::services::Header;
-use crate::secret::{Entry, Kind, Scope, validate};
+use crate::secret::{Entry, Kind, Scope, command, validate};
 use crate::state;
 
 /// On-disk format version.
@@ -126,6 +126,19 @@ fn check(e: &Entry) -> Result<()> {
     if let Some(v) = &e.env {
         validate::env_var(v)?;
     }
+    match (&e.command, e.refresh) {
+        (None, None) => {}
+        (Some(argv), Some(secs)) => {
+            if e.kind == Kind::Registry || argv.is_empty() || argv[0].is_empty() {
+                return Err(fail("a command secret needs a program, and registry credentials cannot have one").into());
+            }
+            let d = std::time::Duration::from_secs(secs);
+            if !(command::MIN_REFRESH..=command::MAX_REFRESH).contains(&d) {
+                return Err(fail(format!("refresh `{secs}` is out of range")).into());
+            }
+        }
+        _ => return Err(fail("`command` and `refresh` go together").into()),
+    }
     Ok(())
 }
 
@@ -146,6 +159,8 @@ mod tests {
             env: None,
             backend: Backend::File,
             created_at: datetime!(2025-01-02 03:04:05 UTC),
+            command: None,
+            refresh: None,
         }
     }
 

@@ -21,6 +21,7 @@
 //! A value is a [`Value`]: it never reaches output, logs, errors or `Debug`.
 //! This module never prints; it returns data and errors to its callers.
 
+pub mod command;
 mod file;
 mod index;
 mod keychain;
@@ -194,6 +195,22 @@ pub struct Entry {
     /// When the current value was stored (setting it again resets this).
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// For a secret from a command: its argv, run by the daemon on the host
+    /// ([`command`]). No backend holds a value for such an entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// For a secret from a command: how long a value is used (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<u64>,
+}
+
+/// Where a secret's value comes from, for [`Store::set_service_from`].
+#[derive(Debug)]
+pub enum Source<'a> {
+    /// A value stored in a backend.
+    Static(&'a Value),
+    /// The output of `argv`, run by the daemon, cached for `refresh`.
+    Command { argv: Vec<String>, refresh: std::time::Duration },
 }
 
 impl Entry {
@@ -264,6 +281,8 @@ pub struct Injection {
     /// Lower-case header name.
     pub header: String,
     pub value: Value,
+    /// For a value from a command: how long it may still be cached.
+    pub ttl: Option<std::time::Duration>,
 }
 
 /// A placeholder and what replaces it, found by [`Store::substitutions`].
@@ -272,6 +291,8 @@ pub struct Substitution {
     pub scope: Scope,
     pub placeholder: String,
     pub value: Value,
+    /// For a value from a command: how long it may still be cached.
+    pub ttl: Option<std::time::Duration>,
 }
 
 /// How to open the store; [`Settings::from_env`] reads the environment.
@@ -340,6 +361,8 @@ pub struct Store {
     dirs: Dirs,
     backend: Backend,
     file: FileStore,
+    /// Values of command secrets, run and cached here (the daemon's store).
+    commands: command::Cache,
 }
 
 impl Store {
@@ -378,7 +401,12 @@ impl Store {
             Some(p) => (p.clone(), true),
             None => (dirs.age_identity(), false),
         };
-        Ok(Store { dirs: dirs.clone(), backend, file: FileStore::new(dirs.secrets_file(), identity, given) })
+        Ok(Store {
+            dirs: dirs.clone(),
+            backend,
+            file: FileStore::new(dirs.secrets_file(), identity, given),
+            commands: command::Cache::new(dirs.secret_status()),
+        })
     }
 
     /// The backend new writes go to.
@@ -404,6 +432,19 @@ impl Store {
         hosts: &[String],
         header: Option<&Header>,
         value: &Value,
+    ) -> Result<()> {
+        self.set_service_from(scope, service, hosts, header, Source::Static(value))
+    }
+
+    /// [`Store::set_service_with_header`] from any [`Source`]. Takes
+    /// `state.lock`.
+    pub fn set_service_from(
+        &self,
+        scope: &Scope,
+        service: &str,
+        hosts: &[String],
+        header: Option<&Header>,
+        source: Source<'_>,
     ) -> Result<()> {
         check_scope(scope)?;
         validate::service(service)?;
@@ -431,8 +472,10 @@ impl Store {
             env: None,
             backend: self.backend,
             created_at: now(),
+            command: None,
+            refresh: None,
         };
-        self.put(entry, value).with_context(|| format!("could not store secret `{service}` ({scope} scope)"))
+        self.put(entry, source).with_context(|| format!("could not store secret `{service}` ({scope} scope)"))
     }
 
     /// Store a custom secret: `placeholder` in request headers to `hosts` is
@@ -445,6 +488,18 @@ impl Store {
         hosts: &[String],
         env: Option<&str>,
         value: &Value,
+    ) -> Result<()> {
+        self.set_custom_from(scope, placeholder, hosts, env, Source::Static(value))
+    }
+
+    /// [`Store::set_custom`] from any [`Source`]. Takes `state.lock`.
+    pub fn set_custom_from(
+        &self,
+        scope: &Scope,
+        placeholder: &str,
+        hosts: &[String],
+        env: Option<&str>,
+        source: Source<'_>,
     ) -> Result<()> {
         check_scope(scope)?;
         validate::placeholder(placeholder)?;
@@ -467,8 +522,11 @@ impl Store {
             env: env.map(str::to_owned),
             backend: self.backend,
             created_at: now(),
+            command: None,
+            refresh: None,
         };
-        self.put(entry, value).with_context(|| format!("could not store custom secret `{placeholder}` ({scope} scope)"))
+        self.put(entry, source)
+            .with_context(|| format!("could not store custom secret `{placeholder}` ({scope} scope)"))
     }
 
     /// Store credentials for the OCI registry `host` (`host[:port]`):
@@ -485,8 +543,11 @@ impl Store {
             env: None,
             backend: self.backend,
             created_at: now(),
+            command: None,
+            refresh: None,
         };
-        self.put(entry, value).with_context(|| format!("could not store credentials for registry `{host}`"))
+        self.put(entry, Source::Static(value))
+            .with_context(|| format!("could not store credentials for registry `{host}`"))
     }
 
     /// The credentials stored for the OCI registry `host`, if any.
@@ -495,19 +556,61 @@ impl Store {
         self.get(&Scope::Global, &host, Kind::Registry)
     }
 
-    /// The value of one secret in exactly `scope`; `None` when it is not set.
+    /// The stored value of one secret in exactly `scope`; `None` when it is
+    /// not set, or when it comes from a command: only the injection paths
+    /// (the daemon) run a secret's command, never a listing or a report.
     pub fn get(&self, scope: &Scope, name: &str, kind: Kind) -> Result<Option<Value>> {
         check_name(scope, name, kind)?;
         let index = self.index()?;
         match index.find(scope, name, kind) {
-            Some(e) => self.read(e),
+            Some(e) if e.command.is_some() => Ok(None),
+            Some(e) => self.read(e).map(|v| v.map(|(v, _)| v)),
             None => Ok(None),
         }
+    }
+
+    /// A 401 from `host` to a request from `sandbox` that carried a key:
+    /// the command secret that covers `host` (the one [`Store::header_for_host`]
+    /// would use, and every custom one for the host) is run again on the
+    /// next request, at most once per [`command::STALE_MIN`]. Returns how
+    /// many were dropped. Never runs a command itself.
+    pub fn stale(&self, sandbox: Option<&str>, host: &str) -> Result<usize> {
+        let index = self.index()?;
+        let mut dropped = 0;
+        let mut service_seen = false;
+        for scope in scopes(sandbox)? {
+            for e in index.entries.iter().filter(|e| e.scope == scope) {
+                let covers = match e.kind {
+                    Kind::Service if !service_seen => e.header_rule(host).is_some(),
+                    Kind::Custom => e.allows_host(host),
+                    _ => false,
+                };
+                if !covers {
+                    continue;
+                }
+                if e.kind == Kind::Service {
+                    service_seen = true;
+                }
+                if e.command.is_some() && self.commands.stale(e) {
+                    dropped += 1;
+                }
+            }
+        }
+        Ok(dropped)
     }
 
     /// A service's key for `sandbox`: the sandbox's own, else the global one.
     pub fn lookup(&self, sandbox: Option<&str>, service: &str) -> Result<Option<(Scope, Value)>> {
         Ok(self.lookup_entry(sandbox, service)?.map(|(e, v)| (e.scope, v)))
+    }
+
+    /// Whether `sandbox` has a key for `service` (its own, else the global
+    /// one), from the index alone: a key from a command counts without its
+    /// command being run (only the daemon runs those).
+    pub fn is_set(&self, sandbox: Option<&str>, service: &str) -> Result<bool> {
+        validate::service(service)?;
+        let index = self.index()?;
+        Ok(scopes(sandbox)?.iter().any(|scope| index.find(scope, service, Kind::Service).is_some()))
     }
 
     /// [`Store::lookup`], with the index entry that was used, so the caller
@@ -517,7 +620,7 @@ impl Store {
         let index = self.index()?;
         for scope in scopes(sandbox)? {
             if let Some(e) = index.find(&scope, service, Kind::Service)
-                && let Some(v) = self.read(e)?
+                && let Some((v, _)) = self.read(e)?
             {
                 return Ok(Some((e.clone(), v)));
             }
@@ -553,9 +656,9 @@ impl Store {
                 let Some(rule) = e.header_rule(host) else {
                     continue;
                 };
-                if let Some(v) = self.read(e)? {
+                if let Some((v, ttl)) = self.read(e)? {
                     let (header, value) = rule.render(&v);
-                    return Ok(Some(Injection { scope, header, value }));
+                    return Ok(Some(Injection { scope, header, value, ttl }));
                 }
             }
         }
@@ -574,8 +677,8 @@ impl Store {
                 if !e.allows_host(host) || out.iter().any(|s| s.placeholder == e.name) {
                     continue;
                 }
-                if let Some(value) = self.read(e)? {
-                    out.push(Substitution { scope: scope.clone(), placeholder: e.name.clone(), value });
+                if let Some((value, ttl)) = self.read(e)? {
+                    out.push(Substitution { scope: scope.clone(), placeholder: e.name.clone(), value, ttl });
                 }
             }
         }
@@ -663,19 +766,34 @@ impl Store {
     /// Write the value, then the index; then drop a copy left in the other
     /// backend. A crash between the steps leaves at worst an unlisted value,
     /// which the next set overwrites and `remove` clears.
-    fn put(&self, entry: Entry, value: &Value) -> Result<()> {
-        value.check()?;
+    /// A command source stores no value: its argv goes into the index
+    /// (0600) and a static value left in a backend from before is dropped.
+    fn put(&self, mut entry: Entry, source: Source<'_>) -> Result<()> {
+        if let Source::Static(value) = source {
+            value.check()?;
+        }
         let _lock = self.lock()?;
         let mut index = self.index()?;
         let key = entry.key();
-        match self.backend {
-            Backend::Keychain => keychain::set(&key, value)?,
-            Backend::File => self.file.set(&key, value)?,
-        }
+        let from_command = match source {
+            Source::Static(value) => {
+                match self.backend {
+                    Backend::Keychain => keychain::set(&key, value)?,
+                    Backend::File => self.file.set(&key, value)?,
+                }
+                false
+            }
+            Source::Command { argv, refresh } => {
+                entry.command = Some(argv);
+                entry.refresh = Some(refresh.as_secs());
+                true
+            }
+        };
+        let new_backend = entry.backend;
         let old = index.upsert(entry);
         index.save()?;
         if let Some(old) = old
-            && old.backend != self.backend
+            && (from_command && old.command.is_none() || old.backend != new_backend && old.command.is_none())
             && let Err(e) = self.delete(old.backend, &key)
         {
             // The new value is stored and listed; failing now would suggest
@@ -685,7 +803,14 @@ impl Store {
         Ok(())
     }
 
-    fn read(&self, e: &Entry) -> Result<Option<Value>> {
+    /// The value of `e` and, for a command secret, how long it may be
+    /// cached. A command secret's command runs here (when its cached value
+    /// is older than its refresh interval).
+    fn read(&self, e: &Entry) -> Result<Option<(Value, Option<std::time::Duration>)>> {
+        if e.command.is_some() {
+            let (v, ttl) = self.commands.get(e)?;
+            return Ok(Some((v, Some(ttl))));
+        }
         let key = e.key();
         let value = match e.backend {
             Backend::Keychain => keychain::get(&key),
@@ -695,7 +820,7 @@ impl Store {
         if value.is_none() {
             tracing::warn!("the index lists `{key}` in the {} but it is not there", e.backend);
         }
-        Ok(value)
+        Ok(value.map(|v| (v, None)))
     }
 
     fn delete(&self, backend: Backend, key: &str) -> Result<bool> {
@@ -804,6 +929,8 @@ mod tests {
             env: None,
             backend: Backend::File,
             created_at: OffsetDateTime::UNIX_EPOCH,
+            command: None,
+            refresh: None,
         }
     }
 
@@ -872,6 +999,40 @@ mod tests {
         let lock = Lock::acquire(&dirs.state_lock()).unwrap();
         assert_eq!(store.remove_scope(&red, &lock).unwrap(), 1);
         changed("removing a sandbox's secrets");
+    }
+
+    /// Only the injection path runs a secret's command: listing, `get`
+    /// (diagnose's redaction) and `is_set` (a kit's check) never do. A 401
+    /// drops the value at most once per `STALE_MIN`.
+    #[test]
+    fn only_injection_runs_a_secret_command() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = Dirs { config: tmp.path().join("c"), data: tmp.path().join("d"), cache: tmp.path().join("k") };
+        std::fs::create_dir_all(&dirs.data).unwrap();
+        let store = Store::open_with(&dirs, &Settings { backend: Some(Backend::File), age_identity: None }).unwrap();
+        let runs = tmp.path().join("runs");
+        let script = format!("echo x >> {}; wc -l < {} | tr -d ' ' | sed 's/^/tok-/'", runs.display(), runs.display());
+        let argv = vec!["/bin/sh".to_owned(), "-c".to_owned(), script];
+        let source = Source::Command { argv, refresh: std::time::Duration::from_secs(3600) };
+        store.set_service_from(&Scope::Global, "anthropic", &[], None, source).unwrap();
+        let count = || std::fs::read_to_string(&runs).map_or(0, |s| s.lines().count());
+        assert!(store.is_set(Some("red"), "anthropic").unwrap());
+        assert!(store.get(&Scope::Global, "anthropic", Kind::Service).unwrap().is_none());
+        assert_eq!(store.list().unwrap()[0].command.as_ref().unwrap()[0], "/bin/sh");
+        assert_eq!(count(), 0, "nothing ran yet");
+        let inject = || store.header_for_host(Some("red"), "api.anthropic.com").unwrap().unwrap();
+        let first = inject();
+        assert_eq!(first.value.expose(), "tok-1");
+        assert!(first.ttl.is_some_and(|t| t.as_secs() > 3590));
+        assert_eq!(inject().value.expose(), "tok-1", "cached");
+        assert_eq!(store.stale(Some("red"), "api.anthropic.com").unwrap(), 1);
+        assert_eq!(inject().value.expose(), "tok-2");
+        for _ in 0..5 {
+            assert_eq!(store.stale(Some("red"), "api.anthropic.com").unwrap(), 0, "rate-limited");
+            assert_eq!(inject().value.expose(), "tok-2");
+        }
+        assert_eq!(store.stale(None, "evil.example").unwrap(), 0);
+        assert_eq!(count(), 2);
     }
 
     #[test]

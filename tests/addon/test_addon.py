@@ -58,7 +58,19 @@ def load_addon_module() -> types.ModuleType:
 
 
 A = load_addon_module()
-from ppp_addon import common, connections, daemon, decisions, flowlog, limits, names, patches, scheduler, scrubber  # noqa: E402
+from ppp_addon import (  # noqa: E402
+    common,
+    connections,
+    daemon,
+    decisions,
+    flowlog,
+    inject,
+    limits,
+    names,
+    patches,
+    scheduler,
+    scrubber,
+)
 
 
 def ask(req: dict[str, Any]) -> dict[str, Any]:
@@ -312,6 +324,68 @@ class Live(Base):
         f = self.run_http(http_flow(51821, "api.openai.com", ip="127.0.0.1"))
         self.assertEqual(f.response.status_code, 403)
         self.assertNotIn("authorization", f.request.headers)
+
+    def command_secret(self, reply: dict[str, Any]) -> list[dict[str, Any]]:
+        """From now on the daemon answers `inject` for api.anthropic.com with
+        `reply`, as it does for a secret from a command; `stale` is answered
+        `ok`. Returns every request the addon sent, in order."""
+        sent: list[dict[str, Any]] = []
+        real = self.addon.daemon.ask
+
+        def fake(req: dict[str, Any]) -> dict[str, Any]:
+            sent.append(req)
+            if req["op"] == "inject" and req["host"] == "api.anthropic.com":
+                return reply
+            if req["op"] == "stale":
+                return {"ok": True}
+            return real(req)
+
+        self.addon.daemon.ask = fake  # type: ignore[method-assign]
+        return sent
+
+    def test_a_command_secret_is_cached_no_longer_than_the_daemons_ttl(self) -> None:
+        sent = self.command_secret({"ok": True, "header": "x-api-key", "value": "sk-cmd-1", "ttl": 0})
+        for _ in range(2):
+            f = self.run_http(http_flow(51821, "api.anthropic.com", headers={"x-api-key": "dummy"}))
+            self.assertEqual(f.request.headers["x-api-key"], "sk-cmd-1")
+        # ttl 0: asked for each request, not kept for SECRET_TTL.
+        self.assertEqual([r["op"] for r in sent].count("inject"), 2, sent)
+        self.assertEqual(inject._ttl({"ttl": 5}), 5.0)
+        self.assertEqual(inject._ttl({"ttl": 500}), inject.SECRET_TTL)
+        self.assertEqual(inject._ttl({"substitutions": [{"ttl": 3}, {"ttl": 7}]}), 3.0)
+        self.assertEqual(inject._ttl({"ttl": "x"}), inject.SECRET_TTL)
+
+    def test_a_401_to_a_command_secret_is_reported_stale(self) -> None:
+        sent = self.command_secret({"ok": True, "header": "x-api-key", "value": "sk-cmd-1", "ttl": 30})
+        f = http_flow(51821, "api.anthropic.com", headers={"x-api-key": "dummy"})
+        self.addon.requestheaders(f)
+        self.addon.request(f)
+        f.response = tutils.tresp(status_code=401, content=b"bad key")
+        self.addon.responseheaders(f)
+        self.addon.response(f)
+        stale = [r for r in sent if r["op"] == "stale"]
+        self.assertEqual(stale, [{"op": "stale", "sandbox": "blue", "host": "api.anthropic.com"}])
+        # The addon's own cache of it is dropped too: the next request asks.
+        n = [r["op"] for r in sent].count("inject")
+        self.run_http(http_flow(51821, "api.anthropic.com", headers={"x-api-key": "dummy"}))
+        self.assertEqual([r["op"] for r in sent].count("inject"), n + 1, sent)
+        # A static key's 401 is no one's business but the guest's.
+        del self.addon.daemon.ask  # the real daemon again
+        calls = self.count_daemon_calls()
+        g = http_flow(51820, "api.anthropic.com", headers={"x-api-key": "dummy"})
+        self.addon.requestheaders(g)
+        self.addon.request(g)
+        g.response = tutils.tresp(status_code=401, content=b"bad key")
+        self.addon.responseheaders(g)
+        self.assertNotIn("stale", calls)
+
+    def test_a_failed_command_is_a_503_naming_the_secret(self) -> None:
+        detail = "`anthropic` (global scope): it exited with status 3"
+        self.command_secret({"ok": False, "reason": "command-failed", "detail": detail})
+        f = self.run_http(http_flow(51821, "api.anthropic.com", headers={"x-api-key": "dummy"}))
+        self.assertEqual(f.response.status_code, 503, f.response.text)
+        self.assertIn(detail, f.response.text)
+        self.assertIn("ppp secret ls", f.response.text)
 
     def test_sandbox_key_preferred_over_global(self) -> None:
         f = self.run_http(http_flow(51820, "api.anthropic.com", headers={"x-api-key": "dummy"}))

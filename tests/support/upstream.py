@@ -73,7 +73,8 @@ class Echo(http.server.BaseHTTPRequestHandler):
         with log_lock, open(log_path, "a") as f:
             f.write(line + "\n")
         out = (line + "\n").encode()
-        self.send_response(200)
+        # `/401/...`: a service that rejects the key (e2e_secret_command).
+        self.send_response(401 if self.path.startswith("/401/") else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()

@@ -21,8 +21,31 @@ from .daemon import DaemonError
 from .decisions import Decisions
 from .scrubber import Scrubber
 
-# How long a secret may be cached (seconds); dropped earlier on a new generation.
+# How long a secret may be cached (seconds); dropped earlier on a new
+# generation, and on the daemon's `ttl` for a value from a command.
 SECRET_TTL = 60.0
+
+
+class CommandFailed(DaemonError):
+    """A secret's command failed on the host; the text names the secret
+    (service and scope), never the command's output."""
+
+
+def _ttl(r: dict[str, Any]) -> float:
+    """How long reply `r` may be cached: SECRET_TTL, or less when it carries
+    a value from a command (the daemon's `ttl`, seconds left of its refresh
+    interval), so no such value outlives its refresh here."""
+    ttls = [r.get("ttl")] + [s.get("ttl") for s in r.get("substitutions") or [] if isinstance(s, dict)]
+    ttl = SECRET_TTL
+    for t in ttls:
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            ttl = min(ttl, max(0.0, float(t)))
+    return ttl
+
+
+def _from_command(r: dict[str, Any]) -> bool:
+    """Whether reply `r` carries a value from a command (it has a `ttl`)."""
+    return "ttl" in r or any(isinstance(s, dict) and "ttl" in s for s in r.get("substitutions") or [])
 
 
 # Headers a client may use to carry its own credentials; removed before ppp
@@ -83,9 +106,28 @@ class Injection(Decisions):
         if hit is not None and hit[0] > now:
             return hit[1]
         r = self._ask({"op": op, "sandbox": sandbox, "host": host})
+        if r.get("reason") == "command-failed":
+            # Not cached: the daemon remembers a failure for a while itself.
+            raise CommandFailed(str(r.get("detail") or "a secret"))
         if r.get("ok") or r.get("reason") == "no-secret":
-            self._secrets[key] = (now + SECRET_TTL, r)
+            self._secrets[key] = (now + _ttl(r), r)
         return r
+
+    def _stale(self, flow: http.HTTPFlow) -> None:
+        """The service answered 401 to a request that carried a value from a
+        command: tell the daemon (which runs it again on the next request,
+        at most once per 30 s per secret whatever the guest provokes) and
+        drop this host's cached replies."""
+        where = flow.metadata.get("ppp", {}).get("from_command")
+        if not where or flow.response is None or flow.response.status_code != 401:
+            return
+        sandbox, host = where
+        for op in ("inject", "secret"):
+            self._secrets.pop((op, sandbox, host), None)
+        try:
+            self._ask({"op": "stale", "sandbox": sandbox, "host": host})
+        except DaemonError as e:
+            log.warning("ppp: [%s] could not report a rejected key for %s: %s", sandbox, host, e)
 
     def _inject(self, flow: http.HTTPFlow, sandbox: str, host: str | None) -> None:
         """Inject the key and substitute placeholders. Polled here, never
@@ -99,6 +141,8 @@ class Injection(Decisions):
             subs = self.secret("secret", sandbox, host)
             if not subs.get("ok"):
                 raise DaemonError(f"substitutions: {subs.get('reason')}")
+            if _from_command(subs):
+                flow.metadata["ppp"]["from_command"] = (sandbox, host)
             pairs = [
                 (s["placeholder"], s["value"])
                 for s in subs.get("substitutions") or []
@@ -121,6 +165,8 @@ class Injection(Decisions):
                     # be found and scrubbed.
                     headers.fields = _with_key(headers.fields, r["header"], r["value"], "accept-encoding", "identity")
                     flow.metadata["ppp"]["key_injected"] = True
+                    if _from_command(r):
+                        flow.metadata["ppp"]["from_command"] = (sandbox, host)
                     self._scrub[flow.id] = [*self._scrub.get(flow.id, []), r["value"].encode()]
                     if fresh:
                         # Once per daemon answer, not per request: every log
@@ -140,6 +186,15 @@ class Injection(Decisions):
                     new = [self._sub(v, pairs) for v in vals]
                     if new != vals:
                         headers.set_all(name, new)
+        except CommandFailed as e:
+            log.warning("ppp: [%s] the command of secret %s failed, for %s", sandbox, e, host)
+            # Names the secret and how its command failed; the daemon never
+            # sends the command's output or stderr, which may hold a token.
+            body = (
+                f"ppp could not get the secret for {host} from its command on the host: {e}\n"
+                "to fix: check `ppp secret ls` and `ppp diagnose` on the host\n"
+            )
+            flow.response = http.Response.make(503, body.encode(), {"content-type": "text/plain; charset=utf-8"})
         except DaemonError as e:
             log.warning("ppp: [%s] secrets unavailable for %s: %s", sandbox, host, e)
             # The daemon's error names host paths: the log has it, the
@@ -160,6 +215,7 @@ class Injection(Decisions):
         """Keep the secret values this request carried out of the response
         (spec 5.4): an upstream that echoes a key back would hand it to the
         guest. Headers are scrubbed here, the body as it streams."""
+        self._stale(flow)
         values = self._scrub.get(flow.id)
         if not values or flow.response is None:
             return
