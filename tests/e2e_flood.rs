@@ -253,8 +253,19 @@ fn a_legitimate_agent_is_unaffected_by_the_held_connection_bound() {
     let py = "/usr/bin/python3".to_owned();
     let script = netns::flood_script().display().to_string();
     let mut flood = rig.guests[0].spawn(&[&py, &script, "slow", &ip, netns::UPSTREAM_NAME, "1500", "60", "0"]);
-    // Once the flood's connections are all open (it holds them a minute).
-    std::thread::sleep(Duration::from_secs(10));
+    // Once the flood's connections are all open (it holds them a minute),
+    // as the flood says: a fixed sleep raced the opening burst on a busy
+    // machine, and the agent's new connections met the burst's closing ones.
+    let mut said = std::io::BufReader::new(flood.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("opened ") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut said, &mut line).unwrap();
+        assert!(n > 0, "the flood ended before it had opened its connections");
+    }
+    eprintln!("the flood: {}", line.trim());
+    // The closing burst (HELD_MAX's evictions) settles.
+    std::thread::sleep(Duration::from_secs(3));
     let out = rig.guests[0].run(&[&py, &script, "agent", &ip, netns::UPSTREAM_NAME, "40", "3", &(4 << 20).to_string()]);
     assert!(out.status.success(), "{}", describe(&out));
     let got: serde_json::Value =

@@ -269,6 +269,9 @@ def slow(ip, host, n, seconds, keep):
         s.setblocking(False)
         socks[s.fileno()] = s
         poll.register(s.fileno(), select.POLLIN)
+    # For a test that must act only once every connection is open (a fixed
+    # sleep raced a slow machine's opening burst).
+    print(f"opened {len(socks)}", file=sys.stderr, flush=True)
     closed = set()
     end = time.monotonic() + seconds
     next_line = time.monotonic() + 3
