@@ -8,13 +8,14 @@ crash). Decides nothing. Never trusts a header's bytes to be text: they are
 decoded with `surrogateescape`, never `strict`.
 """
 
+import asyncio
 import collections
 import json
 import logging
 import time
 from typing import Any, overload
 
-from mitmproxy import ctx, http
+from mitmproxy import connection, ctx, http
 from mitmproxy import flow as mitm_flow
 
 _log = logging.getLogger("ppp")
@@ -139,3 +140,26 @@ def addon_named(name: str) -> Any:
 def kill(flow: mitm_flow.Flow) -> None:
     """`flow.kill()`, which mitmproxy 12.2.3 leaves unannotated."""
     flow.kill()  # type: ignore[no-untyped-call]
+
+
+def close_soon(client: connection.Client) -> bool:
+    """Ask mitmproxy's handler of `client` to close it (and its upstream) on
+    the loop's next turn, not from inside the hook or layer that is calling:
+    `flow.kill()` does not stop a flow in transit (mitmproxy issue 4711).
+    False when no live handler has it."""
+    try:
+        proxyserver = addon_named("proxyserver")
+        handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
+    except Exception:  # noqa: BLE001
+        handler = None
+    if handler is None:
+        return False
+
+    def close() -> None:
+        try:
+            handler.close_connection(client)
+        except Exception:  # noqa: BLE001
+            pass  # already gone
+
+    asyncio.get_running_loop().call_soon(close)
+    return True

@@ -12,7 +12,6 @@ destination (the daemon checks that the name resolves to the address), a
 guest to close what it opened, nor let an unknown WireGuard port through.
 """
 
-import asyncio
 import collections
 import dataclasses
 import time
@@ -21,7 +20,7 @@ from typing import Any
 from mitmproxy import connection, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 
-from .common import addon_named, kill, log
+from .common import close_soon, kill, log
 from .flowlog import FlowLog
 from .holds import Holds
 from .limits import MAX_CONNECTIONS, Limits
@@ -201,20 +200,7 @@ class Connections(Holds, FlowLog, Limits):
 
     def _close_held(self, client: connection.Client) -> None:
         what = f"more than {HELD_MAX} TCP connections with no upstream held by this sandbox; the oldest is closed"
-        try:
-            handler = addon_named("proxyserver").connections.get(client.id)
-        except Exception:  # noqa: BLE001
-            handler = None
-        if handler is not None:
-
-            def close() -> None:
-                try:
-                    handler.close_connection(client)
-                except Exception:  # noqa: BLE001
-                    pass  # already gone
-
-            # Not from inside the hook of the connection that pushed it out.
-            asyncio.get_running_loop().call_soon(close)
+        close_soon(client)
         try:
             sandbox = self.sandbox_of(client)
             ip, dport = (client.sockname[0], client.sockname[1]) if client.sockname else (None, None)

@@ -10,12 +10,11 @@ size: Content-Length only lets ppp refuse early, every streamed byte is
 counted, and a body with no declared size is bounded as it arrives.
 """
 
-import asyncio
 from typing import Any
 
 from mitmproxy import http
 
-from .common import _size_text, addon_named, header_text, kill, log
+from .common import _size_text, close_soon, header_text, kill, log
 from .state import State
 
 # The largest HTTP/1 header block (request line or status line included)
@@ -156,23 +155,8 @@ class Limits(State):
         connection too, mid-body, so the upstream never sees a complete
         request."""
         client = flow.client_conn
-        try:
-            proxyserver = addon_named("proxyserver")
-            handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
-        except Exception:  # noqa: BLE001
-            handler = None
-        if handler is None:
+        if not close_soon(client):
             log.warning("ppp: no live connection to close for %s; dropping the rest of its body", client.id)
-            return
-
-        def close() -> None:
-            try:
-                handler.close_connection(client)
-            except Exception:  # noqa: BLE001
-                pass  # already gone
-
-        # Not from inside the layer that is calling us.
-        asyncio.get_running_loop().call_soon(close)
 
     def _refused_body(self, flow: http.HTTPFlow) -> None:
         """A request ppp answered at requestheaders: mitmproxy reads its whole
