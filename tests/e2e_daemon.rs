@@ -1098,6 +1098,26 @@ fn agent_traffic_streams_through_the_tunnel() {
     assert!(out.status.success(), "git clone through the tunnel: {}", describe(&out));
     assert_eq!(std::fs::metadata(clone.join("blob.bin")).unwrap().len(), 60 << 20);
 
+    // And a push back through the policy (issue 26, point 4: the agent's
+    // commit and push still work; the workspace guard's side of it, the
+    // commit in a guarded container, is e2e_vm's). git-http-backend takes a
+    // push only where the repository says so.
+    let bare = servers.dir.join("git/big.git");
+    let set = Command::new("git").arg("--git-dir").arg(&bare).args(["config", "http.receivepack", "true"]).output();
+    assert!(set.unwrap().status.success());
+    std::fs::write(clone.join("from-guest.txt"), "pushed by the guest\n").unwrap();
+    let dir = clone.to_str().unwrap();
+    let id = ["-c", "user.name=guest", "-c", "user.email=guest@test", "-c", "safe.directory=*"];
+    let add = [&["git", "-C", dir][..], &id, &["add", "from-guest.txt"]].concat();
+    let commit = [&["git", "-C", dir][..], &id, &["commit", "-qm", "from the guest"]].concat();
+    let push = [&["git", "-C", dir][..], &id, &["push", "-q", "origin", "HEAD:refs/heads/from-guest"]].concat();
+    for argv in [&add, &commit, &push] {
+        let out = red.run_with_resolv(&resolv, argv);
+        assert!(out.status.success(), "{argv:?} through the tunnel: {}", describe(&out));
+    }
+    let shown = Command::new("git").arg("--git-dir").arg(&bare).args(["show", "from-guest:from-guest.txt"]).output();
+    assert_eq!(String::from_utf8_lossy(&shown.unwrap().stdout), "pushed by the guest\n", "the push reached the remote");
+
     // An image layer of 100 MiB from an OCI registry, as the guest's podman
     // pulls it (the fake podman has no image store: the blob is what moves).
     let digest = servers.layer("ppp/agent", 100 << 20);
