@@ -684,16 +684,30 @@ pub enum KitCommand {
     },
 }
 
-/// The kind of rule a policy command acts on. Only network rules exist.
+/// The kind of rule a policy command acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuleKind {
+    /// Which hosts, addresses and ports may be reached
     Network,
+    /// Which methods and paths of an allowed host (`--method`, `--path`)
+    Http,
+}
+
+impl RuleKind {
+    /// The rule type in the policy files.
+    pub fn rule_type(self) -> crate::policy::RuleType {
+        match self {
+            Self::Network => crate::policy::RuleType::Network,
+            Self::Http => crate::policy::RuleType::Http,
+        }
+    }
 }
 
 /// Rule types for `policy ls --type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuleTypeFilter {
     Network,
+    Http,
 }
 
 /// Flow types for `policy log --type`.
@@ -823,6 +837,12 @@ pub enum PolicyCommand {
         /// The target to check
         #[arg(value_name = "TARGET")]
         target: String,
+        /// With `http`: the request's method
+        #[arg(long, value_name = "METHOD", default_value = "GET")]
+        method: String,
+        /// With `http`: the request's path, as the client sends it (checked as the proxy does)
+        #[arg(long, value_name = "PATH", default_value = "/")]
+        path: String,
         /// Include this sandbox's rules
         #[arg(long, value_name = "SANDBOX")]
         sandbox: Option<String>,
@@ -1021,7 +1041,15 @@ Resources (comma-separated):
   api-?.example.com   ? is one character, * any characters, within a label
   ^api[0-9]+\\.io$     a regular expression over the whole host name
   10.0.0.0/8          an IPv4 or IPv6 address or CIDR range
-  example.com:443     any of the above, on one port ([2001:db8::1]:443 for IPv6)";
+  example.com:443     any of the above, on one port ([2001:db8::1]:443 for IPv6)
+
+HTTP rules (`http HOST --method M[,M] --path GLOB`) decide methods and paths on a host that the
+network rules allow; they never open a host. HOST is a host pattern (no address or regex); METHOD
+is upper case, or ANY; in GLOB `*` stays within a segment and `**` as a segment is any number of
+segments. Once a host has an HTTP rule, a request no HTTP allow matches is denied, and so is a
+connection to it that ppp cannot inspect.
+  ppp policy allow http api.github.com --method GET,HEAD --path '/repos/org/**'
+  ppp policy deny http api.github.com --method ANY --path '/repos/org/secret/**'";
 
 /// `ppp policy allow|deny`.
 #[derive(Debug, Args)]
@@ -1037,6 +1065,14 @@ pub struct PolicyAddArgs {
     /// Add to this sandbox's policy (it need not exist yet)
     #[arg(long, value_name = "SANDBOX")]
     pub sandbox: Option<String>,
+
+    /// HTTP rules: comma-separated upper-case methods, or ANY
+    #[arg(long, value_name = "METHODS")]
+    pub method: Option<String>,
+
+    /// HTTP rules: the path glob (`/repos/org/**`)
+    #[arg(long, value_name = "GLOB")]
+    pub path: Option<String>,
 }
 
 /// `ppp policy allow`: a rule, and optionally its own body-size limits.

@@ -62,7 +62,7 @@ fn fixture(d: &Dirs) {
     write(
         &d.global_policy(),
         &format!(
-            "default: deny\n{}",
+            "default: deny\n{}{}",
             rules_yaml(&[
                 ("allow", "api.anthropic.com"),
                 ("allow", "api.openai.com"),
@@ -70,7 +70,12 @@ fn fixture(d: &Dirs) {
                 ("allow", "*.allowed.test"),
                 ("allow", "10.9.0.0/16"),
                 ("deny", "evil.allowed.test"),
-            ])
+            ]),
+            // ADR 0050: git.allowed.test (allowed by `*.allowed.test`)
+            // takes GET and HEAD under /repos/org/ only.
+            "  - id: 5b0c3c9e-8f7a-4c55-9d5e-2f0b6f1c0a50\n    decision: allow\n    type: http\n    \
+             resource: git.allowed.test\n    methods: [GET, HEAD]\n    path: /repos/org/**\n    \
+             created_at: 2026-01-01T00:00:00Z\n    source: local\n",
         ),
     );
     write(&d.sandbox_policy("red-fox"), &rules_yaml(&[("allow", "fox-only.test")]));
@@ -181,6 +186,7 @@ const PYTHON_CLASSES: &[&str] = &[
     "test_addon.py::HookDispatchTest",
     "test_addon.py::AskTest",
     "test_addon.py::OffLoopTest",
+    "test_addon.py::HttpRulesTest",
     "test_addon.py::DnsLayerTest",
     "test_package.py::PackageTest",
 ];
@@ -281,6 +287,17 @@ fn addon_decides_off_the_event_loop() {
     fixture(&d);
     let _daemon = Daemon::start(&d);
     assert_eq!(python_suite(&d.data, &["OffLoopTest"]), 4);
+}
+
+/// HTTP rules (ADR 0050): the addon sends the request's bytes and applies
+/// the daemon's answer.
+#[test]
+fn addon_applies_http_rules() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    let d = dirs(tmp.path());
+    fixture(&d);
+    let _daemon = Daemon::start(&d);
+    assert_eq!(python_suite(&d.data, &["HttpRulesTest"]), 2);
 }
 
 /// The entry file imports the `ppp_addon` beside it, never another copy

@@ -558,3 +558,100 @@ fn check_exit_code_is_one_on_deny() {
     assert_eq!((code, err.as_str()), (1, ""), "a deny is no error: nothing on stderr");
     assert!(out.starts_with("deny  no.example:443  by the global default `deny`"), "{out}");
 }
+
+/// HTTP rules (ADR 0050): added, shown, checked and removed through the
+/// CLI, with error, cause and hint for what is not one.
+#[test]
+fn http_rules_add_ls_inspect_check_rm() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    ok(&mut w.ppp(["policy", "allow", "network", "api.example.com"]));
+    let id = ok(&mut w.ppp([
+        "policy", "allow", "http", "api.example.com", "--method", "GET,HEAD", "--path", "/repos/org/**",
+    ]));
+    let id = id.trim().to_owned();
+    // Adding it again is a no-op reporting the same id.
+    let again =
+        ok(&mut w.ppp(["policy", "allow", "http", "api.example.com", "--method", "GET,HEAD", "--path", "/repos/org/**"]));
+    assert_eq!(again.trim(), id);
+    let deny =
+        ok(&mut w.ppp(["policy", "deny", "http", "api.example.com", "--method", "ANY", "--path", "/repos/org/secret/**"]));
+    let file = yaml(&w.config().join("policies.yaml"));
+    let rule = &file["rules"][1];
+    assert_eq!((rule["type"].as_str(), rule["path"].as_str()), (Some("http"), Some("/repos/org/**")));
+    assert_eq!(rule["methods"], serde_json::json!(["GET", "HEAD"]));
+
+    let ls = ok(&mut w.ppp(["policy", "ls"]));
+    assert!(ls.contains("api.example.com GET,HEAD /repos/org/**"), "{ls}");
+    let only = ok(&mut w.ppp(["policy", "ls", "--type", "http", "-q"]));
+    assert_eq!(only.lines().count(), 2, "{only}");
+    let shown = ok(&mut w.ppp(["policy", "inspect", &id]));
+    assert!(shown.contains("type:       http") && shown.contains("methods:    GET, HEAD"), "{shown}");
+    assert!(shown.contains("path:       /repos/org/**"), "{shown}");
+
+    let check = |m: &str, p: &str| -> Value {
+        let out = ok(&mut w.ppp(["policy", "check", "http", "api.example.com", "--method", m, "--path", p, "--json"]));
+        serde_json::from_str(&out).unwrap()
+    };
+    let v = check("GET", "/repos/%6Frg/x?y=1");
+    assert_eq!(v["decision"], "allow", "{v}");
+    assert_eq!(&v["matched_rule"]["id"].as_str().unwrap()[..8], id);
+    assert_eq!(v["http"]["path"], "/repos/org/x");
+    assert_eq!(check("POST", "/repos/org/x")["decision"], "deny");
+    assert_eq!(check("GET", "/repos/org/secret/k")["matched_rule"]["id"].as_str().unwrap()[..8], *deny.trim());
+    let v = check("GET", "/repos/org/%2e%2e/other");
+    assert_eq!(v["decision"], "deny");
+    assert!(v["http"]["refused"].as_str().unwrap().contains("`%2E`"), "{v}");
+    // Exit codes as the network check's.
+    let (code, out, _) = output(&mut w.ppp([
+        "policy", "check", "http", "api.example.com", "--method", "PUT", "--path", "/repos/org/x", "--exit-code",
+    ]));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("deny  api.example.com:443 PUT /repos/org/x  by the HTTP rules"), "{out}");
+    assert!(out.contains("ppp policy allow http api.example.com --method PUT"), "{out}");
+    // The network rule is the floor: no network allow, nothing to carve.
+    ok(&mut w.ppp(["policy", "allow", "http", "closed.example.com", "--method", "ANY", "--path", "/**"]));
+    let out = ok(&mut w.ppp(["policy", "check", "http", "closed.example.com", "--json"]));
+    assert!(out.contains("\"decision\":\"deny\"") && out.contains("\"default_used\":true"), "{out}");
+
+    // rm by resource removes only rules of the kind named.
+    ok(&mut w.ppp(["policy", "rm", "http", "--resource", "api.example.com"]));
+    let ls = ok(&mut w.ppp(["policy", "ls", "-q"]));
+    assert_eq!(ls.lines().count(), 2, "the network rule and closed.example.com's stay: {ls}");
+}
+
+#[test]
+fn bad_http_rules_are_refused_with_a_hint() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    for (args, needle) in [
+        (&["api.example.com", "--path", "/x"][..], "needs `--method`"),
+        (&["api.example.com", "--method", "get", "--path", "/x"][..], "`get` is not an upper-case method"),
+        (&["api.example.com", "--method", "GET", "--path", "/a/../b"][..], "`..` segment"),
+        (&["api.example.com", "--method", "GET", "--path", "/a%2Fb"][..], "contains `%`"),
+        (&["api.example.com", "--method", "GET", "--path", "x"][..], "does not start with `/`"),
+        (&["10.0.0.1", "--method", "GET", "--path", "/"][..], "not a host pattern"),
+    ] {
+        let mut argv = vec!["policy", "allow", "http"];
+        argv.extend_from_slice(args);
+        let (code, _, err) = output(&mut w.ppp(&argv));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(err.contains("hint:"), "{err}");
+    }
+    let (code, _, err) = output(&mut w.ppp(["policy", "allow", "network", "a.example.com", "--method", "GET"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("`--method` and `--path` are for HTTP rules"), "{err}");
+    assert_eq!(ok(&mut w.ppp(["policy", "ls", "-q"])).lines().count(), 0, "nothing was added");
+
+    // In a file: the file, the rule's line and the field.
+    let path = w.config().join("policies.yaml");
+    std::fs::write(
+        &path,
+        "default: deny\nrules:\n- id: 16fd2706-8baf-433b-82eb-8c7fada847da\n  decision: allow\n  type: http\n  resource: api.example.com\n  methods: [GET]\n  path: /a//b\n  created_at: 2025-06-01T12:00:00Z\n  source: local\n",
+    )
+    .unwrap();
+    let (code, _, err) = output(&mut w.ppp(["policy", "ls"]));
+    assert_ne!(code, 0);
+    assert!(err.contains("policies.yaml` line 3") && err.contains("field `path`") && err.contains("empty segment"), "{err}");
+}

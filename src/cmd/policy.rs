@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use super::Ctx;
 use crate::cli::{
-    FlowTypeFilter, PolicyAddArgs, PolicyCommand, PolicyDefaultArgs, PolicyLimitsArgs, RuleTypeFilter, SourceFilter,
-    SourceSelector,
+    FlowTypeFilter, PolicyAddArgs, PolicyCommand, PolicyDefaultArgs, PolicyLimitsArgs, RuleKind, RuleTypeFilter,
+    SourceFilter, SourceSelector,
 };
 use crate::dirs::Dirs;
 use crate::error::fail;
@@ -38,8 +38,9 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
         PolicyCommand::Limits(a) => limits(dirs, a),
         PolicyCommand::Default(a) => default(dirs, a),
         PolicyCommand::Approval(a) => super::approval::run(dirs, a),
-        PolicyCommand::Check { target, sandbox, json, verbose, exit_code, .. } => {
-            let verdict = check(dirs, target, sandbox.as_deref(), *json, *verbose)?;
+        PolicyCommand::Check { kind, target, method, path, sandbox, json, verbose, exit_code } => {
+            let http = (*kind == RuleKind::Http).then_some((method.as_str(), path.as_str()));
+            let verdict = check(dirs, target, sandbox.as_deref(), http, *json, *verbose)?;
             // `--exit-code` makes the answer testable in scripts, as
             // `git diff --exit-code` does: 1 on deny. Without it a deny is
             // an answer, not a failure.
@@ -78,8 +79,8 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
             workflow::apply(dirs, file.as_deref(), sandbox.as_deref(), *undo)
         }
         PolicyCommand::Reset { force } => reset(dirs, *force),
-        PolicyCommand::Rm { sandbox, id, resource, source, .. } => {
-            rm(dirs, sandbox.as_deref(), id.as_deref(), resource.as_deref(), source.as_deref())
+        PolicyCommand::Rm { kind, sandbox, id, resource, source } => {
+            rm(dirs, *kind, sandbox.as_deref(), id.as_deref(), resource.as_deref(), source.as_deref())
         }
     }
 }
@@ -157,8 +158,56 @@ fn parse_resources(list: &str) -> Result<Vec<Resource>> {
     Ok(out)
 }
 
-fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<ExitCode> {
+/// The rules `policy allow|deny` adds, checked before anything is written:
+/// network rules, or HTTP rules with their methods and path.
+fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<Vec<Rule>> {
     let resources = parse_resources(&args.resources)?;
+    match args.kind {
+        RuleKind::Network => {
+            if args.method.is_some() || args.path.is_some() {
+                return Err(fail("`--method` and `--path` are for HTTP rules")
+                    .hint(format!("write `ppp policy {decision} http {} --method GET --path '/**'`", args.resources))
+                    .code(2)
+                    .into());
+            }
+            Ok(resources
+                .into_iter()
+                .map(|resource| {
+                    let mut rule = Rule::new(decision, resource, Source::Local);
+                    rule.upload = limits.upload;
+                    rule.download = limits.download;
+                    rule
+                })
+                .collect())
+        }
+        RuleKind::Http => {
+            let hint = format!("for example `ppp policy {decision} http api.example.com --method GET,HEAD --path '/repos/org/**'`");
+            let (Some(methods), Some(path)) = (&args.method, &args.path) else {
+                return Err(fail("an HTTP rule needs `--method` (ANY for every method) and `--path`")
+                    .hint(hint)
+                    .code(2)
+                    .into());
+            };
+            if !limits.is_empty() {
+                return Err(fail("limits belong on the network rule, not on an HTTP rule")
+                    .hint(format!("`ppp policy allow network {} --upload …`", args.resources))
+                    .code(2)
+                    .into());
+            }
+            let methods: Vec<String> = methods.split(',').map(|m| m.trim().to_owned()).collect();
+            let mut out = Vec::new();
+            for resource in resources {
+                let rule = Rule::new_http(decision, resource, methods.clone(), path.clone(), Source::Local)
+                    .map_err(|e| fail(format!("invalid HTTP rule: {}", e.replace("field `", "`--").replace("`--resource`", "HOST"))).hint(hint.clone()).code(2))?;
+                out.push(rule);
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<ExitCode> {
+    let new = new_rules(decision, args, limits)?;
     if let Some(s) = &args.sandbox {
         sandbox::validate_name(s)?;
     }
@@ -166,21 +215,23 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> 
     let mut created_file = false;
     let mut ids = Vec::new();
     let apply = |rules: &mut Vec<Rule>| {
-        for resource in resources {
+        for rule in new {
             // Adding the same rule twice is a no-op that reports the
             // existing id, so scripts can re-run safely.
             // With --upload/--download it sets the existing rule's limits.
-            if let Some(existing) =
-                rules.iter_mut().find(|r| r.decision == decision && r.resource == resource && r.source == Source::Local)
-            {
+            if let Some(existing) = rules.iter_mut().find(|r| {
+                r.decision == decision
+                    && r.kind == rule.kind
+                    && r.resource == rule.resource
+                    && r.methods == rule.methods
+                    && r.path == rule.path
+                    && r.source == Source::Local
+            }) {
                 existing.upload = limits.upload.or(existing.upload);
                 existing.download = limits.download.or(existing.download);
                 ids.push(existing.id);
                 continue;
             }
-            let mut rule = Rule::new(decision, resource, Source::Local);
-            rule.upload = limits.upload;
-            rule.download = limits.download;
             ids.push(rule.id);
             rules.push(rule);
         }
@@ -380,6 +431,20 @@ struct CheckJson<'a> {
     /// internal address without its own rule).
     #[serde(skip_serializing_if = "Option::is_none")]
     refused: Option<policy::Refusal>,
+    /// With `check http`, when HTTP rules cover the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http: Option<HttpJson<'a>>,
+}
+
+/// What the HTTP rules made of the request, in `check --json`.
+#[derive(Serialize)]
+struct HttpJson<'a> {
+    method: &'a str,
+    /// The canonical path that was matched.
+    path: Option<&'a str>,
+    /// Refused before any rule was matched: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<String>,
 }
 
 /// Print the decision for `target`; returns it for `--exit-code`.
@@ -390,8 +455,21 @@ struct CheckJson<'a> {
 /// addon with, so an internal address is refused here as it is live. Only
 /// the sandbox asked about is loaded: the others cannot change its answer,
 /// and a broken file of theirs is not this question's error.
-fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verbose: bool) -> Result<Verdict> {
+fn check(
+    dirs: &Dirs,
+    target: &str,
+    sandbox_name: Option<&str>,
+    http: Option<(&str, &str)>,
+    json: bool,
+    verbose: bool,
+) -> Result<Verdict> {
     let t = Target::parse(target).map_err(|e| bad_input(format!("invalid target: {}", e.message()), &e))?;
+    if http.is_some() && t.host.is_none() {
+        return Err(fail(format!("`{target}` is an address; HTTP rules name hosts"))
+            .hint("check a host name, e.g. `ppp policy check http api.example.com --method GET --path /`")
+            .code(2)
+            .into());
+    }
     if let Some(s) = sandbox_name {
         sandbox::validate_name(s)?;
     }
@@ -408,7 +486,21 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
     let engine = policy::engine_from(global, files)?;
     let flow =
         policy::Flow { sandbox: sandbox_name, host: t.host.as_deref(), ip: t.ip, port: t.port, ..Default::default() };
-    let (d, refused) = engine.decide_flow(&flow);
+    let (mut d, refused) = engine.decide_flow(&flow);
+    // The HTTP rules, as the daemon applies them: only under a network
+    // decision that lets the request through (ADR 0050).
+    let http_decision = match http {
+        Some((method, path)) if d.verdict != Verdict::Deny => {
+            let req = policy::http::Request { method, path, overridden: false };
+            engine.decide_http(sandbox_name, t.host.as_deref(), t.port, &req)
+        }
+        _ => None,
+    };
+    if let Some(h) = &http_decision
+        && (h.verdict == Verdict::Deny || d.verdict == Verdict::Allow)
+    {
+        d = policy::Decision { verdict: h.verdict, matched_rule: h.matched_rule, default_used: false, learned: false };
+    }
     let matched = if d.learned { Some(MatchedRule::learned()) } else { d.matched_rule.as_ref().map(MatchedRule::from) };
     if json {
         let out = CheckJson {
@@ -422,6 +514,11 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             default_used: d.default_used,
             learned: d.learned,
             refused,
+            http: http_decision.as_ref().map(|h| HttpJson {
+                method: http.map(|(m, _)| m).unwrap_or_default(),
+                path: h.path.as_deref(),
+                refused: h.refusal.as_ref().map(ToString::to_string),
+            }),
         };
         output::println(&serde_json::to_string(&out)?)?;
     } else {
@@ -430,13 +527,25 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
             (Some(ip), _) => format!("{ip}:{}", t.port),
             (None, host) => format!("{}:{}", host.as_deref().unwrap_or_default(), t.port),
         };
+        let endpoint = match http {
+            Some((m, p)) => format!("{endpoint} {m} {p}"),
+            None => endpoint,
+        };
         let why = match (&d.matched_rule, refused) {
+            (_, None) if http_decision.as_ref().is_some_and(|h| h.refusal.is_some()) => {
+                format!("the HTTP rules' checks: {}", http_decision.as_ref().and_then(|h| h.refusal.as_ref()).map(ToString::to_string).unwrap_or_default())
+            }
+            (None, None) if http_decision.is_some() => format!(
+                "the HTTP rules: the host has some and none allows this request (`ppp policy allow http {} --method {} --path …`)",
+                t.host.as_deref().unwrap_or_default(),
+                http.map(|(m, _)| m).unwrap_or_default()
+            ),
             (_, Some(policy::Refusal::Internal(a) | policy::Refusal::Rebinding(a))) => {
                 format!("the internal-address defence: `{a}` is internal and no rule for the address allows it")
             }
             (_, Some(r)) => format!("the proxy's defences ({r:?})"),
             (Some(m), None) => {
-                format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), m.rule.resource, m.scope, m.rule.source)
+                format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), describe_resource(m.rule), m.scope, m.rule.source)
             }
             (None, None) if d.learned => format!(
                 "learning: no rule matches and sandbox `{}` is learning (`ppp policy learn --off`)",
@@ -457,12 +566,19 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
                 // One tiny engine per rule: slow, but only for --verbose, and
                 // it keeps matching in the engine rather than re-implemented.
                 let single = Engine::build(Verdict::Deny, vec![rule.clone()], Vec::new())?;
-                if single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some() {
+                let hit = match rule.kind {
+                    policy::RuleType::Network => single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some(),
+                    policy::RuleType::Http => http.is_some_and(|(method, path)| {
+                        let req = policy::http::Request { method, path, overridden: false };
+                        single.decide_http(None, t.host.as_deref(), t.port, &req).is_some_and(|h| h.matched_rule.is_some())
+                    }),
+                };
+                if hit {
                     output::println(&format!(
                         "  matches: {} {} `{}` ({scope}, {})",
                         short_id(&rule.id),
                         rule.decision,
-                        rule.resource,
+                        describe_resource(rule),
                         rule.source
                     ))?;
                 }
@@ -473,6 +589,15 @@ fn check(dirs: &Dirs, target: &str, sandbox_name: Option<&str>, json: bool, verb
         eprintln!("hint: {NO_POLICY_HINT}");
     }
     Ok(d.verdict)
+}
+
+/// A rule's resource as output shows it: an HTTP rule's with its methods
+/// and path (`api.example.com GET,HEAD /repos/org/**`).
+fn describe_resource(r: &Rule) -> String {
+    match (r.kind, &r.methods, &r.path) {
+        (policy::RuleType::Http, Some(m), Some(p)) => format!("{} {} {p}", r.resource, m.join(",")),
+        _ => r.resource.to_string(),
+    }
 }
 
 /// How `policy ls` prints.
@@ -494,8 +619,13 @@ impl Filter {
     fn keep(&self, r: &Rule) -> bool {
         self.decision.is_none_or(|d| d == r.decision)
             && self.source.is_none_or(|s| s.source() == Some(r.source))
-            // Every rule is a network rule; the filter exists for the surface.
-            && self.kind.is_none_or(|RuleTypeFilter::Network| true)
+            && self.kind.is_none_or(|k| {
+                r.kind
+                    == match k {
+                        RuleTypeFilter::Network => policy::RuleType::Network,
+                        RuleTypeFilter::Http => policy::RuleType::Http,
+                    }
+            })
     }
 }
 
@@ -591,7 +721,7 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, form: Form, w
                 id(l.rule),
                 l.sandbox.map_or_else(|| "global".to_owned(), ToOwned::to_owned),
                 l.rule.decision.to_string(),
-                l.rule.resource.to_string(),
+                describe_resource(l.rule),
                 l.rule.source.to_string(),
             ];
             if any_limits {
@@ -696,12 +826,16 @@ fn inspect(dirs: &Dirs, id: &str, json: bool) -> Result<ExitCode> {
         let r = &f.rule;
         let scope = f.sandbox.as_ref().map_or_else(|| "global".to_owned(), |s| format!("sandbox `{s}`"));
         output::print(&format!(
-            "id:         {}\ndecision:   {}\ntype:       {}\nresource:   {}\nkind:       {}\nsource:     {}\nscope:      {scope}\ncreated_at: {}\nfile:       {}\n",
+            "id:         {}\ndecision:   {}\ntype:       {}\nresource:   {}\nkind:       {}\n{}source:     {}\nscope:      {scope}\ncreated_at: {}\nfile:       {}\n",
             r.id,
             r.decision,
             r.kind,
             r.resource,
             serde_json::to_value(r.resource.kind())?.as_str().unwrap_or_default(),
+            match (&r.methods, &r.path) {
+                (Some(m), Some(p)) => format!("methods:    {}\npath:       {p}\n", m.join(", ")),
+                _ => String::new(),
+            },
             r.source,
             fmt_time(r.created_at),
             f.file.display(),
@@ -881,6 +1015,7 @@ impl Doomed<'_> {
 
 fn rm(
     dirs: &Dirs,
+    kind: RuleKind,
     sandbox_name: Option<&str>,
     id: Option<&str>,
     resource: Option<&str>,
@@ -898,7 +1033,10 @@ fn rm(
     let lock = state::Lock::acquire(&dirs.state_lock())?;
     let place = sandbox_name.map_or_else(|| "the global policy".to_owned(), |s| format!("the policy of sandbox `{s}`"));
     let select = |rules: &mut Vec<Rule>| -> Result<Vec<Rule>> {
-        let doomed_ids = doomed.ids(rules)?;
+        // Only rules of the kind named: `rm network --resource x` leaves
+        // x's HTTP rules, and the reverse.
+        let of_kind: Vec<Rule> = rules.iter().filter(|r| r.kind == kind.rule_type()).cloned().collect();
+        let doomed_ids = doomed.ids(&of_kind)?;
         if doomed_ids.is_empty() {
             let what = doomed.describe();
             return Err(fail(format!("no rule with {what} in {place}"))

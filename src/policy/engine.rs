@@ -65,6 +65,8 @@ pub struct Engine {
     /// Sandboxes whose file says `learn: true`.
     learning: HashSet<String>,
     approval_timeout: u32,
+    /// Some file has an HTTP rule ([`Engine::has_http_rules`]).
+    any_http: bool,
 }
 
 #[derive(Debug)]
@@ -72,6 +74,10 @@ struct Compiled {
     rules: Vec<Rule>,
     deny: Index,
     allow: Index,
+    /// The HTTP rules (ADR 0050), in file order, each with an index of its
+    /// one host pattern: the same host matching as network rules, and few
+    /// enough rules that asking each is cheaper than another index kind.
+    http: Vec<(u32, Index)>,
 }
 
 /// A rule's position in its scope's list and its port restriction. Lists of
@@ -149,7 +155,9 @@ impl Engine {
             let c = Compiled::new(rules).with_context(|| format!("could not compile the rules of sandbox `{name}`"))?;
             map.insert(name, c);
         }
+        let any_http = !global.http.is_empty() || map.values().any(|c: &Compiled| !c.http.is_empty());
         Ok(Engine {
+            any_http,
             default,
             global,
             sandboxes: map,
@@ -254,6 +262,113 @@ impl Engine {
     #[must_use]
     pub fn approval_timeout(&self) -> u32 {
         self.approval_timeout
+    }
+}
+
+/// What the HTTP rules say about one request ([`Engine::decide_http`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpDecision<'a> {
+    pub verdict: Verdict,
+    /// The HTTP rule that decided; `None` for a refusal before matching,
+    /// or when no HTTP rule of the host covers the request.
+    pub matched_rule: Option<Matched<'a>>,
+    /// Refused before any rule was matched (a path that cannot be
+    /// canonicalised, a lower-case method, an override header).
+    pub refusal: Option<super::http::Refusal>,
+    /// The canonical path, when there is one: what was matched, and what
+    /// flows.jsonl records.
+    pub path: Option<String>,
+}
+
+impl Engine {
+    /// The HTTP rules of both scopes (global first, in file order) whose
+    /// host pattern matches `host` on `port`.
+    fn http_rules<'e>(&'e self, sandbox: Option<&str>, host: Option<&str>, port: u16) -> Vec<Matched<'e>> {
+        let mut out = Vec::new();
+        if host.is_none_or(|h| !is_name(h)) {
+            return out;
+        }
+        let q = Query::new(host, None, port);
+        let compiled = sandbox.and_then(|s| self.sandboxes.get(s));
+        for (scope, c) in [(Scope::Global, Some(&self.global)), (Scope::Sandbox, compiled)] {
+            let Some(c) = c else { continue };
+            for (order, index) in &c.http {
+                if index.first_match(&q).is_some() {
+                    out.push(Matched { rule: &c.rules[*order as usize], scope });
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether any file has an HTTP rule at all: without one, nothing
+    /// about HTTP rules need be asked.
+    #[must_use]
+    pub fn has_http_rules(&self) -> bool {
+        self.any_http
+    }
+
+    /// Whether any HTTP rule (of the global file or `sandbox`'s) covers
+    /// `host` on `port`. A connection to such a host must be inspected:
+    /// when ppp cannot see its requests (raw TCP, UDP/QUIC, TLS passed
+    /// through uninspected) it is refused, since its paths and methods
+    /// cannot be judged (ADR 0050). For the addon's `decide` reply, and for
+    /// any code that decides to pass a connection through.
+    #[must_use]
+    pub fn http_rules_apply(&self, sandbox: Option<&str>, host: Option<&str>, port: u16) -> bool {
+        !self.http_rules(sandbox, host, port).is_empty()
+    }
+
+    /// The HTTP rules' decision for a request to `host` (the name SNI,
+    /// Host and target agreed on) that the network rules allowed, or
+    /// `None` when no HTTP rule covers the host: then the network decision
+    /// stands. Otherwise: a request ppp cannot judge exactly (see
+    /// [`super::http::canonical_path`], [`super::http::is_method`], the
+    /// override headers, CONNECT and `OPTIONS *`) is denied; a matching
+    /// HTTP deny denies; else a matching HTTP allow allows; else denied.
+    #[must_use]
+    pub fn decide_http(
+        &self,
+        sandbox: Option<&str>,
+        host: Option<&str>,
+        port: u16,
+        req: &super::http::Request<'_>,
+    ) -> Option<HttpDecision<'_>> {
+        use super::http::{self, Refusal};
+        let rules = self.http_rules(sandbox, host, port);
+        if rules.is_empty() {
+            return None;
+        }
+        let refused = |r: Refusal, path: Option<String>| {
+            Some(HttpDecision { verdict: Verdict::Deny, matched_rule: None, refusal: Some(r), path })
+        };
+        let path = match http::canonical_path(req.path) {
+            Ok(p) => p,
+            Err(_) if req.method == "CONNECT" || req.path == "*" || req.path.is_empty() => {
+                return refused(Refusal::Target, None);
+            }
+            Err(why) => return refused(Refusal::Path(why), None),
+        };
+        if req.method == "CONNECT" {
+            return refused(Refusal::Target, Some(path));
+        }
+        if !http::is_method(req.method) {
+            return refused(Refusal::Method, Some(path));
+        }
+        if req.overridden {
+            return refused(Refusal::Override, Some(path));
+        }
+        let hit = |m: &&Matched<'_>| {
+            let r = m.rule;
+            r.methods.as_deref().is_some_and(|ms| http::method_matches(ms, req.method))
+                && r.path.as_deref().is_some_and(|g| http::path_matches(g, &path))
+        };
+        for verdict in [Verdict::Deny, Verdict::Allow] {
+            if let Some(m) = rules.iter().filter(|m| m.rule.decision == verdict).find(hit) {
+                return Some(HttpDecision { verdict, matched_rule: Some(*m), refusal: None, path: Some(path) });
+            }
+        }
+        Some(HttpDecision { verdict: Verdict::Deny, matched_rule: None, refusal: None, path: Some(path) })
     }
 }
 
@@ -447,8 +562,18 @@ impl Compiled {
     fn new(rules: Vec<Rule>) -> Result<Compiled> {
         let mut deny = IndexBuilder::default();
         let mut allow = IndexBuilder::default();
+        let mut http = Vec::new();
         let count = u32::try_from(rules.len()).context("too many rules")?;
         for (order, rule) in (0..count).zip(&rules) {
+            if rule.kind == super::RuleType::Http {
+                // Never in the network indexes: an HTTP allow must not open
+                // a host, nor an HTTP deny close all of it.
+                rule.check().map_err(|e| anyhow::anyhow!("rule {}: {e}", rule.id))?;
+                let mut one = IndexBuilder::default();
+                one.add(order, rule);
+                http.push((order, one.finish(&rules)?));
+                continue;
+            }
             let b = match rule.decision {
                 Verdict::Deny => &mut deny,
                 Verdict::Allow => &mut allow,
@@ -459,7 +584,7 @@ impl Compiled {
         }
         let deny = deny.finish(&rules)?;
         let allow = allow.finish(&rules)?;
-        Ok(Compiled { rules, deny, allow })
+        Ok(Compiled { rules, deny, allow, http })
     }
 }
 
@@ -770,6 +895,86 @@ mod tests {
         let ip = host.parse().ok();
         let host = if ip.is_some() { None } else { Some(host) };
         e.decide(None, host, ip, port).verdict == Verdict::Allow
+    }
+
+    fn http(decision: Verdict, host: &str, methods: &[&str], path: &str) -> Rule {
+        let methods = methods.iter().map(|m| (*m).to_owned()).collect();
+        Rule::new_http(decision, Resource::parse(host).unwrap(), methods, path.to_owned(), Source::Local).unwrap()
+    }
+
+    fn req<'a>(method: &'a str, path: &'a str) -> crate::policy::http::Request<'a> {
+        crate::policy::http::Request { method, path, overridden: false }
+    }
+
+    /// ADR 0050: HTTP rules carve inside a network allow, never open a host
+    /// and never close one that has no HTTP rule.
+    #[test]
+    fn http_rules_carve_inside_the_network_allow() {
+        let global = vec![
+            allow("api.example.com"),
+            http(Verdict::Allow, "api.example.com", &["GET", "HEAD"], "/repos/org/**"),
+            http(Verdict::Deny, "api.example.com", &["ANY"], "/repos/org/secret/**"),
+            http(Verdict::Allow, "closed.example.com", &["ANY"], "/**"),
+        ];
+        let sandbox = vec![http(Verdict::Allow, "*.example.com", &["POST"], "/repos/org/*/pulls")];
+        let e = Engine::build(Verdict::Deny, global.clone(), vec![("s".into(), sandbox.clone())]).unwrap();
+        // The HTTP allow does not open a host in the network decision.
+        assert_eq!(e.decide(None, Some("closed.example.com"), None, 443).verdict, Verdict::Deny);
+        assert_eq!(e.decide(None, Some("other.example.com"), None, 443).verdict, Verdict::Deny);
+        assert!(e.http_rules_apply(None, Some("API.example.com."), 443));
+        assert!(!e.http_rules_apply(None, Some("other.example.com"), 443));
+        assert!(e.http_rules_apply(Some("s"), Some("other.example.com"), 443));
+        assert!(!e.http_rules_apply(None, Some("10.0.0.1"), 443));
+        assert_eq!(e.decide_http(None, Some("other.example.com"), 443, &req("DELETE", "/x")), None);
+
+        let d = e.decide_http(None, Some("api.example.com"), 443, &req("GET", "/repos/org/x?y=1")).unwrap();
+        assert_eq!((d.verdict, d.matched_rule.unwrap().rule.id, d.path.as_deref()), (Verdict::Allow, global[1].id, Some("/repos/org/x")));
+        let d = e.decide_http(None, Some("api.example.com"), 443, &req("GET", "/repos/org/secret/k")).unwrap();
+        assert_eq!((d.verdict, d.matched_rule.unwrap().rule.id), (Verdict::Deny, global[2].id));
+        for (m, p) in [("POST", "/repos/org/x"), ("GET", "/repos/other/x"), ("GET", "/")] {
+            let d = e.decide_http(None, Some("api.example.com"), 443, &req(m, p)).unwrap();
+            assert_eq!((d.verdict, d.matched_rule, d.refusal), (Verdict::Deny, None, None), "{m} {p}");
+        }
+        // The sandbox's HTTP allow adds to the global ones for that sandbox.
+        let d = e.decide_http(Some("s"), Some("api.example.com"), 443, &req("POST", "/repos/org/x/pulls")).unwrap();
+        assert_eq!((d.verdict, d.matched_rule.unwrap().scope), (Verdict::Allow, Scope::Sandbox));
+        let d = e.decide_http(None, Some("api.example.com"), 443, &req("POST", "/repos/org/x/pulls")).unwrap();
+        assert_eq!(d.verdict, Verdict::Deny);
+    }
+
+    /// Every trick of the guest is refused, or decoded into what it means.
+    #[test]
+    fn http_tricks() {
+        use crate::policy::http::Refusal;
+        let e = Engine::build(
+            Verdict::Deny,
+            vec![allow("api.example.com"), http(Verdict::Allow, "api.example.com", &["GET"], "/repos/org/**")],
+            vec![],
+        )
+        .unwrap();
+        let ask = |m: &str, p: &str, o: bool| {
+            e.decide_http(None, Some("api.example.com"), 443, &crate::policy::http::Request { method: m, path: p, overridden: o })
+                .unwrap()
+        };
+        for p in ["/repos/org%2Fx/../../other", "/repos/org/%2e%2e/other", "/repos/org/../other", "/repos//org/x", "/repos/org;x=1/x", "/repos/org/x#y", "/repos/org\\x"] {
+            let d = ask("GET", p, false);
+            assert!(matches!(d.refusal, Some(Refusal::Path(_))) && d.verdict == Verdict::Deny, "{p}: {d:?}");
+        }
+        assert_eq!(ask("GET", "/repos/%6Frg/x", false).verdict, Verdict::Allow);
+        assert_eq!(ask("get", "/repos/org/x", false).refusal, Some(Refusal::Method));
+        assert_eq!(ask("GET", "/repos/org/x", true).refusal, Some(Refusal::Override));
+        assert_eq!(ask("OPTIONS", "*", false).refusal, Some(Refusal::Target));
+        assert_eq!(ask("CONNECT", "", false).refusal, Some(Refusal::Target));
+        assert_eq!(ask("CONNECT", "/repos/org/x", false).refusal, Some(Refusal::Target));
+    }
+
+    #[test]
+    fn http_rules_need_a_host_pattern() {
+        for bad in ["10.0.0.1", "10.0.0.0/8", "^a\\.b$"] {
+            let r = Rule::new_http(Verdict::Allow, Resource::parse(bad).unwrap(), vec!["GET".into()], "/".into(), Source::Local);
+            assert!(r.unwrap_err().contains("not a host pattern"), "{bad}");
+        }
+        assert!(Rule::new_http(Verdict::Allow, Resource::parse("a.b:8443").unwrap(), vec!["GET".into()], "/".into(), Source::Local).is_ok());
     }
 
     #[test]

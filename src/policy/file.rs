@@ -105,10 +105,12 @@ impl GlobalFile {
 /// Parse the global file's text; `path` is only used in messages. This is the
 /// code path [`load_global`] uses, exposed for the fuzz target.
 pub fn parse_global(path: &Path, text: &str) -> Result<GlobalFile, ParseError> {
-    match fast::global(text) {
-        Some(f) => Ok(f),
-        None => state::parse_yaml(path, text),
-    }
+    let f: GlobalFile = match fast::global(text) {
+        Some(f) => f,
+        None => state::parse_yaml(path, text)?,
+    };
+    check_rules(path, text, &f.rules)?;
+    Ok(f)
 }
 
 /// Parse a sandbox file's text. An empty file (or one with only comments)
@@ -117,10 +119,26 @@ pub fn parse_sandbox(path: &Path, text: &str) -> Result<SandboxFile, ParseError>
     if is_blank_yaml(text) {
         return Ok(SandboxFile::default());
     }
-    match fast::sandbox(text) {
-        Some(f) => Ok(f),
-        None => state::parse_yaml(path, text),
+    let f: SandboxFile = match fast::sandbox(text) {
+        Some(f) => f,
+        None => state::parse_yaml(path, text)?,
+    };
+    check_rules(path, text, &f.rules)?;
+    Ok(f)
+}
+
+/// The checks across a rule's fields ([`Rule::check`]), as a parse error
+/// at the line of the rule's `id` (serde has no location once a rule is
+/// whole).
+fn check_rules(path: &Path, text: &str, rules: &[Rule]) -> Result<(), ParseError> {
+    for r in rules {
+        if let Err(message) = r.check() {
+            let id = r.id.to_string();
+            let line = text.lines().position(|l| l.contains(&id)).map_or(1, |i| i + 1);
+            return Err(ParseError { path: path.to_owned(), line, column: 1, message: format!("rule `{id}`: {message}") });
+        }
     }
+    Ok(())
 }
 
 /// Parse with `serde_norway` only, bypassing the fast path. For the fuzz
@@ -385,6 +403,9 @@ mod fast {
                     Some(v) => Some(size(v)?),
                     None => None,
                 },
+                // HTTP rules (`type: http`) go to serde_norway.
+                methods: None,
+                path: None,
             })
         }
     }

@@ -13,6 +13,7 @@
 mod engine;
 mod file;
 pub mod flowlog;
+pub mod http;
 pub mod follow;
 pub mod limits;
 mod preset;
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 pub(crate) use engine::normalize_host;
-pub use engine::{Decision, Engine, Flow, MAX_CHAIN, Matched, Refusal, is_internal, is_name};
+pub use engine::{Decision, Engine, Flow, HttpDecision, MAX_CHAIN, Matched, Refusal, is_internal, is_name};
 pub use file::{
     GlobalFile, SandboxFile, load_global, load_sandbox, parse_global, parse_global_slow, parse_sandbox, save_global,
     save_sandbox,
@@ -99,17 +100,22 @@ impl fmt::Display for Source {
     }
 }
 
-/// The kind of a rule. Only network rules exist in v1; the field is kept in
-/// the file so filesystem rules can be added without a format change.
+/// The kind of a rule: a network rule decides whether a host may be
+/// reached at all; an HTTP rule (ADR 0050) decides methods and paths on a
+/// host the network rules allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RuleType {
     Network,
+    Http,
 }
 
 impl fmt::Display for RuleType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("network")
+        f.write_str(match self {
+            RuleType::Network => "network",
+            RuleType::Http => "http",
+        })
     }
 }
 
@@ -153,6 +159,12 @@ pub struct Rule {
     pub upload: Option<limits::Size>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<limits::Size>,
+    /// An HTTP rule's methods (`[GET, HEAD]`, or `[ANY]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
+    /// An HTTP rule's path glob (`/repos/org/**`), canonical itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// A rule decides; only the default may leave the decision to the user.
@@ -183,7 +195,66 @@ impl Rule {
             kit: None,
             upload: None,
             download: None,
+            methods: None,
+            path: None,
         }
+    }
+
+    /// A new HTTP rule (ADR 0050): `methods` on paths matching `path` of the
+    /// hosts `resource` names. Checked as a file's rule is ([`Rule::check`]).
+    pub fn new_http(
+        decision: Verdict,
+        resource: Resource,
+        methods: Vec<String>,
+        path: String,
+        source: Source,
+    ) -> Result<Rule, String> {
+        let mut r = Rule::new(decision, resource, source);
+        r.kind = RuleType::Http;
+        r.methods = Some(methods);
+        r.path = Some(path);
+        r.check()?;
+        Ok(r)
+    }
+
+    /// What serde cannot check field by field: an HTTP rule has a host
+    /// pattern (no address, range or regex: the host is the name that
+    /// SNI, Host and target agreed on), methods and a canonical path; a
+    /// network rule has neither. The error names the field.
+    pub fn check(&self) -> Result<(), String> {
+        match self.kind {
+            RuleType::Network => {
+                if self.methods.is_some() {
+                    return Err("field `methods`: only an HTTP rule (`type: http`) has methods".to_owned());
+                }
+                if self.path.is_some() {
+                    return Err("field `path`: only an HTTP rule (`type: http`) has a path".to_owned());
+                }
+            }
+            RuleType::Http => {
+                if !matches!(
+                    self.resource.kind(),
+                    ResourceKind::Host | ResourceKind::Wildcard | ResourceKind::Glob | ResourceKind::Any
+                ) {
+                    return Err(format!(
+                        "field `resource`: `{}` is not a host pattern; an HTTP rule names hosts (no address, range or regex)",
+                        self.resource
+                    ));
+                }
+                let Some(methods) = &self.methods else {
+                    return Err("field `methods`: an HTTP rule needs methods (`[GET, HEAD]`, or `[ANY]`)".to_owned());
+                };
+                http::check_methods(methods).map_err(|e| format!("field `methods`: {e}"))?;
+                let Some(path) = &self.path else {
+                    return Err("field `path`: an HTTP rule needs a path (`/repos/org/**`)".to_owned());
+                };
+                http::check_rule_path(path).map_err(|e| format!("field `path`: {e}"))?;
+                if self.upload.is_some() || self.download.is_some() {
+                    return Err("field `upload`/`download`: limits belong on the network rule".to_owned());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The limits this rule sets.

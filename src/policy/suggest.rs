@@ -307,6 +307,8 @@ pub fn rules(scope: &str, suggestions: &[Suggestion]) -> Vec<Rule> {
             kit: None,
             upload: None,
             download: None,
+            methods: None,
+            path: None,
         })
         .collect()
 }

@@ -71,6 +71,20 @@ pub enum Request {
         /// other flows the daemon finds the chain itself.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         chain: Vec<String>,
+        /// For an HTTP request (ADR 0050): its method, for the HTTP rules
+        /// of the host. Without it only the network rules decide, and the
+        /// reply's `http_rules` says whether HTTP rules cover the host.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        method: Option<String>,
+        /// The raw path mitmproxy forwards (origin-form, or HTTP/2's
+        /// `:path`), each byte as one char (latin-1); the daemon
+        /// canonicalises it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<String>,
+        /// The request carries a method-override header
+        /// ([`crate::policy::http::OVERRIDE_HEADERS`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        overridden: bool,
     },
     /// The current reload generation.
     Generation,
@@ -287,6 +301,26 @@ pub struct Decision {
     /// `ppp policy replay` judges the flow as the daemon did (ADR 0048).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub local: bool,
+    /// HTTP rules cover the host ([`crate::policy::Engine::http_rules_apply`]):
+    /// a connection whose requests ppp cannot see (raw TCP, UDP, TLS passed
+    /// through) must be refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub http_rules: bool,
+    /// Set when the HTTP rules decided a request (`decide` with a method).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpOutcome>,
+}
+
+/// How the HTTP rules decided a request; the rule, if one matched, is the
+/// reply's `matched_rule`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpOutcome {
+    /// Refused before any rule was matched: why, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+    /// The canonical path that was matched, bounded for the flow log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// How a held request ended, in a `hold` reply.
@@ -388,6 +422,8 @@ impl Response {
                 w.long_chain = d.long_chain;
                 w.chain.clone_from(&d.chain);
                 w.local = d.local;
+                w.http_rules = d.http_rules;
+                w.http.clone_from(&d.http);
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
@@ -432,6 +468,8 @@ impl Response {
                 limits: w.limits,
                 approval: w.approval,
                 local: w.local,
+                http_rules: w.http_rules,
+                http: w.http,
             })
         } else if let Some(p) = w.approvals {
             Response::Approvals(p)
@@ -501,6 +539,10 @@ struct Wire {
     chain: Vec<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     local: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    http_rules: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    http: Option<HttpOutcome>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -579,6 +621,24 @@ mod tests {
                 port: 443,
                 protocol: Some(Protocol::Tls),
                 chain: vec![],
+                method: None,
+                path: None,
+                overridden: false,
+            }
+        );
+        assert_eq!(
+            req(r#"{"op":"decide","sandbox":"s","host":"a.b","ip":"1.2.3.4","port":443,"protocol":"http","method":"GET","path":"/x?y","overridden":true}"#)
+                .unwrap(),
+            Request::Decide {
+                sandbox: Some("s".into()),
+                host: Some("a.b".into()),
+                ip: Some("1.2.3.4".parse().unwrap()),
+                port: 443,
+                protocol: Some(Protocol::Http),
+                chain: vec![],
+                method: Some("GET".into()),
+                path: Some("/x?y".into()),
+                overridden: true,
             }
         );
         let (id, r) = parse_request(br#"{"id":7,"op":"generation"}"#);
@@ -632,6 +692,8 @@ mod tests {
             limits: None,
             approval: None,
             local: false,
+            http_rules: false,
+            http: None,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -657,9 +719,13 @@ mod tests {
             limits: None,
             approval: Some(Held { id: Some("0badc0de".into()), outcome: HeldOutcome::Allowed }),
             local: false,
+            http_rules: true,
+            http: Some(HttpOutcome { refusal: None, path: Some("/repos/org/x".into()) }),
         });
         let line = held.to_line(None);
         assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");
+        assert!(line.contains("\"http_rules\":true,\"http\":{\"path\":\"/repos/org/x\"}"), "{line}");
+        assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.http_rules && x.http.is_some()));
         assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.approval.is_some()));
         assert_eq!(Response::Released(2).to_line(None), "{\"ok\":true,\"released\":2}\n");
         assert!(

@@ -217,6 +217,20 @@ impl Resolutions {
         Some(Slot { owner: self, sandbox: sandbox.to_owned(), _permit: permit })
     }
 
+    /// Whether ppp's resolver answered `sandbox` `addr` for a name `pred`
+    /// holds for (ADR 0050: a connection to that address with no name of
+    /// its own, raw TCP or UDP, belongs to the names it was answered for).
+    /// Scans every kept answer (at most [`MAX_ANSWERS`]): only asked when
+    /// HTTP rules exist at all.
+    pub fn any_name_at(&self, sandbox: &str, addr: IpAddr, pred: impl Fn(&str) -> bool) -> bool {
+        let addr = addr.to_canonical();
+        let now = Instant::now();
+        let answers = lock(&self.answers);
+        answers.map.iter().any(|((s, name), (_, (kept, _)))| {
+            s == sandbox && kept.iter().any(|(a, exp)| *a == addr && *exp > now) && pred(name)
+        })
+    }
+
     /// Whether `addr` is one of this host's own addresses (any interface):
     /// a flow there reaches the host's services, whatever the range.
     pub fn is_own(&self, addr: IpAddr) -> bool {

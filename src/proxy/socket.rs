@@ -425,8 +425,19 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
                 Err(e) => Response::error(Reason::Internal, format!("modes task failed: {e}")),
             }
         }
-        Request::Decide { sandbox, host, ip, port, protocol, chain } => {
-            decide_chain(state, sandbox.as_deref(), host.as_deref(), ip, port, protocol, chain).await
+        Request::Decide { sandbox, host, ip, port, protocol, chain, method, path, overridden } => {
+            let Some(method) = method else {
+                return decide_chain(state, sandbox.as_deref(), host.as_deref(), ip, port, protocol, chain).await;
+            };
+            let req = policy::http::Request { method: &method, path: path.as_deref().unwrap_or(""), overridden };
+            for _ in 0..3 {
+                let network =
+                    decide_chain(state, sandbox.as_deref(), host.as_deref(), ip, port, protocol, chain.clone()).await;
+                if let Some(r) = decide_http(state, network, sandbox.as_deref(), host.as_deref(), port, &req) {
+                    return r;
+                }
+            }
+            Response::error(Reason::Internal, "the policy changed three times while the request was decided")
         }
         Request::Resolved { sandbox, name, addrs, ttl, chain } => {
             state.resolutions.record(&sandbox, &name, &addrs, ttl, &chain);
@@ -608,11 +619,90 @@ async fn decide_chain(
         long_chain: None,
         chain: Vec::new(),
         local: flow.local,
+        http_rules: http_rules(state, &snap.engine, sandbox, host, ip, port),
+        http: None,
     };
     out.set_refusal(refusal, &chain);
     out.chain = chain;
     Response::Decision(out)
 }
+
+/// Whether HTTP rules cover a flow (ADR 0050): by its name, or for a flow
+/// with none (raw TCP, UDP) by the names ppp's resolver answered this
+/// sandbox with its address.
+fn http_rules(
+    state: &State,
+    engine: &policy::Engine,
+    sandbox: Option<&str>,
+    host: Option<&str>,
+    ip: Option<std::net::IpAddr>,
+    port: u16,
+) -> bool {
+    if !engine.has_http_rules() {
+        return false;
+    }
+    if let Some(h) = host.filter(|h| policy::is_name(h)) {
+        return engine.http_rules_apply(sandbox, Some(h), port);
+    }
+    match (sandbox, ip) {
+        (Some(s), Some(addr)) => {
+            state.resolutions.any_name_at(s, addr, |name| engine.http_rules_apply(sandbox, Some(name), port))
+        }
+        _ => false,
+    }
+}
+
+/// The HTTP rules' say over a request the network decision let through
+/// (allowed, or left to the user): a network deny is the floor and stays
+/// (ADR 0050). Decided with the engine of the network decision's
+/// generation; `None` when the policy changed in between (decide again).
+fn decide_http(
+    state: &State,
+    response: Response,
+    sandbox: Option<&str>,
+    host: Option<&str>,
+    port: u16,
+    req: &policy::http::Request<'_>,
+) -> Option<Response> {
+    let Response::Decision(mut out) = response else { return Some(response) };
+    if out.verdict == Verdict::Deny {
+        return Some(Response::Decision(out));
+    }
+    let snap = state.current();
+    if snap.generation != out.generation {
+        return None;
+    }
+    let Some(d) = snap.engine.decide_http(sandbox, host, port, req) else { return Some(Response::Decision(out)) };
+    let path = d.path.map(|p| bounded(&p));
+    if d.verdict == Verdict::Deny {
+        out.verdict = Verdict::Deny;
+        out.matched_rule = d.matched_rule.as_ref().map(MatchedRule::from);
+        out.default_used = false;
+        out.limits = None;
+    } else if out.verdict == Verdict::Allow {
+        // The network rule's limits stay: an HTTP rule has none.
+        out.matched_rule = d.matched_rule.as_ref().map(MatchedRule::from);
+        out.default_used = false;
+    }
+    // An HTTP allow under an `ask` network default stays `ask`: an HTTP
+    // rule never opens a host; the user still answers for it.
+    out.http = Some(protocol::HttpOutcome { refusal: d.refusal.map(|r| r.to_string()), path });
+    Some(Response::Decision(out))
+}
+
+/// A canonical path as the reply carries it (and flows.jsonl records it):
+/// at most [`MAX_LOGGED_PATH`] bytes, a cut one ending in `…`.
+fn bounded(p: &str) -> String {
+    if p.len() <= MAX_LOGGED_PATH {
+        return p.to_owned();
+    }
+    // Canonical paths are ASCII (other bytes stay `%XX`): any cut is on a
+    // char boundary.
+    format!("{}\u{2026}", &p[..MAX_LOGGED_PATH - 3])
+}
+
+/// The flow log's bound on a path (the addon's MAX_LOGGED_PATH).
+const MAX_LOGGED_PATH: usize = 1024;
 
 /// Look a secret up. Blocking: the keychain and the age file are.
 /// What a secret request asks for.

@@ -5,7 +5,8 @@ and sets PPP_STATE_DIR. Fixture (the contract with tests/addon.rs):
 
 * port-registry: 51820 -> red-fox, 51821 -> blue
 * global policy: default deny; allow api.anthropic.com, api.openai.com,
-  jira.example.com, *.allowed.test, 10.9.0.0/16; deny evil.allowed.test
+  jira.example.com, *.allowed.test, 10.9.0.0/16; deny evil.allowed.test;
+  HTTP rule: allow GET, HEAD /repos/org/** on git.allowed.test (ADR 0050)
 * red-fox: allow fox-only.test; blue: deny www.allowed.test
 * secrets: anthropic global sk-ant-GLOBAL-1111, anthropic red-fox
   sk-ant-FOX-2222, openai red-fox sk-oai-FOX-3333, custom PPP_JIRA_TOKEN for
@@ -1596,6 +1597,60 @@ class HookDispatchTest(unittest.TestCase):
         self.assertEqual(calls, ["a:request", "b:request"])
         self.assertTrue(any("not callable" in m for m in logged.output))
         self.assertNotIn("request", self.manager.ppp_hook_table)
+
+
+class HttpRulesTest(Base):
+    """ADR 0050 through the real daemon: the addon sends the bytes
+    mitmproxy forwards and applies what the daemon decides."""
+
+    def test_methods_and_paths_are_the_daemons_to_decide(self) -> None:
+        def get(path: bytes, method: bytes = b"GET", headers: dict[str, str] | None = None) -> http.HTTPFlow:
+            f = http_flow(51820, "git.allowed.test", headers=headers)
+            f.request.data.path = path
+            f.request.data.method = method
+            return self.run_http(f)
+
+        ok = get(b"/repos/org/x?tab=1")
+        self.assertEqual(ok.response.status_code, 200)
+        self.assertEqual(ok.metadata["ppp"]["matched_rule"], "5b0c3c9e-8f7a-4c55-9d5e-2f0b6f1c0a50")
+        self.assertEqual(ok.metadata["ppp"]["http_path"], "/repos/org/x")
+        self.assertEqual(get(b"/repos/%6Frg/y").response.status_code, 200)
+        push = get(b"/repos/org/x", b"POST")
+        self.assertEqual(push.response.status_code, 403)
+        self.assertIn("no HTTP rule allows this request on git.allowed.test", push.response.text)
+        self.assertIn(
+            "to allow: ppp policy allow http --sandbox red-fox git.allowed.test --method POST --path '/repos/org/x'",
+            push.response.text,
+        )
+        for trick in (b"/repos/org%2F..%2Fother", b"/repos/org/%2e%2e/x", b"/repos/org/../other", b"/repos//org"):
+            f = get(trick)
+            self.assertEqual(f.response.status_code, 403, trick)
+            self.assertIn("the path", f.response.text)
+        self.assertEqual(get(b"/repos/org/x", b"get").response.status_code, 403)
+        f = get(b"/repos/org/x", headers={"X-HTTP-Method-Override": "DELETE"})
+        self.assertEqual(f.response.status_code, 403)
+        self.assertIn("method-override", f.response.text)
+        # Cached per request: the allowed path again is not asked, another is.
+        calls = self.count_daemon_calls()
+        self.assertEqual(get(b"/repos/org/x?tab=1").response.status_code, 200)
+        self.assertNotIn("decide", calls)
+        self.assertEqual(get(b"/repos/other").response.status_code, 403)
+        self.assertIn("decide", calls)
+        # Another host of the same wildcard has no HTTP rule: any method.
+        f = http_flow(51820, "www.allowed.test")
+        f.request.data.method = b"DELETE"
+        self.assertEqual(self.run_http(f).response.status_code, 200)
+
+    def test_a_stream_ppp_cannot_inspect_is_refused_on_an_http_rule_host(self) -> None:
+        for sni, refused in (("git.allowed.test", True), ("www.allowed.test", False)):
+            c = client(51820)
+            c.sni = sni
+            resolved(51820, sni, "93.184.216.34")
+            t = tflow.ttcpflow(client_conn=c, server_conn=server("93.184.216.34", 443))
+            self.addon.tcp_start(t)
+            self.assertEqual(t.metadata["ppp"]["decision"], "deny" if refused else "allow", sni)
+            if refused:
+                self.assertIn("cannot inspect", self.addon._denied[c.id].reason)
 
 
 class OffLoopTest(Base):

@@ -308,6 +308,14 @@ class Connections(Holds, FlowLog, Limits):
         port: int | None,
         v: Verdict,
     ) -> None:
+        if v.allow and v.http_rules:
+            # ADR 0050: the host's HTTP rules decide its requests, and this
+            # stream's are not visible (TLS mitmproxy did not open, or bytes
+            # it cannot read as HTTP, or UDP): refused.
+            v = deny(
+                f"{host or ip} has HTTP rules, and ppp cannot inspect the requests of this {kind.upper()} connection",
+                "http",
+            )
         self._mark(flow, sandbox, host or ip, v, v.allow)
         flow.metadata["ppp"].update(kind=kind, ip=ip, port=port)
         if v.allow and sandbox is not None and port is not None:

@@ -210,22 +210,38 @@ class Decisions(State):
         return self._registry.get(port)
 
     def decide(
-        self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str, chain: tuple[str, ...] = ()
+        self,
+        sandbox: str,
+        host: str | None,
+        ip: str | None,
+        port: int,
+        protocol: str,
+        chain: tuple[str, ...] = (),
+        request: tuple[str, str, bool] | None = None,
     ) -> Verdict:
         """The daemon's verdict, cached per (sandbox, host, ip, port) for one
         generation. `host` is what the guest named, `ip` where the bytes go;
         the daemon judges both (the name must resolve to the address, an
         address literal does not replace the destination, internal addresses
-        need their own rule). A daemon failure denies and is never cached."""
+        need their own rule). `request` is an HTTP request's (method, raw
+        path, has a method-override header), for the host's HTTP rules. A
+        daemon failure denies and is never cached."""
         try:
             self._poll()
-            return self._verdict(sandbox, host, ip, port, protocol, chain)
+            return self._verdict(sandbox, host, ip, port, protocol, chain, request)
         except DaemonError as e:
             log.warning("ppp: policy daemon unavailable, denying: %s", e)
             return DAEMON_DOWN
 
     def _verdict(
-        self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str, chain: tuple[str, ...] = ()
+        self,
+        sandbox: str,
+        host: str | None,
+        ip: str | None,
+        port: int,
+        protocol: str,
+        chain: tuple[str, ...] = (),
+        request: tuple[str, str, bool] | None = None,
     ) -> Verdict:
         """decide() without the poll; raises DaemonError."""
         # The daemon answers DNS and UDP differently under an `ask` default
@@ -245,22 +261,48 @@ class Decisions(State):
             # is another decision.
             key = (*key, chain)
             req["chain"] = list(chain)
-        if (v := self._decisions.get(key)) is not None:
+        if request is not None:
+            _with_request(req, request)
+        if (v := self._lookup(key, request)) is not None:
             return v
-        return self._answer(key, self._ask(req), host)
+        return self._answer(key, self._ask(req), host, request)
 
-    def _answer(self, key: tuple[Any, ...], r: dict[str, Any], host: str | None) -> Verdict:
+    def _lookup(self, key: tuple[Any, ...], request: tuple[str, str, bool] | None) -> Verdict | None:
+        """The cached answer for `key`; for an HTTP request to a host with
+        HTTP rules, the answer for that very request (method, path,
+        override), since the host's answer does not decide it."""
+        v = self._decisions.get(key)
+        if v is not None and v.http_rules and request is not None:
+            return self._decisions.get((*key, request))
+        return v
+
+    def _answer(
+        self, key: tuple[Any, ...], r: dict[str, Any], host: str | None, request: tuple[str, str, bool] | None = None
+    ) -> Verdict:
         """A `decide` reply as a Verdict, cached under `key` when it may be,
-        its generation seen. On the loop only. Raises DaemonError."""
+        its generation seen. On the loop only. Raises DaemonError. An
+        answer the HTTP rules gave (the host has some) is cached for its
+        request alone: another path of the host is another decision."""
         if not r.get("ok"):
             raise DaemonError(f"decide: {r.get('reason')} {r.get('detail', '')}")
         v, cache = self._from_reply(r, host)
         self._saw_generation(r.get("generation"))
         if cache:
-            self._decisions[key] = v
+            if v.http_rules and request is not None:
+                self._decisions[(*key, request)] = v
+            else:
+                self._decisions[key] = v
         return v
 
-    def _cached(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict | None:
+    def _cached(
+        self,
+        sandbox: str,
+        host: str | None,
+        ip: str | None,
+        port: int,
+        protocol: str,
+        request: tuple[str, str, bool] | None = None,
+    ) -> Verdict | None:
         """decide() when the answer is cached, or None: then the hook hands
         mitmproxy `_asked` to await. The generation is polled first, as
         decide() does, and a failed poll denies."""
@@ -269,10 +311,17 @@ class Decisions(State):
         except DaemonError as e:
             log.warning("ppp: policy daemon unavailable, denying: %s", e)
             return DAEMON_DOWN
-        return self._decisions.get((sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else ""))
+        return self._lookup((sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else ""), request)
 
     async def _asked(
-        self, client: connection.Client | None, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str
+        self,
+        client: connection.Client | None,
+        sandbox: str,
+        host: str | None,
+        ip: str | None,
+        port: int,
+        protocol: str,
+        request: tuple[str, str, bool] | None = None,
     ) -> Verdict:
         """decide() for a verdict not cached, with the daemon asked in a
         worker thread: the host lookup a `decide` may need (up to the
@@ -295,7 +344,7 @@ class Decisions(State):
         try:
             with _paused(client.id) if client is not None else contextlib.nullcontext():
                 async with slot[0]:
-                    return await self._ask_in_thread(sandbox, host, ip, port, protocol)
+                    return await self._ask_in_thread(sandbox, host, ip, port, protocol, request)
         except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
             log.exception("ppp: a decision asked off the loop failed, denying")
             return deny(f"internal error: {type(e).__name__}")
@@ -305,9 +354,20 @@ class Decisions(State):
             if slot[1] <= 0 and self._asking.get(sandbox) is slot:
                 del self._asking[sandbox]
 
-    async def _ask_in_thread(self, sandbox: str, host: str | None, ip: str | None, port: int, protocol: str) -> Verdict:
+    async def _ask_in_thread(
+        self,
+        sandbox: str,
+        host: str | None,
+        ip: str | None,
+        port: int,
+        protocol: str,
+        request: tuple[str, str, bool] | None = None,
+    ) -> Verdict:
         key = (sandbox, host, ip, port, protocol if protocol in ("dns", "udp") else "")
-        req = {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port, "protocol": protocol}
+        req: dict[str, Any] = {"op": "decide", "sandbox": sandbox, "host": host, "ip": ip, "port": port}
+        req["protocol"] = protocol
+        if request is not None:
+            _with_request(req, request)
         loop = asyncio.get_running_loop()
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(DECIDE_THREADS, thread_name_prefix="ppp-decide")
@@ -318,7 +378,7 @@ class Decisions(State):
                 # generation, as on the synchronous path.
                 self._poll()
                 epoch = self._epoch
-                if (v := self._decisions.get(key)) is not None:
+                if (v := self._lookup(key, request)) is not None:
                     return v  # another flow's answer came first
                 daemon = self.daemon
                 if daemon is None:
@@ -330,7 +390,7 @@ class Decisions(State):
                 # file (written before the reload is acknowledged).
                 self._poll()
                 if self._epoch == epoch:
-                    return self._answer(key, r, host)
+                    return self._answer(key, r, host, request)
         except DaemonError as e:
             log.warning("ppp: policy daemon unavailable, denying: %s", e)
             return DAEMON_DOWN
@@ -400,6 +460,27 @@ class Decisions(State):
             )
             # The guest may resolve the name through ppp next: ask again.
             cache = False
+        elif isinstance(http_out := r.get("http"), dict) and r.get("verdict") == "deny":
+            # The host's HTTP rules refused this request (ADR 0050).
+            if (refusal := http_out.get("refusal")) is not None:
+                reason = f"{refusal}, and HTTP rules apply to {host}"
+            elif rule:
+                what = f"{rule.get('decision')} {rule.get('resource')}, {rule.get('scope')}"
+                reason = f"HTTP rule {rule.get('id')} ({what})"
+            else:
+                reason = f"no HTTP rule allows this request on {host}"
+            v = Verdict(
+                allow=False,
+                rule_id=rule.get("id") if rule else None,
+                resource=rule.get("resource") if rule else None,
+                reason=reason,
+                generation=r.get("generation"),
+                chain=chain,
+                kind="http",
+                http_rules=True,
+                http=True,
+                http_path=_text(http_out.get("path")),
+            )
         elif r.get("verdict") == "ask":
             # Nothing decided yet: the caller holds the flow for the user.
             v = Verdict(
@@ -424,8 +505,12 @@ class Decisions(State):
                 approval=str(held.get("outcome")) if held is not None else None,
                 chain=chain,
             )
+            if isinstance(http_out := r.get("http"), dict):
+                v = dataclasses.replace(v, http=True, http_path=_text(http_out.get("path")))
         if r.get("local") is True:
             v = dataclasses.replace(v, local=True)
+        if r.get("http_rules") is True:
+            v = dataclasses.replace(v, http_rules=True)
         return v, cache
 
     @staticmethod
@@ -445,4 +530,19 @@ class Decisions(State):
             meta["chain"] = v.chain
         if v.local:
             meta["local"] = True
+        if v.http:
+            meta["http"] = True
+            meta["http_path"] = v.http_path
         flow.metadata["ppp"] = meta
+
+
+def _with_request(req: dict[str, Any], request: tuple[str, str, bool]) -> None:
+    """Add an HTTP request's method, raw path and override flag to a
+    `decide` request: the daemon decides the host's HTTP rules with them."""
+    req["method"], req["path"] = request[0], request[1]
+    if request[2]:
+        req["overridden"] = True
+
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) else None

@@ -271,8 +271,10 @@ class FlowLog(State):
             host=meta.get("host") or canonical_host(flow.request.pretty_host),
             ip=ip,
             port=port,
-            method=flow.request.method,
-            path=logged_path(flow.request.path),
+            method=flow.request.method[:32],
+            # Under HTTP rules, the canonical path the daemon matched (None
+            # for one it could not canonicalise), never the guest's text.
+            path=meta.get("http_path") if meta.get("http") else logged_path(flow.request.path),
             status=status,
             decision=meta.get("decision", "deny"),
             matched_rule=meta.get("matched_rule"),

@@ -25,6 +25,29 @@ from .limits import MAX_HEADER_BYTES, Limits
 from .names import canonical_host, ip_text, request_name
 from .verdict import LOCAL, LOCAL_HOST, Verdict, deny
 
+# Headers that make servers run another method than the request line's: the
+# daemon refuses a request carrying one when HTTP rules cover its host
+# (policy::http::OVERRIDE_HEADERS).
+OVERRIDE_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override")
+# The longest raw path sent to the daemon: one past its MAX_PATH (8 KiB),
+# so a longer one is still refused there, and the line stays far under the
+# socket's 64 KiB.
+MAX_SENT_PATH = 8 * 1024 + 1
+
+
+def http_request(flow: http.HTTPFlow) -> tuple[str, str, bool]:
+    """What the HTTP rules judge, as the upstream will get it: the method
+    and path bytes mitmproxy forwards (HTTP/1's origin-form, the path of an
+    absolute-form target, which is forwarded in origin-form, or HTTP/2's
+    `:path`), one char per byte (latin-1: the daemon refuses every byte
+    that is not printable ASCII), and whether an override header came.
+    Judges nothing: the daemon canonicalises and matches."""
+    req = flow.request
+    method = req.data.method[:64].decode("latin-1")
+    path = req.data.path[:MAX_SENT_PATH].decode("latin-1")
+    overridden = any(h in req.headers for h in OVERRIDE_HEADERS)
+    return (method, path, overridden)
+
 
 class Http(Holds, Injection, FlowLog, Limits):
     """The HTTP and WebSocket hooks."""
@@ -67,6 +90,13 @@ class Http(Holds, Injection, FlowLog, Limits):
         elif v.kind == "mismatch":
             why = f"blocked by ppp: {v.reason}"
             fix = "send the same host name in the TLS SNI, the Host header and the request target"
+        elif v.kind == "http":
+            why = f"blocked by ppp: {v.reason}"
+            if v.rule_id is None and v.reason.startswith("no HTTP rule"):
+                method = flow.request.method[:32]
+                path = v.http_path or "/"
+                where = f"--sandbox {sandbox} " if sandbox else ""
+                fix = f"ppp policy allow http {where}{host} --method {method} --path '{path}'"
         elif v.kind == "daemon":
             why = f"blocked by ppp: {v.reason}"
             fix = "on the host: ppp daemon status (then ppp daemon start)"
@@ -115,12 +145,13 @@ class Http(Holds, Injection, FlowLog, Limits):
                 self._serve_local(flow)
                 return None
             else:
+                request = http_request(flow)
                 if off_loop:
-                    if (cached := self._cached(sandbox, host, ip, port, "http")) is None:
+                    if (cached := self._cached(sandbox, host, ip, port, "http", request)) is None:
                         return (sandbox, host, ip, port, None)
                     v = cached
                 else:
-                    v = self.decide(sandbox, host, ip, port, "http")
+                    v = self.decide(sandbox, host, ip, port, "http", request=request)
                 if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
                     v = approved
             if v.kind == "ask" and sandbox is not None and port is not None:
@@ -189,7 +220,7 @@ class Http(Holds, Injection, FlowLog, Limits):
         self, flow: http.HTTPFlow, sandbox: str, host: str | None, ip: str | None, port: int, v: Verdict | None
     ) -> None:
         if v is None:
-            v = await self._asked(flow.client_conn, sandbox, host, ip, port, "http")
+            v = await self._asked(flow.client_conn, sandbox, host, ip, port, "http", http_request(flow))
             if v.kind == "ask" and (approved := self._approved_for(flow.client_conn, host)) is not None:
                 v = approved
             if v.kind != "ask":

@@ -27,7 +27,9 @@ class Verdict:
     # the default: allowing the host helps), "address" (an internal address
     # needs its own rule), "unresolved" (the name does not resolve to the
     # address), "mismatch" (SNI, Host and target disagree), "daemon" (fail
-    # closed), "internal" (an error inside the addon).
+    # closed), "internal" (an error inside the addon), "http" (the HTTP
+    # rules of the host refuse the request, or the connection cannot be
+    # inspected).
     kind: str = "policy"
     # Decided at the TLS ClientHello, for every request inside: the SNI it
     # was about, which the 403 names (the request's Host may differ).
@@ -46,6 +48,14 @@ class Verdict:
     # The destination is one of the host's own addresses (the daemon's
     # `local`): logged, so `ppp policy replay` re-decides it as internal.
     local: bool = False
+    # HTTP rules cover the host (the daemon's `http_rules`, ADR 0050): a
+    # connection whose requests ppp cannot see (raw TCP, UDP) is refused.
+    http_rules: bool = False
+    # Decided by the HTTP rules: the canonical path the daemon matched
+    # (bounded; None when the path could not be canonicalised), which
+    # flows.jsonl records in place of the guest's.
+    http: bool = False
+    http_path: str | None = None
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
