@@ -567,15 +567,38 @@ fn http_rules_add_ls_inspect_check_rm() {
     ok(&mut w.ppp(["policy", "init", "deny-all"]));
     ok(&mut w.ppp(["policy", "allow", "network", "api.example.com"]));
     let id = ok(&mut w.ppp([
-        "policy", "allow", "http", "api.example.com", "--method", "GET,HEAD", "--path", "/repos/org/**",
+        "policy",
+        "allow",
+        "http",
+        "api.example.com",
+        "--method",
+        "GET,HEAD",
+        "--path",
+        "/repos/org/**",
     ]));
     let id = id.trim().to_owned();
     // Adding it again is a no-op reporting the same id.
-    let again =
-        ok(&mut w.ppp(["policy", "allow", "http", "api.example.com", "--method", "GET,HEAD", "--path", "/repos/org/**"]));
+    let again = ok(&mut w.ppp([
+        "policy",
+        "allow",
+        "http",
+        "api.example.com",
+        "--method",
+        "GET,HEAD",
+        "--path",
+        "/repos/org/**",
+    ]));
     assert_eq!(again.trim(), id);
-    let deny =
-        ok(&mut w.ppp(["policy", "deny", "http", "api.example.com", "--method", "ANY", "--path", "/repos/org/secret/**"]));
+    let deny = ok(&mut w.ppp([
+        "policy",
+        "deny",
+        "http",
+        "api.example.com",
+        "--method",
+        "ANY",
+        "--path",
+        "/repos/org/secret/**",
+    ]));
     let file = yaml(&w.config().join("policies.yaml"));
     let rule = &file["rules"][1];
     assert_eq!((rule["type"].as_str(), rule["path"].as_str()), (Some("http"), Some("/repos/org/**")));
@@ -604,7 +627,15 @@ fn http_rules_add_ls_inspect_check_rm() {
     assert!(v["http"]["refused"].as_str().unwrap().contains("`%2E`"), "{v}");
     // Exit codes as the network check's.
     let (code, out, _) = output(&mut w.ppp([
-        "policy", "check", "http", "api.example.com", "--method", "PUT", "--path", "/repos/org/x", "--exit-code",
+        "policy",
+        "check",
+        "http",
+        "api.example.com",
+        "--method",
+        "PUT",
+        "--path",
+        "/repos/org/x",
+        "--exit-code",
     ]));
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("deny  api.example.com:443 PUT /repos/org/x  by the HTTP rules"), "{out}");
@@ -653,5 +684,8 @@ fn bad_http_rules_are_refused_with_a_hint() {
     .unwrap();
     let (code, _, err) = output(&mut w.ppp(["policy", "ls"]));
     assert_ne!(code, 0);
-    assert!(err.contains("policies.yaml` line 3") && err.contains("field `path`") && err.contains("empty segment"), "{err}");
+    assert!(
+        err.contains("policies.yaml` line 3") && err.contains("field `path`") && err.contains("empty segment"),
+        "{err}"
+    );
 }

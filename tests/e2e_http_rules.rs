@@ -74,8 +74,30 @@ fn rig() -> Rig {
         // rule besides the name's (the rebinding defence).
         daemon.ok(&["policy", "allow", "network", "--sandbox", s, &format!("echo.test,denied.test,{UPSTREAM_IP}")]);
     }
-    daemon.ok(&["policy", "allow", "http", "--sandbox", "red", "echo.test", "--method", "GET,HEAD", "--path", "/repos/org/**"]);
-    daemon.ok(&["policy", "deny", "http", "--sandbox", "red", "echo.test", "--method", "ANY", "--path", "/repos/org/secret/**"]);
+    daemon.ok(&[
+        "policy",
+        "allow",
+        "http",
+        "--sandbox",
+        "red",
+        "echo.test",
+        "--method",
+        "GET,HEAD",
+        "--path",
+        "/repos/org/**",
+    ]);
+    daemon.ok(&[
+        "policy",
+        "deny",
+        "http",
+        "--sandbox",
+        "red",
+        "echo.test",
+        "--method",
+        "ANY",
+        "--path",
+        "/repos/org/secret/**",
+    ]);
     // A network deny is the floor: this HTTP allow opens nothing.
     daemon.ok(&["policy", "deny", "network", "--sandbox", "red", "denied.test"]);
     daemon.ok(&["policy", "allow", "http", "--sandbox", "red", "denied.test", "--method", "ANY", "--path", "/**"]);
@@ -106,7 +128,10 @@ fn methods_and_paths_are_decided_by_the_http_rules_whatever_the_guest_sends() {
     // Logged with the HTTP rule that decided, the method and the path.
     wait_until("the allowed GET in flows.jsonl", netns::DEADLINE, || {
         rig.flows().iter().any(|f| {
-            f["method"] == "GET" && f["path"] == "/repos/org/x" && f["decision"] == "allow" && f["matched_rule"].is_string()
+            f["method"] == "GET"
+                && f["path"] == "/repos/org/x"
+                && f["decision"] == "allow"
+                && f["matched_rule"].is_string()
         })
     });
 
@@ -202,9 +227,8 @@ fn a_connection_ppp_cannot_inspect_is_refused_under_http_rules() {
     let line = |g: &Guest| {
         let dig = g.run(&["dig", "+time=3", "+tries=1", "@10.0.0.53", "echo.test", "A"]);
         assert!(String::from_utf8_lossy(&dig.stdout).contains(&UPSTREAM_IP.to_string()), "{}", describe(&dig));
-        let script = format!(
-            "exec 3<>/dev/tcp/{UPSTREAM_IP}/7 || exit 1; echo raw-hello >&3; read -t 5 l <&3; echo \"got:$l\""
-        );
+        let script =
+            format!("exec 3<>/dev/tcp/{UPSTREAM_IP}/7 || exit 1; echo raw-hello >&3; read -t 5 l <&3; echo \"got:$l\"");
         let out = g.run(&["timeout", "15", "bash", "-c", &script]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };

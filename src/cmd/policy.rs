@@ -181,7 +181,9 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<
                 .collect())
         }
         RuleKind::Http => {
-            let hint = format!("for example `ppp policy {decision} http api.example.com --method GET,HEAD --path '/repos/org/**'`");
+            let hint = format!(
+                "for example `ppp policy {decision} http api.example.com --method GET,HEAD --path '/repos/org/**'`"
+            );
             let (Some(methods), Some(path)) = (&args.method, &args.path) else {
                 return Err(fail("an HTTP rule needs `--method` (ANY for every method) and `--path`")
                     .hint(hint)
@@ -197,8 +199,15 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<
             let methods: Vec<String> = methods.split(',').map(|m| m.trim().to_owned()).collect();
             let mut out = Vec::new();
             for resource in resources {
-                let rule = Rule::new_http(decision, resource, methods.clone(), path.clone(), Source::Local)
-                    .map_err(|e| fail(format!("invalid HTTP rule: {}", e.replace("field `", "`--").replace("`--resource`", "HOST"))).hint(hint.clone()).code(2))?;
+                let rule =
+                    Rule::new_http(decision, resource, methods.clone(), path.clone(), Source::Local).map_err(|e| {
+                        // The file's field names, as the command line spells them.
+                        let e = e
+                            .replace("field `methods`", "`--method`")
+                            .replace("field `path`", "`--path`")
+                            .replace("field `resource`: ", "");
+                        fail(format!("invalid HTTP rule: {e}")).hint(hint.clone()).code(2)
+                    })?;
                 out.push(rule);
             }
             Ok(out)
@@ -437,7 +446,7 @@ struct CheckJson<'a> {
 }
 
 /// What the HTTP rules made of the request, in `check --json`.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct HttpJson<'a> {
     method: &'a str,
     /// The canonical path that was matched.
@@ -533,7 +542,14 @@ fn check(
         };
         let why = match (&d.matched_rule, refused) {
             (_, None) if http_decision.as_ref().is_some_and(|h| h.refusal.is_some()) => {
-                format!("the HTTP rules' checks: {}", http_decision.as_ref().and_then(|h| h.refusal.as_ref()).map(ToString::to_string).unwrap_or_default())
+                format!(
+                    "the HTTP rules' checks: {}",
+                    http_decision
+                        .as_ref()
+                        .and_then(|h| h.refusal.as_ref())
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                )
             }
             (None, None) if http_decision.is_some() => format!(
                 "the HTTP rules: the host has some and none allows this request (`ppp policy allow http {} --method {} --path …`)",
@@ -545,7 +561,13 @@ fn check(
             }
             (_, Some(r)) => format!("the proxy's defences ({r:?})"),
             (Some(m), None) => {
-                format!("rule {} `{}` ({}, {})", short_id(&m.rule.id), describe_resource(m.rule), m.scope, m.rule.source)
+                format!(
+                    "rule {} `{}` ({}, {})",
+                    short_id(&m.rule.id),
+                    describe_resource(m.rule),
+                    m.scope,
+                    m.rule.source
+                )
             }
             (None, None) if d.learned => format!(
                 "learning: no rule matches and sandbox `{}` is learning (`ppp policy learn --off`)",
@@ -567,10 +589,14 @@ fn check(
                 // it keeps matching in the engine rather than re-implemented.
                 let single = Engine::build(Verdict::Deny, vec![rule.clone()], Vec::new())?;
                 let hit = match rule.kind {
-                    policy::RuleType::Network => single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some(),
+                    policy::RuleType::Network => {
+                        single.decide(None, t.host.as_deref(), t.ip, t.port).matched_rule.is_some()
+                    }
                     policy::RuleType::Http => http.is_some_and(|(method, path)| {
                         let req = policy::http::Request { method, path, overridden: false };
-                        single.decide_http(None, t.host.as_deref(), t.port, &req).is_some_and(|h| h.matched_rule.is_some())
+                        single
+                            .decide_http(None, t.host.as_deref(), t.port, &req)
+                            .is_some_and(|h| h.matched_rule.is_some())
                     }),
                 };
                 if hit {

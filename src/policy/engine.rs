@@ -928,7 +928,10 @@ mod tests {
         assert_eq!(e.decide_http(None, Some("other.example.com"), 443, &req("DELETE", "/x")), None);
 
         let d = e.decide_http(None, Some("api.example.com"), 443, &req("GET", "/repos/org/x?y=1")).unwrap();
-        assert_eq!((d.verdict, d.matched_rule.unwrap().rule.id, d.path.as_deref()), (Verdict::Allow, global[1].id, Some("/repos/org/x")));
+        assert_eq!(
+            (d.verdict, d.matched_rule.unwrap().rule.id, d.path.as_deref()),
+            (Verdict::Allow, global[1].id, Some("/repos/org/x"))
+        );
         let d = e.decide_http(None, Some("api.example.com"), 443, &req("GET", "/repos/org/secret/k")).unwrap();
         assert_eq!((d.verdict, d.matched_rule.unwrap().rule.id), (Verdict::Deny, global[2].id));
         for (m, p) in [("POST", "/repos/org/x"), ("GET", "/repos/other/x"), ("GET", "/")] {
@@ -953,10 +956,23 @@ mod tests {
         )
         .unwrap();
         let ask = |m: &str, p: &str, o: bool| {
-            e.decide_http(None, Some("api.example.com"), 443, &crate::policy::http::Request { method: m, path: p, overridden: o })
-                .unwrap()
+            e.decide_http(
+                None,
+                Some("api.example.com"),
+                443,
+                &crate::policy::http::Request { method: m, path: p, overridden: o },
+            )
+            .unwrap()
         };
-        for p in ["/repos/org%2Fx/../../other", "/repos/org/%2e%2e/other", "/repos/org/../other", "/repos//org/x", "/repos/org;x=1/x", "/repos/org/x#y", "/repos/org\\x"] {
+        for p in [
+            "/repos/org%2Fx/../../other",
+            "/repos/org/%2e%2e/other",
+            "/repos/org/../other",
+            "/repos//org/x",
+            "/repos/org;x=1/x",
+            "/repos/org/x#y",
+            "/repos/org\\x",
+        ] {
             let d = ask("GET", p, false);
             assert!(matches!(d.refusal, Some(Refusal::Path(_))) && d.verdict == Verdict::Deny, "{p}: {d:?}");
         }
@@ -971,10 +987,25 @@ mod tests {
     #[test]
     fn http_rules_need_a_host_pattern() {
         for bad in ["10.0.0.1", "10.0.0.0/8", "^a\\.b$"] {
-            let r = Rule::new_http(Verdict::Allow, Resource::parse(bad).unwrap(), vec!["GET".into()], "/".into(), Source::Local);
+            let r = Rule::new_http(
+                Verdict::Allow,
+                Resource::parse(bad).unwrap(),
+                vec!["GET".into()],
+                "/".into(),
+                Source::Local,
+            );
             assert!(r.unwrap_err().contains("not a host pattern"), "{bad}");
         }
-        assert!(Rule::new_http(Verdict::Allow, Resource::parse("a.b:8443").unwrap(), vec!["GET".into()], "/".into(), Source::Local).is_ok());
+        assert!(
+            Rule::new_http(
+                Verdict::Allow,
+                Resource::parse("a.b:8443").unwrap(),
+                vec!["GET".into()],
+                "/".into(),
+                Source::Local
+            )
+            .is_ok()
+        );
     }
 
     #[test]

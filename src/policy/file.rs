@@ -135,7 +135,12 @@ fn check_rules(path: &Path, text: &str, rules: &[Rule]) -> Result<(), ParseError
         if let Err(message) = r.check() {
             let id = r.id.to_string();
             let line = text.lines().position(|l| l.contains(&id)).map_or(1, |i| i + 1);
-            return Err(ParseError { path: path.to_owned(), line, column: 1, message: format!("rule `{id}`: {message}") });
+            return Err(ParseError {
+                path: path.to_owned(),
+                line,
+                column: 1,
+                message: format!("rule `{id}`: {message}"),
+            });
         }
     }
     Ok(())

@@ -186,7 +186,9 @@ pub fn check_methods(methods: &[String]) -> Result<(), String> {
 /// lower-case letter is refused: some servers read `get` as GET.
 #[must_use]
 pub fn is_method(m: &str) -> bool {
-    !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b"!#$&'*+-.^_`|~".contains(&b))
+    !m.is_empty()
+        && m.len() <= 32
+        && m.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b"!#$&'*+-.^_`|~".contains(&b))
 }
 
 /// Whether a rule's methods cover `m`.

@@ -13,8 +13,8 @@
 mod engine;
 mod file;
 pub mod flowlog;
-pub mod http;
 pub mod follow;
+pub mod http;
 pub mod limits;
 mod preset;
 pub mod record;

@@ -272,7 +272,8 @@ class Decisions(State):
         HTTP rules, the answer for that very request (method, path,
         override), since the host's answer does not decide it."""
         v = self._decisions.get(key)
-        if v is not None and v.http_rules and request is not None:
+        if request is not None and (v is None or v.http_rules):
+            # Only answers for a host with HTTP rules are kept per request.
             return self._decisions.get((*key, request))
         return v
 
