@@ -207,6 +207,7 @@ fn methods_and_paths_are_decided_by_the_http_rules_whatever_the_guest_sends() {
     }
     let (body, code) = rig.https(RED_G, &["-X", "get"], "https://echo.test/repos/org/lower");
     assert_eq!(code, "403", "{body}");
+    assert!(body.contains("upper-case"), "{body}");
     assert!(!rig.reached("/repos/org/override") && !rig.reached("/repos/org/lower"));
 
     // A network deny beats an HTTP allow.
