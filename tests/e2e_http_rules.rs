@@ -115,10 +115,10 @@ fn rig() -> Rig {
 
 #[test]
 fn methods_and_paths_are_decided_by_the_http_rules_whatever_the_guest_sends() {
-    netns::require_env();
-    let rig = rig();
     const RED_G: usize = 0;
     const BLUE_G: usize = 1;
+    netns::require_env();
+    let rig = rig();
 
     // Allowed: GET and HEAD under /repos/org/.
     let (body, code) = rig.https(RED_G, &[], "https://echo.test/repos/org/x?ref=main");

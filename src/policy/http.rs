@@ -9,7 +9,7 @@
 //! `;params`, a backslash) is refused, so a rule can never be matched
 //! against a path the server does not see.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// The method word that stands for every method.
 pub const ANY: &str = "ANY";
@@ -94,7 +94,7 @@ pub fn canonical_path(raw: &str) -> Result<String, String> {
             i += 3;
             if d >= 0x80 {
                 high.push(d);
-                out.push_str(&format!("%{d:02X}"));
+                let _ = write!(out, "%{d:02X}");
                 continue;
             }
             utf8_run(&mut high)?;
@@ -105,7 +105,9 @@ pub fn canonical_path(raw: &str) -> Result<String, String> {
                 0..0x20 | 0x7f => return Err(format!("has `%{d:02X}` (an encoded control byte)")),
                 // Kept encoded: decoded they would read as a query or a
                 // fragment, and no rule path can contain them anyway.
-                b' ' | b'?' | b'#' => out.push_str(&format!("%{d:02X}")),
+                b' ' | b'?' | b'#' => {
+                    let _ = write!(out, "%{d:02X}");
+                }
                 _ => out.push(char::from(d)),
             }
             continue;
@@ -314,7 +316,7 @@ mod tests {
             "https://api.example.com/repos/org",
         ]
         .iter()
-        .map(|p| (*p, canonical_path(p).map_or_else(|e| format!("refused: the path {e}"), |c| c)))
+        .map(|p| (*p, canonical_path(p).unwrap_or_else(|e| format!("refused: the path {e}"))))
         .collect();
         let text = table.iter().map(|(p, c)| format!("{p:?} => {c}")).collect::<Vec<_>>().join("\n");
         insta::assert_snapshot!(text);

@@ -701,7 +701,7 @@ fn bounded(p: &str) -> String {
     format!("{}\u{2026}", &p[..MAX_LOGGED_PATH - 3])
 }
 
-/// The flow log's bound on a path (the addon's MAX_LOGGED_PATH).
+/// The flow log's bound on a path (the addon's `MAX_LOGGED_PATH`).
 const MAX_LOGGED_PATH: usize = 1024;
 
 /// Look a secret up. Blocking: the keychain and the age file are.
