@@ -687,9 +687,10 @@ pub enum KitCommand {
 /// The kind of rule a policy command acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuleKind {
-    /// Which hosts, addresses and ports may be reached
+    // Plain comments: doc comments would turn clap's help into its long
+    // form. `network`: which hosts, addresses and ports may be reached;
+    // `http`: which methods and paths of an allowed host (ADR 0050).
     Network,
-    /// Which methods and paths of an allowed host (`--method`, `--path`)
     Http,
 }
 
