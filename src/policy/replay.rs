@@ -100,7 +100,27 @@ impl Summary {
             local: r.local == Some(true),
             chain: &chain,
         };
-        let (d, _) = engine.decide_flow(&flow);
+        let (mut d, _) = engine.decide_flow(&flow);
+        // An HTTP request is decided by its host's HTTP rules too, as the
+        // daemon does (ADR 0050): with the logged method and path (the
+        // canonical one for a host with HTTP rules, none when it was
+        // refused, which refuses it again).
+        if r.kind.as_deref() == Some("http")
+            && d.verdict != Verdict::Deny
+            && let Some(method) = r.method.as_deref()
+        {
+            let req = super::http::Request { method, path: r.path.as_deref().unwrap_or(""), overridden: false };
+            if let Some(h) = engine.decide_http(flow.sandbox, flow.host, flow.port, &req)
+                && (h.verdict == Verdict::Deny || d.verdict == Verdict::Allow)
+            {
+                d = super::Decision {
+                    verdict: h.verdict,
+                    matched_rule: h.matched_rule,
+                    default_used: false,
+                    learned: false,
+                };
+            }
+        }
         // What the daemon does with `ask` where nobody can wait.
         let now = match (d.verdict, r.kind.as_deref()) {
             (Verdict::Ask, Some("dns")) => Verdict::Allow,
@@ -242,6 +262,39 @@ mod tests {
         let s = replay(&e, &lines);
         assert_eq!((s.flows, s.newly_denied, s.unchanged), (4, 1, 3), "{s:?}");
         assert_eq!(s.changes[0].host.as_deref(), Some("host.example.com"));
+    }
+
+    /// ADR 0050: an HTTP line replays with its method and path under the
+    /// host's HTTP rules; a line without a method (older, or not HTTP)
+    /// replays on the network rules alone.
+    #[test]
+    fn http_lines_replay_under_the_http_rules() {
+        let get = Rule::new_http(
+            Verdict::Allow,
+            Resource::parse("api.example.com").unwrap(),
+            vec!["GET".into()],
+            "/repos/org/**".into(),
+            Source::Local,
+        )
+        .unwrap();
+        let with = Engine::build(Verdict::Deny, vec![allow("api.example.com"), get], vec![]).unwrap();
+        let without = Engine::build(Verdict::Deny, vec![allow("api.example.com")], vec![]).unwrap();
+        let http = |method: &str, path: Option<&str>, decision: &str| {
+            let path = path.map_or_else(|| "null".to_owned(), |p| format!("\"{p}\""));
+            line("api.example.com", "93.184.216.34", 443, "http", decision)
+                .replace('}', &format!(r#","method":"{method}","path":{path}}}"#))
+        };
+        let lines = [
+            http("GET", Some("/repos/org/x"), "allow"),
+            http("POST", Some("/repos/org/x"), "deny"),
+            // A path the daemon could not canonicalise is logged as none.
+            http("GET", None, "deny"),
+            line("api.example.com", "93.184.216.34", 443, "tls", "allow"),
+        ];
+        let s = replay(&with, &lines);
+        assert_eq!((s.flows, s.unchanged), (4, 4), "{s:?}");
+        let s = replay(&without, &lines);
+        assert_eq!((s.newly_allowed, s.unchanged), (2, 2), "{s:?}");
     }
 
     #[test]
