@@ -848,7 +848,7 @@ fn label_matches(pat: &[u8], label: &str) -> bool {
 
 /// Iterative wildcard matching with one backtrack point: O(len(pat) *
 /// len(text)) at worst, no recursion.
-fn wildcard<T: Copy + PartialEq + From<u8>>(pat: &[u8], text: &[T]) -> bool {
+pub(super) fn wildcard<T: Copy + PartialEq + From<u8>>(pat: &[u8], text: &[T]) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {

@@ -220,7 +220,9 @@ fn segments(g: &[&str], p: &[&str]) -> bool {
                 star = Some((gi, pi));
                 gi += 1;
             }
-            Some(s) if segment(s.as_bytes(), p[pi].as_bytes()) => {
+            // The engine's label matcher: a rule path has no `?`
+            // (`check_rule_path`), so only `*` is a wildcard here.
+            Some(s) if super::engine::wildcard(s.as_bytes(), p[pi].as_bytes()) => {
                 gi += 1;
                 pi += 1;
             }
@@ -235,33 +237,6 @@ fn segments(g: &[&str], p: &[&str]) -> bool {
         }
     }
     g[gi..].iter().all(|s| *s == "**")
-}
-
-/// One segment against one glob segment: `*` any characters.
-fn segment(pat: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pat.get(p) {
-            Some(b'*') => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(&c) if c == text[t] => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    star = Some((sp, st + 1));
-                    p = sp + 1;
-                    t = st + 1;
-                }
-                None => return false,
-            },
-        }
-    }
-    pat[p..].iter().all(|&c| c == b'*')
 }
 
 #[cfg(test)]

@@ -412,11 +412,7 @@ class Decisions(State):
         chain = r.get("chain")
         chain = tuple(str(n) for n in chain[: CHAIN_MAX + 1]) if isinstance(chain, list) else ()
         if (alias := r.get("alias")) is not None:
-            rule_text = (
-                f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
-                if rule
-                else "a rule"
-            )
+            rule_text = _rule_text(rule) if rule else "a rule"
             v = Verdict(
                 allow=False,
                 rule_id=rule.get("id") if rule else None,
@@ -466,8 +462,7 @@ class Decisions(State):
             if (refusal := http_out.get("refusal")) is not None:
                 reason = f"{refusal}, and HTTP rules apply to {host}"
             elif rule:
-                what = f"{rule.get('decision')} {rule.get('resource')}, {rule.get('scope')}"
-                reason = f"HTTP rule {rule.get('id')} ({what})"
+                reason = f"HTTP {_rule_text(rule)}"
             else:
                 reason = f"no HTTP rule allows this request on {host}"
             v = Verdict(
@@ -493,7 +488,7 @@ class Decisions(State):
                 if held.get("id"):
                     reason = f"{reason} (approval {held.get('id')})"
             elif rule:
-                reason = f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
+                reason = _rule_text(rule)
             else:
                 reason = f"default {r.get('verdict')}"
             v = Verdict(
@@ -543,6 +538,11 @@ def _with_request(req: dict[str, Any], request: tuple[str, str, bool]) -> None:
     req["method"], req["path"] = request[0], request[1]
     if request[2]:
         req["overridden"] = True
+
+
+def _rule_text(rule: dict[str, Any]) -> str:
+    """A matched rule in words: `rule ID (DECISION RESOURCE, SCOPE)`."""
+    return f"rule {rule.get('id')} ({rule.get('decision')} {rule.get('resource')}, {rule.get('scope')})"
 
 
 def _text(v: Any) -> str | None:
