@@ -150,7 +150,9 @@ fn check_rules(path: &Path, text: &str, rules: &[Rule]) -> Result<(), ParseError
 /// target and tests, which check that both paths agree.
 #[doc(hidden)]
 pub fn parse_global_slow(path: &Path, text: &str) -> Result<GlobalFile, ParseError> {
-    state::parse_yaml(path, text)
+    let f: GlobalFile = state::parse_yaml(path, text)?;
+    check_rules(path, text, &f.rules)?;
+    Ok(f)
 }
 
 /// A reader for exactly the layout `serde_norway` writes (and the spec's
@@ -740,6 +742,42 @@ rules:
         let msg = global_err(&text);
         assert!(msg.starts_with("`/c/policies.yaml` line 13, column "), "{msg}");
         assert!(msg.contains("`10.0.0.1/8` has host bits set (the network is `10.0.0.0/8`)"), "{msg}");
+    }
+
+    /// ADR 0050: an HTTP rule round-trips through the files (serde_norway's
+    /// path: the fast reader leaves it alone), and what is not one names
+    /// the file, the rule's line and the field.
+    #[test]
+    fn http_rules_parse_and_bad_ones_name_the_field() {
+        let rule = "- id: 16fd2706-8baf-433b-82eb-8c7fada847da\n  decision: allow\n  type: http\n  resource: api.example.com\n  methods: [GET, HEAD]\n  path: /repos/org/**\n  created_at: 2025-06-01T12:00:00Z\n  source: local\n";
+        let text = format!("default: deny\nrules:\n{rule}");
+        let f = parse_global(Path::new("p"), &text).unwrap();
+        assert_eq!(f.rules[0].kind, crate::policy::RuleType::Http);
+        assert_eq!(f.rules[0].methods.as_deref(), Some(&["GET".to_owned(), "HEAD".to_owned()][..]));
+        let saved = serde_norway::to_string(&f).unwrap();
+        assert_eq!(parse_global(Path::new("p"), &saved).unwrap(), f);
+        assert_eq!(fast::global(&saved), None, "HTTP rules go to serde_norway");
+        let cases = [
+            (rule.replace("/repos/org/**", "/repos/../x"), "field `path`: `/repos/../x` has a `..` segment"),
+            (rule.replace("/repos/org/**", "/a%2Fb"), "field `path`"),
+            (rule.replace("[GET, HEAD]", "[get]"), "field `methods`: `get`"),
+            (rule.replace("[GET, HEAD]", "[]"), "field `methods`: no method"),
+            (rule.replace("  methods: [GET, HEAD]\n", ""), "field `methods`: an HTTP rule needs methods"),
+            (rule.replace("  path: /repos/org/**\n", ""), "field `path`: an HTTP rule needs a path"),
+            (rule.replace("api.example.com", "10.0.0.0/8"), "field `resource`: `10.0.0.0/8` is not a host pattern"),
+            (rule.replace("type: http", "type: network"), "field `methods`: only an HTTP rule"),
+        ];
+        for (bad, needle) in cases {
+            let text = format!(
+                "default: deny\nrules:\n- id: 7c9e6679-7425-40de-944b-e07fc1f90ae7\n  decision: deny\n  type: network\n  resource: x.com\n  created_at: 2025-06-01T12:00:00Z\n  source: local\n{bad}"
+            );
+            let e = parse_global(Path::new("/c/policies.yaml"), &text).unwrap_err();
+            assert_eq!(e.line, 9, "{e}");
+            let msg = e.to_string();
+            assert!(msg.starts_with("`/c/policies.yaml` line 9"), "{msg}");
+            assert!(msg.contains(needle), "{msg}");
+            assert_eq!(parse_global_slow(Path::new("p"), &text).ok(), None);
+        }
     }
 
     #[test]

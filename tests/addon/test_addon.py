@@ -1651,6 +1651,17 @@ class HttpRulesTest(Base):
             self.assertEqual(t.metadata["ppp"]["decision"], "deny" if refused else "allow", sni)
             if refused:
                 self.assertIn("cannot inspect", self.addon._denied[c.id].reason)
+        # With no name of its own (raw TCP, UDP/QUIC to an address), a flow
+        # belongs to the names ppp's resolver answered with its address.
+        resolved(51820, "git.allowed.test", "10.9.3.3")
+        for ip, refused in (("10.9.3.3", True), ("10.9.3.4", False)):
+            for kind in ("tcp", "udp"):
+                flow: Any = (tflow.ttcpflow if kind == "tcp" else tflow.tudpflow)(
+                    client_conn=client(51820), server_conn=server(ip, 443)
+                )
+                flow.client_conn.sni = None
+                (self.addon.tcp_start if kind == "tcp" else self.addon.udp_start)(flow)
+                self.assertEqual(flow.metadata["ppp"]["decision"], "deny" if refused else "allow", (ip, kind))
 
 
 class OffLoopTest(Base):
