@@ -43,6 +43,21 @@ pub struct Decision<'a> {
     pub learned: bool,
 }
 
+impl Decision<'_> {
+    /// Whether an allowed TLS connection is intercepted: always, unless the
+    /// allow rule that won says `inspect: false` (ADR 0051). A default, a
+    /// learned flow, an approval and every refusal inspect (or refuse).
+    /// The daemon may still force inspection (a secret for the host); this
+    /// is only what the rules say.
+    #[must_use]
+    pub fn inspect(&self) -> bool {
+        match self.matched_rule {
+            Some(m) if self.verdict == Verdict::Allow => m.rule.inspect,
+            _ => true,
+        }
+    }
+}
+
 /// A rule that decided, and which file it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Matched<'a> {

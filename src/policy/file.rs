@@ -105,10 +105,12 @@ impl GlobalFile {
 /// Parse the global file's text; `path` is only used in messages. This is the
 /// code path [`load_global`] uses, exposed for the fuzz target.
 pub fn parse_global(path: &Path, text: &str) -> Result<GlobalFile, ParseError> {
-    match fast::global(text) {
-        Some(f) => Ok(f),
-        None => state::parse_yaml(path, text),
-    }
+    let f = match fast::global(text) {
+        Some(f) => f,
+        None => state::parse_yaml(path, text)?,
+    };
+    inspect_only_on_allow(path, text, &f.rules)?;
+    Ok(f)
 }
 
 /// Parse a sandbox file's text. An empty file (or one with only comments)
@@ -117,10 +119,53 @@ pub fn parse_sandbox(path: &Path, text: &str) -> Result<SandboxFile, ParseError>
     if is_blank_yaml(text) {
         return Ok(SandboxFile::default());
     }
-    match fast::sandbox(text) {
-        Some(f) => Ok(f),
-        None => state::parse_yaml(path, text),
-    }
+    let f = match fast::sandbox(text) {
+        Some(f) => f,
+        None => state::parse_yaml::<SandboxFile>(path, text)?,
+    };
+    inspect_only_on_allow(path, text, &f.rules)?;
+    Ok(f)
+}
+
+/// `inspect: false` says how an allowed connection is carried; on a deny
+/// rule it would mean nothing, and a reader could take it for a promise
+/// (ADR 0051). A check after parsing, because it joins two fields: the
+/// line is found from the rule's id, which both readers require.
+fn inspect_only_on_allow(path: &Path, text: &str, rules: &[Rule]) -> Result<(), ParseError> {
+    let Some(rule) = rules.iter().find(|r| !r.inspect && r.decision != Verdict::Allow) else {
+        return Ok(());
+    };
+    let id = rule.id.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let at_id = lines.iter().position(|l| l.to_ascii_lowercase().contains(&id));
+    // The rule's `inspect:` line: the first after its id, before the next
+    // item starts (a line whose first non-space character is `-`).
+    let field = at_id.and_then(|start| {
+        lines[start..]
+            .iter()
+            .enumerate()
+            .skip(1)
+            .take_while(|(_, l)| !l.trim_start().starts_with('-'))
+            .find(|(_, l)| l.trim_start().starts_with("inspect"))
+            .map(|(i, _)| start + i)
+            .or_else(|| {
+                // `inspect` came before `id` in the item.
+                lines[..start]
+                    .iter()
+                    .rposition(|l| l.trim_start().trim_start_matches("- ").starts_with("inspect"))
+            })
+    });
+    let line = field.or(at_id).map_or(1, |i| i + 1);
+    let column = lines.get(line - 1).map_or(1, |l| l.len() - l.trim_start().trim_start_matches("- ").len() + 1);
+    Err(ParseError {
+        path: path.to_owned(),
+        line,
+        column,
+        message: format!(
+            "field `inspect` of rule `{id}`: only an allow rule may say `inspect: false` \
+             (it says how an allowed TLS connection is carried)"
+        ),
+    })
 }
 
 /// Parse with `serde_norway` only, bypassing the fast path. For the fuzz
@@ -332,6 +377,7 @@ mod fast {
         kit: Option<&'a str>,
         upload: Option<&'a str>,
         download: Option<&'a str>,
+        inspect: Option<&'a str>,
     }
 
     impl<'a> Fields<'a> {
@@ -347,6 +393,7 @@ mod fast {
                 "kit" => &mut self.kit,
                 "upload" => &mut self.upload,
                 "download" => &mut self.download,
+                "inspect" => &mut self.inspect,
                 _ => return None,
             };
             if slot.is_some() {
@@ -384,6 +431,13 @@ mod fast {
                 download: match self.download {
                     Some(v) => Some(size(v)?),
                     None => None,
+                },
+                // Only the spellings ppp writes; `no`, `False` go to serde.
+                inspect: match self.inspect.map(plain) {
+                    None => true,
+                    Some(Some("false")) => false,
+                    Some(Some("true")) => true,
+                    Some(_) => return None,
                 },
             })
         }

@@ -153,6 +153,22 @@ pub struct Rule {
     pub upload: Option<limits::Size>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<limits::Size>,
+    /// `false`: a TLS connection this (allow) rule lets through is spliced
+    /// to the upstream as plain TCP, not intercepted (ADR 0051), so the
+    /// guest sees the upstream's own certificate and nothing is injected.
+    /// Only on allow rules; the files refuse it on a deny rule.
+    #[serde(default = "inspected", skip_serializing_if = "is_inspected")]
+    pub inspect: bool,
+}
+
+/// A rule inspects unless it says `inspect: false`.
+fn inspected() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+fn is_inspected(inspect: &bool) -> bool {
+    *inspect
 }
 
 /// A rule decides; only the default may leave the decision to the user.
@@ -183,6 +199,7 @@ impl Rule {
             kit: None,
             upload: None,
             download: None,
+            inspect: true,
         }
     }
 

@@ -287,6 +287,16 @@ pub struct Decision {
     /// `ppp policy replay` judges the flow as the daemon did (ADR 0048).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub local: bool,
+    /// `false`: an allowed TLS connection is spliced to its destination
+    /// unread (ADR 0051). Only when the winning allow rule says
+    /// `inspect: false`, the flow names a host, and no secret (nor HTTP
+    /// rule) needs to see inside it. Absent means true.
+    #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
+    pub inspect: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How a held request ended, in a `hold` reply.

@@ -608,10 +608,44 @@ async fn decide_chain(
         long_chain: None,
         chain: Vec::new(),
         local: flow.local,
+        inspect: true,
     };
+    // Only an allow rule saying so turns inspection off, and only for a
+    // flow that names a host: the SNI is what a `--no-inspect` rule is
+    // about, and the name already resolved to the destination above.
+    if d.verdict == Verdict::Allow && !d.inspect() && refusal.is_none() && host.is_some_and(policy::is_name) {
+        out.inspect = inspection_required(state, sandbox, host.unwrap_or_default(), port).await;
+    }
     out.set_refusal(refusal, &chain);
     out.chain = chain;
     Response::Decision(out)
+}
+
+/// Whether a flow from `sandbox` to `host` that an allow rule says not to
+/// inspect must be intercepted all the same: a secret for the host (its
+/// service's hosts, or a custom secret's) can only be injected into a
+/// connection ppp reads, and one may be stored after the rule was written,
+/// so the daemon checks on every such decision as well as the CLI at write
+/// time (ADR 0051). A store that cannot be read inspects: the safe side.
+async fn inspection_required(state: &State, sandbox: Option<&str>, host: &str, port: u16) -> bool {
+    let store = state.store.clone();
+    let (owned_sandbox, owned_host) = (sandbox.map(str::to_owned), host.to_owned());
+    let secret = tokio::task::spawn_blocking(move || store.covers(owned_sandbox.as_deref(), &owned_host)).await;
+    let secret = match secret {
+        Ok(Ok(covered)) => covered,
+        Ok(Err(e)) => {
+            tracing::warn!("daemon socket: could not read the secret index, inspecting: {e:#}");
+            true
+        }
+        Err(e) => {
+            tracing::warn!("daemon socket: secret index task failed, inspecting: {e}");
+            true
+        }
+    };
+    // joined at merge: `|| state.engine().http_rules_apply(sandbox, host,
+    // port)`, the HTTP method/path rules, which need the requests read too.
+    let _ = port;
+    secret
 }
 
 /// Look a secret up. Blocking: the keychain and the age file are.

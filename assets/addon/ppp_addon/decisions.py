@@ -143,6 +143,11 @@ class Decisions(State):
             self._index_stamp = index
             self._secrets.clear()
             Scrubber._tables.clear()
+            # A decision to pass a host through unread holds only while no
+            # secret covers it (the daemon checks the index): a secret
+            # stored without a reload must not meet a cached pass-through.
+            self._epoch += 1
+            self._decisions.clear()
         now = time.monotonic()
         if self.generation is not None and now - self._last_poll < GENERATION_POLL_HOOK:
             return
@@ -423,6 +428,8 @@ class Decisions(State):
                 limits=r.get("limits"),
                 approval=str(held.get("outcome")) if held is not None else None,
                 chain=chain,
+                # Only an explicit `false` on an allowed flow passes through.
+                inspect=not (allow and r.get("inspect") is False),
             )
         if r.get("local") is True:
             v = dataclasses.replace(v, local=True)

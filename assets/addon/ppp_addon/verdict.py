@@ -46,6 +46,10 @@ class Verdict:
     # The destination is one of the host's own addresses (the daemon's
     # `local`): logged, so `ppp policy replay` re-decides it as internal.
     local: bool = False
+    # False: the daemon says an allowed TLS connection is passed through
+    # unread (an `inspect: false` rule, and no secret for the host; ADR
+    # 0051). Only the daemon's reply sets it; every other Verdict inspects.
+    inspect: bool = True
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
