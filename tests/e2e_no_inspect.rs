@@ -253,3 +253,145 @@ fn the_daemon_inspects_a_no_inspect_host_once_a_secret_covers_it() {
     assert_eq!(auth.and_then(|(_, v)| v.as_str()), Some(format!("Bearer {key}").as_str()), "the key is injected: {r}");
     assert_eq!(rig.passed().len(), 1, "only the connection before the secret passed through: {:?}", rig.passed());
 }
+
+const BLUE: u16 = 51821;
+const BENCH_BARE: u16 = 51830;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[(v.len() - 1) / 2]
+}
+
+/// A `BYTES` HTTPS download from `agent_servers.py` (`echo.test:8443`) in
+/// guest `g`, trusting `ca`: MB/s, and mitmdump `pid`'s peak RSS growth
+/// (KiB) meanwhile.
+fn download(g: &Guest, ca: &std::path::Path, bytes: u64, pid: u32) -> (f64, u64) {
+    let (rss, _) = netns::memory_kib(pid);
+    netns::reset_peak(pid);
+    let url = format!("https://{}:8443/download?bytes={bytes}", netns::UPSTREAM_NAME);
+    let resolve = format!("{}:8443:{}", netns::UPSTREAM_NAME, netns::UPSTREAM_IP);
+    let out = g.run(&[
+        "curl",
+        "-sS",
+        "-m",
+        "900",
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--resolve",
+        &resolve,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download} %{speed_download}",
+        &url,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(f.get(..2), Some(&["200", bytes.to_string().as_str()][..]), "download: {}", describe(&out));
+    (f[2].parse::<f64>().unwrap() / 1e6, netns::memory_kib(pid).1.saturating_sub(rss))
+}
+
+/// `bench/agent-traffic.sh` with `MODE=no-inspect`: a `BYTES` (1 GiB)
+/// download through a `--no-inspect` host (red), through interception
+/// (blue, the same host allowed plainly) and through bare mitmdump (no
+/// addon), interleaved, `ROUNDS` rounds; MB/s, the ratios (goal: passed
+/// through >= 1.5x intercepted) and mitmdump's peak RSS growth.
+#[test]
+#[ignore = "a benchmark: bench/agent-traffic.sh runs it"]
+fn bench_no_inspect_download() {
+    use std::process::{Command, Stdio};
+    netns::require_env();
+    let rounds: usize = env_or("ROUNDS", 3);
+    let bytes: u64 = env_or("BYTES", 1 << 30);
+    let topo = Topology::new(3);
+    let upstream = Upstream::start(&topo);
+    let _etc = NetnsEtc::new(&topo);
+    let daemon = Daemon::deny_all(&topo, &[("red", RED), ("blue", BLUE)]);
+    let (name, ip) = (netns::UPSTREAM_NAME, netns::UPSTREAM_IP.to_string());
+    // The name's rule first: the first matching allow decides whether the
+    // flow is inspected, and 198.18.0.10 (not public) needs its own rule.
+    daemon.ok(&["policy", "allow", "network", "--sandbox", "red", name, "--no-inspect"]);
+    daemon.ok(&["policy", "allow", "network", "--sandbox", "red", &ip]);
+    daemon.ok(&["policy", "allow", "network", "--sandbox", "blue", &format!("{name},{ip}")]);
+    daemon.start(&topo, &upstream);
+    let dir = topo.path().join("agent-servers");
+    std::fs::create_dir_all(&dir).unwrap();
+    let up = topo.path().join("upstream");
+    let ready = dir.join("ready");
+    let mut servers = Command::new("ip")
+        .args(["netns", "exec", &topo.upstream_ns()])
+        .arg(netns::venv_python())
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/agent_servers.py"))
+        .arg(&ip)
+        .args([up.join("srv.pem"), up.join("srv.key"), dir.clone(), ready.clone()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("servers.err")).unwrap())
+        .spawn()
+        .expect("agent_servers.py starts");
+    wait_until("the agent servers to listen", netns::DEADLINE, || ready.exists());
+    let up_ca = upstream.ca_cert.clone();
+    let bare = netns::Mitmdump::start(
+        &topo,
+        &[BENCH_BARE],
+        &topo.path().join("bare-mitmproxy"),
+        &["--set", &format!("ssl_verify_upstream_trusted_ca={}", up_ca.display()), "--set", "stream_large_bodies=1"],
+    );
+    let bare_ca = bare.ca_cert();
+    let red = Guest::up(&topo, 1, &daemon.conf(RED), RED);
+    let blue = Guest::up(&topo, 2, &daemon.conf(BLUE), BLUE);
+    let g3 = Guest::up(&topo, 3, &bare.conf(BENCH_BARE).clone(), BENCH_BARE);
+    for g in [&red, &blue, &g3] {
+        assert!(g.handshake_within(netns::DEADLINE), "guest {} got no handshake", g.index);
+    }
+    let status: Value = serde_json::from_str(&daemon.ok(&["daemon", "status", "--json"])).unwrap();
+    let ppp_pid = u32::try_from(status["mitmdump_pid"].as_u64().unwrap()).unwrap();
+    let ppp_ca = topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem");
+    println!("bench: {rounds} rounds; download {} MiB through a --no-inspect host, interception, bare mitmdump", bytes >> 20);
+    let mut runs = Vec::new();
+    for round in 0..rounds {
+        // Interleaved, the order turned each round, so drift hits all three.
+        let mut order: Vec<(&str, &Guest, &std::path::Path, u32)> =
+            vec![("passed", &red, &up_ca, ppp_pid), ("inspected", &blue, &ppp_ca, ppp_pid), ("bare", &g3, &bare_ca, bare.pid())];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut got = std::collections::BTreeMap::new();
+        for (what, g, ca, pid) in order {
+            let (mbs, kib) = download(g, ca, bytes, pid);
+            println!("bench: round {round} {what:<9} {mbs:7.1} MB/s  mitmdump peak RSS +{:6.1} MiB", kib as f64 / 1024.0);
+            got.insert(what, (mbs, kib));
+        }
+        runs.push(got);
+    }
+    assert!(daemon.ok(&["policy", "log", "--json", "--sandbox", "red"]).contains("\"inspected\":false"));
+    let med = |what: &str| median(runs.iter().map(|r| r[what].0).collect());
+    let worst = |what: &str| runs.iter().map(|r| r[what].1).max().unwrap_or(0) as f64 / 1024.0;
+    let ratio = |a: &str, b: &str| median(runs.iter().map(|r| r[a].0 / r[b].0).collect());
+    println!("bench: medians of {rounds} rounds (ratios per round, then the median)");
+    println!(
+        "bench: download: passed through {:.1} MB/s, intercepted {:.1} MB/s, bare mitmdump {:.1} MB/s",
+        med("passed"),
+        med("inspected"),
+        med("bare")
+    );
+    let pass_ratio = ratio("passed", "inspected");
+    println!(
+        "bench: ratios: passed/intercepted {pass_ratio:.2} (goal >= 1.5: {}), passed/bare {:.2}, intercepted/bare {:.2}",
+        if pass_ratio >= 1.5 { "met" } else { "NOT met" },
+        ratio("passed", "bare"),
+        ratio("inspected", "bare")
+    );
+    println!(
+        "bench: mitmdump peak RSS growth, worst round: passed {:.1} MiB, intercepted {:.1} MiB, bare {:.1} MiB",
+        worst("passed"),
+        worst("inspected"),
+        worst("bare")
+    );
+    let _ = servers.kill();
+    let _ = servers.wait();
+}
