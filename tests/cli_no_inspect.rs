@@ -63,10 +63,10 @@ fn inspect_false_on_a_deny_rule_names_file_line_and_field() {
     let err = w.redact(&err);
     assert!(err.contains("`[ROOT]/config/policies.yaml` line 9, column 5: field `inspect`"), "{err}");
     assert!(err.contains("only an allow rule may say `inspect: false`"), "{err}");
-    // Through serde too (a comment keeps the fast reader out).
-    std::fs::write(&path, format!("# hand-written\n{text}")).unwrap();
+    // Through serde too (a quoted value keeps the fast reader out).
+    std::fs::write(&path, text.replace("source: local", "source: 'local'")).unwrap();
     let (_, _, err) = output(&mut w.ppp(["policy", "ls"]));
-    assert!(w.redact(&err).contains("policies.yaml` line 10, column 5: field `inspect`"), "{err}");
+    assert!(w.redact(&err).contains("policies.yaml` line 9, column 5: field `inspect`"), "{err}");
     // On an allow rule the same file is fine.
     std::fs::write(&path, text.replace("decision: deny", "decision: allow")).unwrap();
     let (code, out, err) = output(&mut w.ppp(["policy", "ls"]));

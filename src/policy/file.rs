@@ -686,6 +686,30 @@ rules:
     }
 
     #[test]
+    fn inspect_false_round_trips_through_both_readers_and_only_on_allow() {
+        let mut f = GlobalFile::from_preset(Preset::Balanced);
+        f.rules[0].inspect = false;
+        let text = serde_norway::to_string(&f).unwrap();
+        assert_eq!(text.matches("inspect: false\n").count(), 1, "written only when off: {text}");
+        assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
+        // `no` is YAML 1.1's false for some readers: serde's to refuse.
+        assert_eq!(fast::global(&text.replace("inspect: false", "inspect: no")), None);
+        // On a deny rule: refused by both paths, at the field's line.
+        let mut f = GlobalFile::without_file();
+        f.rules.push(Rule { inspect: false, ..Rule::new(Verdict::Deny, Resource::parse("x.test").unwrap(), Source::Local) });
+        let text = serde_norway::to_string(&f).unwrap();
+        let line = text.lines().position(|l| l.contains("inspect:")).unwrap() + 1;
+        for text in [text.clone(), format!("{text}# a comment\n"), text.replace("source: local", "source: 'local'")] {
+            let e = parse_global(Path::new("p"), &text).unwrap_err();
+            assert_eq!(e.line, line, "{e}");
+            assert!(e.message.starts_with("field `inspect` of rule `"), "{e}");
+        }
+        let s = SandboxFile { rules: f.rules, ..SandboxFile::default() };
+        let e = parse_sandbox(Path::new("s"), &serde_norway::to_string(&s).unwrap()).unwrap_err();
+        assert!(e.message.contains("only an allow rule may say `inspect: false`"), "{e}");
+    }
+
+    #[test]
     fn fast_reader_gives_up_on_anything_unusual() {
         let base = "default: deny\nrules:\n- id: 16fd2706-8baf-433b-82eb-8c7fada847da\n  decision: deny\n  type: network\n  resource: R\n  created_at: 2025-06-01T12:00:00Z\n  source: local\n";
         assert!(fast::global(&base.replace('R', "x.com")).is_some());

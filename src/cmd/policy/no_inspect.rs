@@ -51,12 +51,12 @@ pub(crate) fn conflict(rules: &[(Option<&str>, &Rule)], secrets: &[Keyed<'_>]) -
         for s in secrets {
             let meets = match (sandbox, s.scope) {
                 (None, _) | (_, Scope::Global) => true,
-                (Some(a), Scope::Sandbox(b)) => *a == b,
+                (Some(a), Scope::Sandbox(b)) => *a == b.as_str(),
             };
             if !meets {
                 continue;
             }
-            if let Some(host) = s.hosts.iter().find(|h| engine.decide(None, Some(h), None, port).verdict == Verdict::Allow)
+            if let Some(host) = s.hosts.iter().find(|h| engine.decide(None, Some(h.as_str()), None, port).verdict == Verdict::Allow)
             {
                 return Ok(Some(Conflict {
                     rule: rule.id,
