@@ -398,6 +398,7 @@ impl Response {
                 w.long_chain = d.long_chain;
                 w.chain.clone_from(&d.chain);
                 w.local = d.local;
+                w.inspect = (!d.inspect).then_some(false);
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
@@ -442,6 +443,7 @@ impl Response {
                 limits: w.limits,
                 approval: w.approval,
                 local: w.local,
+                inspect: w.inspect.unwrap_or(true),
             })
         } else if let Some(p) = w.approvals {
             Response::Approvals(p)
@@ -511,6 +513,9 @@ struct Wire {
     chain: Vec<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     local: bool,
+    /// Only `false` is written (a pass-through, ADR 0051).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inspect: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -642,6 +647,7 @@ mod tests {
             limits: None,
             approval: None,
             local: false,
+            inspect: true,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -667,9 +673,17 @@ mod tests {
             limits: None,
             approval: Some(Held { id: Some("0badc0de".into()), outcome: HeldOutcome::Allowed }),
             local: false,
+            inspect: true,
         });
         let line = held.to_line(None);
         assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");
+        assert!(!line.contains("inspect"), "absent unless off: {line}");
+        // A pass-through says so, and reads back (ADR 0051).
+        let Response::Decision(mut passed) = held else { unreachable!() };
+        passed.inspect = false;
+        let line = Response::Decision(passed).to_line(None);
+        assert!(line.contains("\"inspect\":false"), "{line}");
+        assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if !x.inspect));
         assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.approval.is_some()));
         assert_eq!(Response::Released(2).to_line(None), "{\"ok\":true,\"released\":2}\n");
         assert!(
