@@ -850,6 +850,16 @@ class Live(Base):
         self.assertEqual((r["verdict"], r.get("inspect", True)), ("allow", True), r)
         r = ask({"op": "decide", "sandbox": "red-fox", "host": "pass.test", "ip": "93.184.216.40", "port": 443})
         self.assertIs(r.get("inspect"), False, r)
+        # A cached pass-through goes when the secret index changes (a secret
+        # may now cover the host, with no reload); it is asked again.
+        resolved(51820, "pass.test", "93.184.216.40")
+        self.assertTrue(self.hello(51820, "pass.test", "93.184.216.40").ignore_connection)
+        calls = self.count_daemon_calls()
+        self.assertTrue(self.hello(51820, "pass.test", "93.184.216.40").ignore_connection)
+        self.assertEqual(calls.count("decide"), 0, "cached")
+        self.rewrite_secrets_index()
+        self.assertTrue(self.hello(51820, "pass.test", "93.184.216.40").ignore_connection)
+        self.assertEqual(calls.count("decide"), 1, "asked again after the index moved")
 
     def test_tcp_and_udp(self) -> None:
         f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("203.0.113.5", 22))

@@ -145,9 +145,11 @@ class Decisions(State):
             Scrubber._tables.clear()
             # A decision to pass a host through unread holds only while no
             # secret covers it (the daemon checks the index): a secret
-            # stored without a reload must not meet a cached pass-through.
+            # stored without a reload must not meet a cached pass-through,
+            # nor one asked meanwhile (the epoch). Other decisions stay.
             self._epoch += 1
-            self._decisions.clear()
+            for key in [k for k, v in self._decisions.items() if not v.inspect]:
+                del self._decisions[key]
         now = time.monotonic()
         if self.generation is not None and now - self._last_poll < GENERATION_POLL_HOOK:
             return
