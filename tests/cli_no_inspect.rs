@@ -108,7 +108,17 @@ fn a_secret_host_cannot_be_no_inspect_and_a_no_inspect_host_cannot_get_a_secret(
     assert!(err.contains("(allow `login.example.com` --no-inspect, global) passes it through unread"), "{err}");
     let (code, _, err) = output(&mut ppp(
         &w,
-        &["secret", "set-custom", "sb", "--placeholder", "PLACEHOLDER_X", "--host", "login.example.com", "--value", "v-123456789"],
+        &[
+            "secret",
+            "set-custom",
+            "sb",
+            "--placeholder",
+            "PLACEHOLDER_X",
+            "--host",
+            "login.example.com",
+            "--value",
+            "v-123456789",
+        ],
     ));
     assert_eq!(code, 1, "custom secrets too: {err}");
     assert!(ok(&mut ppp(&w, &["secret", "ls", "--json"])).matches("\"name\"").count() == 1, "only anthropic");

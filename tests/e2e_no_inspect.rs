@@ -115,7 +115,7 @@ impl Rig {
     }
 
     /// The request for `path` as `server` received it.
-    fn received<'a>(server: &'a Upstream, path: &str) -> Option<Value> {
+    fn received(server: &Upstream, path: &str) -> Option<Value> {
         server.requests().into_iter().rfind(|r| r["path"] == path)
     }
 }
@@ -132,7 +132,10 @@ fn a_pinned_client_gets_through_no_inspect_and_fails_when_inspected() {
     let passed = rig.passed();
     assert_eq!(passed.len(), 1, "logged once: {passed:?}");
     let f = &passed[0];
-    assert_eq!((f["kind"].as_str(), f["host"].as_str(), f["decision"].as_str()), (Some("tls"), Some(PINNED), Some("allow")));
+    assert_eq!(
+        (f["kind"].as_str(), f["host"].as_str(), f["decision"].as_str()),
+        (Some("tls"), Some(PINNED), Some("allow"))
+    );
     assert_eq!(f["ip"], PUBLIC_IP.to_string());
     assert!(f["matched_rule"].is_string(), "{f}");
     // No request line: the proxy never read one.
@@ -193,7 +196,12 @@ fn a_client_hello_without_sni_is_intercepted() {
     let url = format!("https://{ip}/nosni/pinned");
     let ca = rig.upstream_ca();
     let out = rig.guest.curl(&["--cacert", ca.to_str().unwrap(), &url]);
-    assert_eq!(out.status.code(), Some(60), "intercepted, so the server's CA does not verify ppp's: {}", describe(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(60),
+        "intercepted, so the server's CA does not verify ppp's: {}",
+        describe(&out)
+    );
     assert!(Rig::received(&rig.public, "/nosni/pinned").is_none());
     let out = rig.guest.curl(&["-k", "-w", "\n%{http_code}", &format!("https://{ip}/nosni/read")]);
     assert!(String::from_utf8_lossy(&out.stdout).ends_with("200"), "{}", describe(&out));
@@ -263,6 +271,10 @@ const BENCH_BARE: u16 = 51830;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn mib(kib: u64) -> f64 {
+    f64::from(u32::try_from(kib).unwrap_or(u32::MAX)) / 1024.0
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -355,26 +367,32 @@ fn bench_no_inspect_download() {
     let status: Value = serde_json::from_str(&daemon.ok(&["daemon", "status", "--json"])).unwrap();
     let ppp_pid = u32::try_from(status["mitmdump_pid"].as_u64().unwrap()).unwrap();
     let ppp_ca = topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem");
-    println!("bench: {rounds} rounds; download {} MiB through a --no-inspect host, interception, bare mitmdump", bytes >> 20);
+    println!(
+        "bench: {rounds} rounds; download {} MiB through a --no-inspect host, interception, bare mitmdump",
+        bytes >> 20
+    );
     let mut runs = Vec::new();
     for round in 0..rounds {
         // Interleaved, the order turned each round, so drift hits all three.
-        let mut order: Vec<(&str, &Guest, &std::path::Path, u32)> =
-            vec![("passed", &red, &up_ca, ppp_pid), ("inspected", &blue, &ppp_ca, ppp_pid), ("bare", &g3, &bare_ca, bare.pid())];
+        let mut order: Vec<(&str, &Guest, &std::path::Path, u32)> = vec![
+            ("passed", &red, &up_ca, ppp_pid),
+            ("inspected", &blue, &ppp_ca, ppp_pid),
+            ("bare", &g3, &bare_ca, bare.pid()),
+        ];
         if round % 2 == 1 {
             order.reverse();
         }
         let mut got = std::collections::BTreeMap::new();
         for (what, g, ca, pid) in order {
             let (mbs, kib) = download(g, ca, bytes, pid);
-            println!("bench: round {round} {what:<9} {mbs:7.1} MB/s  mitmdump peak RSS +{:6.1} MiB", kib as f64 / 1024.0);
+            println!("bench: round {round} {what:<9} {mbs:7.1} MB/s  mitmdump peak RSS +{:6.1} MiB", mib(kib));
             got.insert(what, (mbs, kib));
         }
         runs.push(got);
     }
     assert!(daemon.ok(&["policy", "log", "--json", "--sandbox", "red"]).contains("\"inspected\":false"));
     let med = |what: &str| median(runs.iter().map(|r| r[what].0).collect());
-    let worst = |what: &str| runs.iter().map(|r| r[what].1).max().unwrap_or(0) as f64 / 1024.0;
+    let worst = |what: &str| mib(runs.iter().map(|r| r[what].1).max().unwrap_or(0));
     let ratio = |a: &str, b: &str| median(runs.iter().map(|r| r[a].0 / r[b].0).collect());
     println!("bench: medians of {rounds} rounds (ratios per round, then the median)");
     println!(

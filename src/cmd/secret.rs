@@ -300,8 +300,9 @@ pub(crate) fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, 
         } else if dry_run {
             format!("would import {service} from {var}")
         } else {
-            let hosts: Vec<String> =
-                services::builtin(service).map(|s| s.hosts.iter().map(|h| (*h).to_owned()).collect()).unwrap_or_default();
+            let hosts: Vec<String> = services::builtin(service)
+                .map(|s| s.hosts.iter().map(|h| (*h).to_owned()).collect())
+                .unwrap_or_default();
             super::policy::no_inspect::check_secret(dirs, &Scope::Global, service, &hosts)?;
             store.set_service(&Scope::Global, service, &[], value)?;
             imported += 1;

@@ -791,7 +791,8 @@ mod tests {
             vec![],
         )
         .unwrap();
-        let flow = |h: &'static str, ip: &str| Flow { host: Some(h), ip: ip.parse().ok(), port: 443, ..Flow::default() };
+        let flow =
+            |h: &'static str, ip: &str| Flow { host: Some(h), ip: ip.parse().ok(), port: 443, ..Flow::default() };
         let inspect = |f: Flow<'_>| e.decide_flow(&f).0.inspect();
         assert!(!inspect(flow("login.test", "93.184.216.34")));
         assert!(inspect(flow("bad.login.test", "93.184.216.34")), "denied");

@@ -150,9 +150,7 @@ fn inspect_only_on_allow(path: &Path, text: &str, rules: &[Rule]) -> Result<(), 
             .map(|(i, _)| start + i)
             .or_else(|| {
                 // `inspect` came before `id` in the item.
-                lines[..start]
-                    .iter()
-                    .rposition(|l| l.trim_start().trim_start_matches("- ").starts_with("inspect"))
+                lines[..start].iter().rposition(|l| l.trim_start().trim_start_matches("- ").starts_with("inspect"))
             })
     });
     let line = field.or(at_id).map_or(1, |i| i + 1);
@@ -434,9 +432,8 @@ mod fast {
                 },
                 // Only the spellings ppp writes; `no`, `False` go to serde.
                 inspect: match self.inspect.map(plain) {
-                    None => true,
+                    None | Some(Some("true")) => true,
                     Some(Some("false")) => false,
-                    Some(Some("true")) => true,
                     Some(_) => return None,
                 },
             })
@@ -696,7 +693,10 @@ rules:
         assert_eq!(fast::global(&text.replace("inspect: false", "inspect: no")), None);
         // On a deny rule: refused by both paths, at the field's line.
         let mut f = GlobalFile::without_file();
-        f.rules.push(Rule { inspect: false, ..Rule::new(Verdict::Deny, Resource::parse("x.test").unwrap(), Source::Local) });
+        f.rules.push(Rule {
+            inspect: false,
+            ..Rule::new(Verdict::Deny, Resource::parse("x.test").unwrap(), Source::Local)
+        });
         let text = serde_norway::to_string(&f).unwrap();
         let line = text.lines().position(|l| l.contains("inspect:")).unwrap() + 1;
         for text in [text.clone(), format!("{text}# a comment\n"), text.replace("source: local", "source: 'local'")] {

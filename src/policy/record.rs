@@ -67,7 +67,7 @@ pub struct Record<'a> {
     #[serde(default)]
     pub local: Option<bool>,
     /// `false`: a TLS connection passed through unread (an `inspect: false`
-    /// rule, ADR 0051), logged once at its ClientHello. Absent (every line
+    /// rule, ADR 0051), logged once at its `ClientHello`. Absent (every line
     /// before it, and every inspected flow): inspected.
     #[serde(default)]
     pub inspected: Option<bool>,

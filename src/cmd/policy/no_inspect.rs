@@ -56,7 +56,8 @@ pub(crate) fn conflict(rules: &[(Option<&str>, &Rule)], secrets: &[Keyed<'_>]) -
             if !meets {
                 continue;
             }
-            if let Some(host) = s.hosts.iter().find(|h| engine.decide(None, Some(h.as_str()), None, port).verdict == Verdict::Allow)
+            if let Some(host) =
+                s.hosts.iter().find(|h| engine.decide(None, Some(h.as_str()), None, port).verdict == Verdict::Allow)
             {
                 return Ok(Some(Conflict {
                     rule: rule.id,
