@@ -282,33 +282,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[(v.len() - 1) / 2]
 }
 
-/// A `BYTES` HTTPS download from `agent_servers.py` (`echo.test:8443`) in
-/// guest `g`, trusting `ca`: MB/s, and mitmdump `pid`'s peak RSS growth
-/// (KiB) meanwhile.
+/// `netns::bench_download` in guest `g`, trusting `ca`: MB/s, and
+/// mitmdump `pid`'s peak RSS growth (KiB) meanwhile.
 fn download(g: &Guest, ca: &std::path::Path, bytes: u64, pid: u32) -> (f64, u64) {
     let (rss, _) = netns::memory_kib(pid);
     netns::reset_peak(pid);
-    let url = format!("https://{}:8443/download?bytes={bytes}", netns::UPSTREAM_NAME);
-    let resolve = format!("{}:8443:{}", netns::UPSTREAM_NAME, netns::UPSTREAM_IP);
-    let out = g.run(&[
-        "curl",
-        "-sS",
-        "-m",
-        "900",
-        "--cacert",
-        ca.to_str().unwrap(),
-        "--resolve",
-        &resolve,
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code} %{size_download} %{speed_download}",
-        &url,
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let f: Vec<&str> = text.split_whitespace().collect();
-    assert_eq!(f.get(..2), Some(&["200", bytes.to_string().as_str()][..]), "download: {}", describe(&out));
-    (f[2].parse::<f64>().unwrap() / 1e6, netns::memory_kib(pid).1.saturating_sub(rss))
+    let mbs = netns::bench_download(g, ca.to_str().unwrap(), bytes);
+    (mbs, netns::memory_kib(pid).1.saturating_sub(rss))
 }
 
 /// `bench/agent-traffic.sh` with `MODE=no-inspect`: a `BYTES` (1 GiB)
@@ -319,7 +299,6 @@ fn download(g: &Guest, ca: &std::path::Path, bytes: u64, pid: u32) -> (f64, u64)
 #[test]
 #[ignore = "a benchmark: bench/agent-traffic.sh runs it"]
 fn bench_no_inspect_download() {
-    use std::process::{Command, Stdio};
     netns::require_env();
     let rounds: usize = env_or("ROUNDS", 3);
     let bytes: u64 = env_or("BYTES", 1 << 30);
@@ -334,22 +313,7 @@ fn bench_no_inspect_download() {
     daemon.ok(&["policy", "allow", "network", "--sandbox", "red", &ip]);
     daemon.ok(&["policy", "allow", "network", "--sandbox", "blue", &format!("{name},{ip}")]);
     daemon.start(&topo, &upstream);
-    let dir = topo.path().join("agent-servers");
-    std::fs::create_dir_all(&dir).unwrap();
-    let up = topo.path().join("upstream");
-    let ready = dir.join("ready");
-    let mut servers = Command::new("ip")
-        .args(["netns", "exec", &topo.upstream_ns()])
-        .arg(netns::venv_python())
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/agent_servers.py"))
-        .arg(&ip)
-        .args([up.join("srv.pem"), up.join("srv.key"), dir.clone(), ready.clone()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("servers.err")).unwrap())
-        .spawn()
-        .expect("agent_servers.py starts");
-    wait_until("the agent servers to listen", netns::DEADLINE, || ready.exists());
+    let (mut servers, _) = netns::start_agent_servers(&topo);
     let up_ca = upstream.ca_cert.clone();
     let bare = netns::Mitmdump::start(
         &topo,
