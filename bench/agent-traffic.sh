@@ -18,8 +18,14 @@
 # guests, tests/support/agent_servers.py upstream) and prints its `bench:`
 # lines. The requests/s goal of the issue is bench/addon-overhead.sh's.
 #
-# Usage: bench/agent-traffic.sh
-# Env: ROUNDS (default 3), BYTES (download, default 1073741824),
+# MODE=no-inspect instead runs `bench_no_inspect_download` of
+# tests/e2e_no_inspect.rs (issue 30, point 2): the 1 GiB download through a
+# `--no-inspect` host, through interception and through bare mitmdump, side
+# by side, with the MB/s ratios (goal: passed through >= 1.5x intercepted)
+# and mitmdump's peak RSS growth.
+#
+# Usage: bench/agent-traffic.sh; MODE=no-inspect bench/agent-traffic.sh
+# Env: MODE (all | no-inspect), ROUNDS (default 3), BYTES (download, default 1073741824),
 # UPLOAD_BYTES (default 67108864), SSE_EVENTS (100), SSE_EVERY_MS (50),
 # PIN (1: both mitmdumps on the last CPU, the rest on the others; 0: off),
 # PPP_TEST_VENV / PPP_TEST_MITMDUMP (as for the tests).
@@ -32,7 +38,12 @@ cd "$root"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 # The whole output is kept: on a failure it says why.
-if ! cargo test --locked --test e2e_daemon -- --ignored --exact bench_agent_traffic --nocapture >"$out" 2>&1; then
+case "${MODE:-all}" in
+  all) target=e2e_daemon test=bench_agent_traffic ;;
+  no-inspect) target=e2e_no_inspect test=bench_no_inspect_download ;;
+  *) echo "error: MODE is \`all\` or \`no-inspect\`, not \`$MODE\`" >&2; exit 2 ;;
+esac
+if ! cargo test --locked --test "$target" -- --ignored --exact "$test" --nocapture >"$out" 2>&1; then
   cat "$out" >&2
   exit 1
 fi

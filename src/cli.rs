@@ -1089,6 +1089,13 @@ pub struct PolicyAllowArgs {
     /// This rule's own download limit, over `ppp policy limits` (e.g. 2GiB, or none)
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub download: Option<Size>,
+
+    /// Pass TLS to these hosts through unread: the agent sees the server's
+    /// own certificate (pinned certificates, OAuth logins, tools with their
+    /// own trust store), and ppp injects nothing. Refused for a host with a
+    /// secret
+    #[arg(long)]
+    pub no_inspect: bool,
 }
 
 /// `ppp policy default`.

@@ -43,15 +43,17 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
+/// `decision` is `allow`, `deny`, or `pass`: an allow with `inspect: false`.
 fn rules_yaml(rules: &[(&str, &str)]) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("rules:\n");
     for (decision, resource) in rules {
         let id = uuid::Uuid::new_v4();
+        let (decision, inspect) = if *decision == "pass" { ("allow", "    inspect: false\n") } else { (*decision, "") };
         let _ = write!(
             out,
             "  - id: {id}\n    decision: {decision}\n    type: network\n    resource: \"{resource}\"\n    \
-             created_at: 2026-01-01T00:00:00Z\n    source: local\n"
+             created_at: 2026-01-01T00:00:00Z\n    source: local\n{inspect}"
         );
     }
     out
@@ -78,7 +80,10 @@ fn fixture(d: &Dirs) {
              created_at: 2026-01-01T00:00:00Z\n    source: local\n",
         ),
     );
-    write(&d.sandbox_policy("red-fox"), &rules_yaml(&[("allow", "fox-only.test")]));
+    write(
+        &d.sandbox_policy("red-fox"),
+        &rules_yaml(&[("allow", "fox-only.test"), ("pass", "pass.test"), ("pass", "keyed.test")]),
+    );
     write(&d.sandbox_policy("blue"), &rules_yaml(&[("deny", "www.allowed.test")]));
     registry(d);
     let store = Store::open_with(d, &Settings { backend: Some(Backend::File), age_identity: None }).unwrap();
@@ -92,6 +97,10 @@ fn fixture(d: &Dirs) {
     store.set_service(&Scope::Global, "usai", &usai, &Value::new("usai-GLOBAL-5555".into())).unwrap();
     let jira = ["jira.example.com".to_owned()];
     store.set_custom(&Scope::Global, "PPP_JIRA_TOKEN", &jira, None, &Value::new("jira-secret-4444".into())).unwrap();
+    // A key for a host red-fox passes through: the daemon inspects it all
+    // the same (ADR 0051); the CLI would have refused the pair.
+    let keyed = ["keyed.test".to_owned()];
+    store.set_service(&fox, "keyed", &keyed, &Value::new("keyed-FOX-6666".into())).unwrap();
 }
 
 fn registry(d: &Dirs) {
@@ -223,7 +232,7 @@ fn addon_suite_against_the_real_daemon() {
     let ran = python_suite(&d.data, &["Live"]);
     assert!(ran >= 51, "only {ran} tests ran");
     let flows = std::fs::read_to_string(d.flows_log()).unwrap();
-    for secret in ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444"] {
+    for secret in ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444", "keyed-FOX-6666"] {
         assert!(!flows.contains(secret), "flows.jsonl leaks a secret");
     }
     for line in flows.lines() {

@@ -856,22 +856,8 @@ struct AgentServers {
 
 impl AgentServers {
     fn start(topo: &netns::Topology) -> Self {
-        let dir = topo.path().join("agent-servers");
-        std::fs::create_dir_all(dir.join("git")).unwrap();
+        let (child, dir) = netns::start_agent_servers(topo);
         let up = topo.path().join("upstream");
-        let ready = dir.join("ready");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/agent_servers.py");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &topo.upstream_ns()])
-            .arg(netns::venv_python())
-            .arg(script)
-            .arg(UPSTREAM_IP.to_string())
-            .args([up.join("srv.pem"), up.join("srv.key"), dir.clone(), ready.clone()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("servers.err")).unwrap())
-            .spawn()
-            .expect("agent_servers.py starts");
         // An OCI registry (Debian's docker-registry) over TLS on :5000.
         let registry_bin = "/usr/bin/docker-registry";
         assert!(Path::new(registry_bin).exists(), "{registry_bin} is missing: run make test-deps");
@@ -895,13 +881,7 @@ impl AgentServers {
             .stderr(std::fs::File::create(dir.join("registry.err")).unwrap())
             .spawn()
             .expect("docker-registry starts");
-        let mut s = AgentServers { child, registry, dir };
-        wait_until("the agent servers to listen", netns::DEADLINE, || {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("agent_servers.py exited early ({status})");
-            }
-            ready.exists()
-        });
+        let s = AgentServers { child, registry, dir };
         let upstream = topo.upstream_ns();
         wait_until("the registry to listen", netns::DEADLINE, || {
             netns::run(&[
@@ -1958,31 +1938,6 @@ fn growth<T>(pid: Option<u32>, f: impl FnOnce() -> T) -> (T, u64) {
     (out, g)
 }
 
-/// A 1 GiB-class HTTPS download from the agent servers in guest `g`: MB/s.
-fn bench_download(g: &Guest, ca: &str, bytes: u64) -> f64 {
-    let url = format!("https://echo.test:8443/download?bytes={bytes}");
-    let resolve = format!("echo.test:8443:{UPSTREAM_IP}");
-    let out = g.run(&[
-        "curl",
-        "-sS",
-        "-m",
-        "900",
-        "--cacert",
-        ca,
-        "--resolve",
-        &resolve,
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code} %{size_download} %{speed_download}",
-        &url,
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let f: Vec<&str> = text.split_whitespace().collect();
-    assert_eq!(f.get(..2), Some(&["200", bytes.to_string().as_str()][..]), "download: {}", describe(&out));
-    f[2].parse::<f64>().unwrap() / 1e6
-}
-
 /// An upload of `file` to the LLM API stand-in, with the placeholder key:
 /// MB/s; the upstream must have received every byte, and `key` when given.
 fn bench_upload(g: &Guest, ca: &str, file: &Path, sha: &str, key: Option<&str>) -> f64 {
@@ -2119,10 +2074,10 @@ fn bench_agent_traffic() {
         g3.kill_switch_off();
         let g3ns = g3.ns.clone();
         netns::run_ok(&["ip", "-n", &g3ns, "route", "add", &format!("{UPSTREAM_IP}/32"), "via", "10.251.3.1"]);
-        let direct = bench_download(&g3, &up_ca, bytes);
+        let direct = netns::bench_download(&g3, &up_ca, bytes);
         netns::run_ok(&["ip", "-n", &g3ns, "route", "del", &format!("{UPSTREAM_IP}/32")]);
         repoint(&g3, topo.path(), &bare_conf.private_key, &hwg.public_key, BENCH_WG);
-        let wg_only = bench_download(&g3, &up_ca, bytes);
+        let wg_only = netns::bench_download(&g3, &up_ca, bytes);
         repoint(&g3, topo.path(), &bare_conf.private_key, &bare_conf.server_public_key, BENCH_BARE);
         g3.kill_switch_on();
         topo.host_forwarding(false);
@@ -2131,7 +2086,7 @@ fn bench_agent_traffic() {
             let mut sse = bench_sse(g, ca, events, every_ms);
             let sse_first = sse[0];
             sse.sort_by(f64::total_cmp);
-            let (down_mbs, down_growth_kib) = growth(Some(pid), || bench_download(g, ca, bytes));
+            let (down_mbs, down_growth_kib) = growth(Some(pid), || netns::bench_download(g, ca, bytes));
             let (up_mbs, up_growth_kib) = growth(Some(pid), || bench_upload(g, ca, &file, &sha, key));
             PathRun { sse, sse_first, down_mbs, down_growth_kib, up_mbs, up_growth_kib }
         };

@@ -24,6 +24,7 @@ use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
 
 mod flows;
+pub(crate) mod no_inspect;
 pub(crate) mod workflow;
 
 /// Run `ppp policy …`.
@@ -32,9 +33,10 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
     match cmd {
         PolicyCommand::Init { preset, force } => init(dirs, *preset, *force),
         PolicyCommand::Allow(a) => {
-            add(dirs, Verdict::Allow, &a.rule, Limits { upload: a.upload, download: a.download })
+            let limits = Limits { upload: a.upload, download: a.download };
+            add(dirs, Verdict::Allow, &a.rule, limits, !a.no_inspect)
         }
-        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default()),
+        PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default(), true),
         PolicyCommand::Limits(a) => limits(dirs, a),
         PolicyCommand::Default(a) => default(dirs, a),
         PolicyCommand::Approval(a) => super::approval::run(dirs, a),
@@ -159,8 +161,9 @@ fn parse_resources(list: &str) -> Result<Vec<Resource>> {
 }
 
 /// The rules `policy allow|deny` adds, checked before anything is written:
-/// network rules, or HTTP rules with their methods and path.
-fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<Vec<Rule>> {
+/// network rules, or HTTP rules with their methods and path. `inspect:
+/// false` only for `policy allow network --no-inspect` (ADR 0051).
+fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits, inspect: bool) -> Result<Vec<Rule>> {
     let resources = parse_resources(&args.resources)?;
     match args.kind {
         RuleKind::Network => {
@@ -176,6 +179,7 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<
                     let mut rule = Rule::new(decision, resource, Source::Local);
                     rule.upload = limits.upload;
                     rule.download = limits.download;
+                    rule.inspect = inspect;
                     rule
                 })
                 .collect())
@@ -190,6 +194,12 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<
                     .code(2)
                     .into());
             };
+            if !inspect {
+                return Err(fail("`--no-inspect` is for network rules: an HTTP rule decides on requests, which ppp must read")
+                    .hint(format!("`ppp policy allow network {} --no-inspect` passes a host through unread", args.resources))
+                    .code(2)
+                    .into());
+            }
             if !limits.is_empty() {
                 return Err(fail("limits belong on the network rule, not on an HTTP rule")
                     .hint(format!("`ppp policy allow network {} --upload …`", args.resources))
@@ -215,12 +225,22 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<
     }
 }
 
-fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> Result<ExitCode> {
-    let new = new_rules(decision, args, limits)?;
+fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits, inspect: bool) -> Result<ExitCode> {
+    let new = new_rules(decision, args, limits, inspect)?;
     if let Some(s) = &args.sandbox {
         sandbox::validate_name(s)?;
     }
     let lock = state::Lock::acquire(&dirs.state_lock())?;
+    if !inspect {
+        // A secret set in a race with this command (its check is not under
+        // this lock) is caught by the daemon, which inspects any host a
+        // secret covers whatever the rule says.
+        let refs: Vec<(Option<&str>, &Rule)> = new.iter().map(|r| (args.sandbox.as_deref(), r)).collect();
+        let entries = crate::secret::entries(dirs)?;
+        if let Some(c) = no_inspect::conflict(&refs, &no_inspect::keyed(&entries))? {
+            return Err(c.refuse_rule());
+        }
+    }
     let mut created_file = false;
     let mut ids = Vec::new();
     let apply = |rules: &mut Vec<Rule>| {
@@ -228,6 +248,8 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> 
             // Adding the same rule twice is a no-op that reports the
             // existing id, so scripts can re-run safely.
             // With --upload/--download it sets the existing rule's limits.
+            // `--no-inspect` turns an existing rule's inspection off; only
+            // adding it again without the flag turns it back on.
             if let Some(existing) = rules.iter_mut().find(|r| {
                 r.decision == decision
                     && r.kind == rule.kind
@@ -238,6 +260,7 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits) -> 
             }) {
                 existing.upload = limits.upload.or(existing.upload);
                 existing.download = limits.download.or(existing.download);
+                existing.inspect = rule.inspect;
                 ids.push(existing.id);
                 continue;
             }
@@ -740,6 +763,8 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, form: Form, w
     }
     // The column appears only when a rule has limits of its own.
     let any_limits = listed.iter().any(|l| !l.rule.limits().is_empty());
+    // And this one only when a rule passes TLS through (ADR 0051).
+    let any_no_inspect = listed.iter().any(|l| !l.rule.inspect);
     let rows: Vec<Vec<String>> = listed
         .iter()
         .map(|l| {
@@ -753,6 +778,14 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, form: Form, w
             if any_limits {
                 row.push(l.rule.limits().describe());
             }
+            if any_no_inspect {
+                let inspect = match (l.rule.decision, l.rule.inspect) {
+                    (Verdict::Allow, true) => "yes",
+                    (Verdict::Allow, false) => "no",
+                    _ => "-",
+                };
+                row.push(inspect.to_owned());
+            }
             if wide {
                 row.push(fmt_time(l.rule.created_at));
             }
@@ -762,6 +795,9 @@ fn ls(dirs: &Dirs, only: Option<&str>, filter: &Filter, all: bool, form: Form, w
     let mut header = vec!["ID", "SCOPE", "DECISION", "RESOURCE", "SOURCE"];
     if any_limits {
         header.push("LIMITS");
+    }
+    if any_no_inspect {
+        header.push("INSPECT");
     }
     if wide {
         header.push("CREATED");
@@ -851,8 +887,10 @@ fn inspect(dirs: &Dirs, id: &str, json: bool) -> Result<ExitCode> {
     } else {
         let r = &f.rule;
         let scope = f.sandbox.as_ref().map_or_else(|| "global".to_owned(), |s| format!("sandbox `{s}`"));
+        // Shown only when off, as the file writes it.
+        let inspect = if r.inspect { "" } else { "inspect:    false (TLS passed through unread, nothing injected)\n" };
         output::print(&format!(
-            "id:         {}\ndecision:   {}\ntype:       {}\nresource:   {}\nkind:       {}\n{}source:     {}\nscope:      {scope}\ncreated_at: {}\nfile:       {}\n",
+            "id:         {}\ndecision:   {}\ntype:       {}\nresource:   {}\nkind:       {}\n{}{inspect}source:     {}\nscope:      {scope}\ncreated_at: {}\nfile:       {}\n",
             r.id,
             r.decision,
             r.kind,

@@ -126,6 +126,11 @@ fn set(dirs: &Dirs, a: &SecretSetArgs) -> Result<ExitCode> {
             .code(2)
             .into());
     }
+    let hosts = match services::builtin(&service) {
+        Some(spec) if a.hosts.is_empty() => spec.hosts.iter().map(|h| (*h).to_owned()).collect(),
+        _ => a.hosts.clone(),
+    };
+    super::policy::no_inspect::check_secret(dirs, &scope, &service, &hosts)?;
     if let Some(line) = &a.command {
         let (argv, refresh) = command_source(line, a.refresh.as_deref())?;
         let store = Store::open(dirs)?;
@@ -220,6 +225,7 @@ fn set_custom(dirs: &Dirs, a: &SecretSetCustomArgs) -> Result<ExitCode> {
         }
         None => Scope::Global,
     };
+    super::policy::no_inspect::check_secret(dirs, &scope, &a.placeholder, &a.hosts)?;
     if let Some(line) = &a.command {
         let (argv, refresh) = command_source(line, a.refresh.as_deref())?;
         let store = Store::open(dirs)?;
@@ -294,6 +300,10 @@ pub(crate) fn import(dirs: &Dirs, only: Option<&str>, all: bool, dry_run: bool, 
         } else if dry_run {
             format!("would import {service} from {var}")
         } else {
+            let hosts: Vec<String> = services::builtin(service)
+                .map(|s| s.hosts.iter().map(|h| (*h).to_owned()).collect())
+                .unwrap_or_default();
+            super::policy::no_inspect::check_secret(dirs, &Scope::Global, service, &hosts)?;
             store.set_service(&Scope::Global, service, &[], value)?;
             imported += 1;
             format!("imported {service} from {var}")

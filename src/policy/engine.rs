@@ -43,6 +43,21 @@ pub struct Decision<'a> {
     pub learned: bool,
 }
 
+impl Decision<'_> {
+    /// Whether an allowed TLS connection is intercepted: always, unless the
+    /// allow rule that won says `inspect: false` (ADR 0051). A default, a
+    /// learned flow, an approval and every refusal inspect (or refuse).
+    /// The daemon may still force inspection (a secret for the host); this
+    /// is only what the rules say.
+    #[must_use]
+    pub fn inspect(&self) -> bool {
+        match self.matched_rule {
+            Some(m) if self.verdict == Verdict::Allow => m.rule.inspect,
+            _ => true,
+        }
+    }
+}
+
 /// A rule that decided, and which file it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Matched<'a> {
@@ -887,6 +902,32 @@ mod tests {
     }
     fn deny(r: &str) -> Rule {
         rule(Verdict::Deny, r)
+    }
+
+    /// Only the winning allow rule's `inspect: false` turns inspection off
+    /// (ADR 0051): not a deny over it, not the default, not a refusal, not
+    /// an allow listed before it.
+    #[test]
+    fn only_the_winning_allow_rule_turns_inspection_off() {
+        let pass = |r: &str| Rule { inspect: false, ..allow(r) };
+        let e = Engine::build(
+            Verdict::Allow,
+            vec![pass("login.test"), deny("bad.login.test"), allow("11.0.0.10"), pass("*.login.test")],
+            vec![],
+        )
+        .unwrap();
+        let flow =
+            |h: &'static str, ip: &str| Flow { host: Some(h), ip: ip.parse().ok(), port: 443, ..Flow::default() };
+        let inspect = |f: Flow<'_>| e.decide_flow(&f).0.inspect();
+        assert!(!inspect(flow("login.test", "93.184.216.34")));
+        assert!(inspect(flow("bad.login.test", "93.184.216.34")), "denied");
+        assert!(inspect(flow("other.test", "93.184.216.34")), "the default");
+        // The address rule comes before `*.login.test`: it wins, and inspects.
+        assert!(inspect(flow("a.login.test", "11.0.0.10")));
+        assert!(!inspect(flow("a.login.test", "93.184.216.34")));
+        let mut unresolved = flow("login.test", "93.184.216.34");
+        unresolved.resolved = Some(false);
+        assert!(inspect(unresolved), "refused");
     }
 
     /// Does a lone allow rule `r` match `target` (host or IP, port 443 unless given)?

@@ -110,6 +110,7 @@ pub fn parse_global(path: &Path, text: &str) -> Result<GlobalFile, ParseError> {
         None => state::parse_yaml(path, text)?,
     };
     check_rules(path, text, &f.rules)?;
+    inspect_only_on_allow(path, text, &f.rules)?;
     Ok(f)
 }
 
@@ -124,6 +125,7 @@ pub fn parse_sandbox(path: &Path, text: &str) -> Result<SandboxFile, ParseError>
         None => state::parse_yaml(path, text)?,
     };
     check_rules(path, text, &f.rules)?;
+    inspect_only_on_allow(path, text, &f.rules)?;
     Ok(f)
 }
 
@@ -144,6 +146,45 @@ fn check_rules(path: &Path, text: &str, rules: &[Rule]) -> Result<(), ParseError
         }
     }
     Ok(())
+}
+
+/// `inspect: false` says how an allowed connection is carried; on a deny
+/// rule it would mean nothing, and a reader could take it for a promise
+/// (ADR 0051). A check after parsing, because it joins two fields: the
+/// line is found from the rule's id, which both readers require.
+fn inspect_only_on_allow(path: &Path, text: &str, rules: &[Rule]) -> Result<(), ParseError> {
+    let Some(rule) = rules.iter().find(|r| !r.inspect && r.decision != Verdict::Allow) else {
+        return Ok(());
+    };
+    let id = rule.id.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let at_id = lines.iter().position(|l| l.to_ascii_lowercase().contains(&id));
+    // The rule's `inspect:` line: the first after its id, before the next
+    // item starts (a line whose first non-space character is `-`).
+    let field = at_id.and_then(|start| {
+        lines[start..]
+            .iter()
+            .enumerate()
+            .skip(1)
+            .take_while(|(_, l)| !l.trim_start().starts_with('-'))
+            .find(|(_, l)| l.trim_start().starts_with("inspect"))
+            .map(|(i, _)| start + i)
+            .or_else(|| {
+                // `inspect` came before `id` in the item.
+                lines[..start].iter().rposition(|l| l.trim_start().trim_start_matches("- ").starts_with("inspect"))
+            })
+    });
+    let line = field.or(at_id).map_or(1, |i| i + 1);
+    let column = lines.get(line - 1).map_or(1, |l| l.len() - l.trim_start().trim_start_matches("- ").len() + 1);
+    Err(ParseError {
+        path: path.to_owned(),
+        line,
+        column,
+        message: format!(
+            "field `inspect` of rule `{id}`: only an allow rule may say `inspect: false` \
+             (it says how an allowed TLS connection is carried)"
+        ),
+    })
 }
 
 /// Parse with `serde_norway` only, bypassing the fast path. For the fuzz
@@ -357,6 +398,7 @@ mod fast {
         kit: Option<&'a str>,
         upload: Option<&'a str>,
         download: Option<&'a str>,
+        inspect: Option<&'a str>,
     }
 
     impl<'a> Fields<'a> {
@@ -372,6 +414,7 @@ mod fast {
                 "kit" => &mut self.kit,
                 "upload" => &mut self.upload,
                 "download" => &mut self.download,
+                "inspect" => &mut self.inspect,
                 _ => return None,
             };
             if slot.is_some() {
@@ -413,6 +456,12 @@ mod fast {
                 // HTTP rules (`type: http`) go to serde_norway.
                 methods: None,
                 path: None,
+                // Only the spellings ppp writes; `no`, `False` go to serde.
+                inspect: match self.inspect.map(plain) {
+                    None | Some(Some("true")) => true,
+                    Some(Some("false")) => false,
+                    Some(_) => return None,
+                },
             })
         }
     }
@@ -657,6 +706,33 @@ rules:
         // A bad size names the file, line and field.
         let e = parse_global(Path::new("p"), "default: deny\nupload: lots\n").unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("upload") && e.contains("`lots` is not a size"), "{e}");
+    }
+
+    #[test]
+    fn inspect_false_round_trips_through_both_readers_and_only_on_allow() {
+        let mut f = GlobalFile::from_preset(Preset::Balanced);
+        f.rules[0].inspect = false;
+        let text = serde_norway::to_string(&f).unwrap();
+        assert_eq!(text.matches("inspect: false\n").count(), 1, "written only when off: {text}");
+        assert_eq!(both(&text), (Some(f.clone()), Some(f.clone())));
+        // `no` is YAML 1.1's false for some readers: serde's to refuse.
+        assert_eq!(fast::global(&text.replace("inspect: false", "inspect: no")), None);
+        // On a deny rule: refused by both paths, at the field's line.
+        let mut f = GlobalFile::without_file();
+        f.rules.push(Rule {
+            inspect: false,
+            ..Rule::new(Verdict::Deny, Resource::parse("x.test").unwrap(), Source::Local)
+        });
+        let text = serde_norway::to_string(&f).unwrap();
+        let line = text.lines().position(|l| l.contains("inspect:")).unwrap() + 1;
+        for text in [text.clone(), format!("{text}# a comment\n"), text.replace("source: local", "source: 'local'")] {
+            let e = parse_global(Path::new("p"), &text).unwrap_err();
+            assert_eq!(e.line, line, "{e}");
+            assert!(e.message.starts_with("field `inspect` of rule `"), "{e}");
+        }
+        let s = SandboxFile { rules: f.rules, ..SandboxFile::default() };
+        let e = parse_sandbox(Path::new("s"), &serde_norway::to_string(&s).unwrap()).unwrap_err();
+        assert!(e.message.contains("only an allow rule may say `inspect: false`"), "{e}");
     }
 
     #[test]

@@ -165,6 +165,22 @@ pub struct Rule {
     /// An HTTP rule's path glob (`/repos/org/**`), canonical itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// `false`: a TLS connection this (allow) rule lets through is spliced
+    /// to the upstream as plain TCP, not intercepted (ADR 0051), so the
+    /// guest sees the upstream's own certificate and nothing is injected.
+    /// Only on allow rules; the files refuse it on a deny rule.
+    #[serde(default = "inspected", skip_serializing_if = "is_inspected")]
+    pub inspect: bool,
+}
+
+/// A rule inspects unless it says `inspect: false`.
+fn inspected() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+fn is_inspected(inspect: &bool) -> bool {
+    *inspect
 }
 
 /// A rule decides; only the default may leave the decision to the user.
@@ -197,6 +213,7 @@ impl Rule {
             download: None,
             methods: None,
             path: None,
+            inspect: true,
         }
     }
 
@@ -251,6 +268,11 @@ impl Rule {
                 http::check_rule_path(path).map_err(|e| format!("field `path`: {e}"))?;
                 if self.upload.is_some() || self.download.is_some() {
                     return Err("field `upload`/`download`: limits belong on the network rule".to_owned());
+                }
+                if !self.inspect {
+                    // Its requests are what it decides: a spliced connection
+                    // has none ppp could read (ADR 0050, 0051).
+                    return Err("field `inspect`: an HTTP rule decides on requests, so its connections are inspected".to_owned());
                 }
             }
         }

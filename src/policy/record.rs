@@ -66,6 +66,11 @@ pub struct Record<'a> {
     /// ([`super::Flow::local`]): internal whatever its range.
     #[serde(default)]
     pub local: Option<bool>,
+    /// `false`: a TLS connection passed through unread (an `inspect: false`
+    /// rule, ADR 0051), logged once at its `ClientHello`. Absent (every line
+    /// before it, and every inspected flow): inspected.
+    #[serde(default)]
+    pub inspected: Option<bool>,
 }
 
 /// An optional string field, borrowed from the line where it has no escape.
@@ -146,7 +151,7 @@ fn diagnose(line: &[u8], e: &serde_json::Error) -> Bad {
     {
         return Bad { field: Some("port"), why: format!("expected a port number 0..=65535, found `{}`", text(x)) };
     }
-    for k in ["resolved", "injected", "local"] {
+    for k in ["resolved", "injected", "local", "inspected"] {
         if let Some(x) = obj.get(k)
             && !(x.is_boolean() || x.is_null())
         {
@@ -283,6 +288,16 @@ mod tests {
         let r = parse(br#"{"decision":"deny","host":"a\u0041.example","kind":null}"#).unwrap();
         assert!(matches!(r.host, Some(Cow::Owned(ref h)) if h == "aA.example"), "{:?}", r.host);
         assert_eq!(r.kind, None);
+    }
+
+    #[test]
+    fn a_passed_through_connection_reads_like_any_tls_flow() {
+        let line = r#"{"sandbox":"s","kind":"tls","host":"login.example.com","ip":"93.184.216.34","port":443,"decision":"allow","matched_rule":"7c9e6679-7425-40de-944b-e07fc1f90ae7","inspected":false}"#;
+        let r = parse(line.as_bytes()).unwrap();
+        assert_eq!((r.kind.as_deref(), r.decision, r.inspected), (Some("tls"), Verdict::Allow, Some(false)));
+        // Lines written before the field: inspected, as they were.
+        assert_eq!(parse(LINE.as_bytes()).unwrap().inspected, None);
+        assert_eq!(parse(br#"{"decision":"allow","inspected":"no"}"#).unwrap_err().field, Some("inspected"));
     }
 
     #[test]

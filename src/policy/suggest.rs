@@ -309,6 +309,9 @@ pub fn rules(scope: &str, suggestions: &[Suggestion]) -> Vec<Rule> {
             download: None,
             methods: None,
             path: None,
+            // A suggestion never turns inspection off: that is a choice the
+            // user makes for a host, knowing nothing is injected into it.
+            inspect: true,
         })
         .collect()
 }

@@ -309,6 +309,16 @@ pub struct Decision {
     /// Set when the HTTP rules decided a request (`decide` with a method).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpOutcome>,
+    /// `false`: an allowed TLS connection is spliced to its destination
+    /// unread (ADR 0051). Only when the winning allow rule says
+    /// `inspect: false`, the flow names a host, and no secret (nor HTTP
+    /// rule) needs to see inside it. Absent means true.
+    #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
+    pub inspect: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How the HTTP rules decided a request; the rule, if one matched, is the
@@ -424,6 +434,7 @@ impl Response {
                 w.local = d.local;
                 w.http_rules = d.http_rules;
                 w.http.clone_from(&d.http);
+                w.inspect = (!d.inspect).then_some(false);
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
@@ -470,6 +481,7 @@ impl Response {
                 local: w.local,
                 http_rules: w.http_rules,
                 http: w.http,
+                inspect: w.inspect.unwrap_or(true),
             })
         } else if let Some(p) = w.approvals {
             Response::Approvals(p)
@@ -543,6 +555,9 @@ struct Wire {
     http_rules: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     http: Option<HttpOutcome>,
+    /// Only `false` is written (a pass-through, ADR 0051).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inspect: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<crate::policy::FlowLimits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -694,6 +709,7 @@ mod tests {
             local: false,
             http_rules: false,
             http: None,
+            inspect: true,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -721,11 +737,19 @@ mod tests {
             local: false,
             http_rules: true,
             http: Some(HttpOutcome { refusal: None, path: Some("/repos/org/x".into()) }),
+            inspect: true,
         });
         let line = held.to_line(None);
         assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");
         assert!(line.contains("\"http_rules\":true,\"http\":{\"path\":\"/repos/org/x\"}"), "{line}");
         assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.http_rules && x.http.is_some()));
+        assert!(!line.contains("inspect"), "absent unless off: {line}");
+        // A pass-through says so, and reads back (ADR 0051).
+        let Response::Decision(mut passed) = held else { unreachable!() };
+        passed.inspect = false;
+        let line = Response::Decision(passed).to_line(None);
+        assert!(line.contains("\"inspect\":false"), "{line}");
+        assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if !x.inspect));
         assert!(matches!(Response::parse(&line).unwrap().0, Response::Decision(x) if x.approval.is_some()));
         assert_eq!(Response::Released(2).to_line(None), "{\"ok\":true,\"released\":2}\n");
         assert!(

@@ -621,7 +621,15 @@ async fn decide_chain(
         local: flow.local,
         http_rules: http_rules(state, &snap.engine, sandbox, host, ip, port),
         http: None,
+        inspect: true,
     };
+    // Only an allow rule saying so turns inspection off, and only for a
+    // flow that names a host: the SNI is what a `--no-inspect` rule is
+    // about, and the name already resolved to the destination above.
+    if d.verdict == Verdict::Allow && !d.inspect() && refusal.is_none() && host.is_some_and(policy::is_name) {
+        // HTTP rules need the requests read, as a secret does (ADR 0050, 0051).
+        out.inspect = out.http_rules || inspection_required(state, sandbox, host.unwrap_or_default()).await;
+    }
     out.set_refusal(refusal, &chain);
     out.chain = chain;
     Response::Decision(out)
@@ -703,6 +711,30 @@ fn bounded(p: &str) -> String {
 
 /// The flow log's bound on a path (the addon's `MAX_LOGGED_PATH`).
 const MAX_LOGGED_PATH: usize = 1024;
+
+/// Whether a flow from `sandbox` to `host` that an allow rule says not to
+/// inspect must be intercepted all the same: a secret for the host (its
+/// service's hosts, or a custom secret's) can only be injected into a
+/// connection ppp reads, and one may be stored after the rule was written,
+/// so the daemon checks on every such decision as well as the CLI at write
+/// time (ADR 0051). A store that cannot be read inspects: the safe side.
+async fn inspection_required(state: &State, sandbox: Option<&str>, host: &str) -> bool {
+    let store = state.store.clone();
+    let (owned_sandbox, owned_host) = (sandbox.map(str::to_owned), host.to_owned());
+    let secret = tokio::task::spawn_blocking(move || store.covers(owned_sandbox.as_deref(), &owned_host)).await;
+    let secret = match secret {
+        Ok(Ok(covered)) => covered,
+        Ok(Err(e)) => {
+            tracing::warn!("daemon socket: could not read the secret index, inspecting: {e:#}");
+            true
+        }
+        Err(e) => {
+            tracing::warn!("daemon socket: secret index task failed, inspecting: {e}");
+            true
+        }
+    };
+    secret
+}
 
 /// Look a secret up. Blocking: the keychain and the age file are.
 /// What a secret request asks for.

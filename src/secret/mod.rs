@@ -259,6 +259,13 @@ impl Entry {
     }
 }
 
+/// Every secret's index entry, read without opening a store (no keychain
+/// probe): for checks that need only names and hosts, such as whether a
+/// host has a secret (ADR 0051).
+pub fn entries(dirs: &Dirs) -> Result<Vec<Entry>> {
+    Ok(Index::load(&dirs.secrets_index())?.entries)
+}
+
 /// The store key for a secret; see the module docs for the layout.
 #[must_use]
 pub fn key(scope: &Scope, name: &str, kind: Kind) -> String {
@@ -663,6 +670,24 @@ impl Store {
             }
         }
         Ok(None)
+    }
+
+    /// Whether any secret, service key or custom, would be sent with a
+    /// request from `sandbox` to `host` (its own or a global one), from the
+    /// index alone: a command is never run for this. Such a host must be
+    /// intercepted, so the key can be injected and the placeholder replaced
+    /// (ADR 0051).
+    pub fn covers(&self, sandbox: Option<&str>, host: &str) -> Result<bool> {
+        let index = self.index()?;
+        let scopes = scopes(sandbox)?;
+        Ok(index.entries.iter().any(|e| {
+            scopes.contains(&e.scope)
+                && match e.kind {
+                    Kind::Service => e.header_rule(host).is_some(),
+                    Kind::Custom => e.allows_host(host),
+                    Kind::Registry => false,
+                }
+        }))
     }
 
     /// Every custom secret that applies to a request from `sandbox` to

@@ -7,10 +7,12 @@ and sets PPP_STATE_DIR. Fixture (the contract with tests/addon.rs):
 * global policy: default deny; allow api.anthropic.com, api.openai.com,
   jira.example.com, *.allowed.test, 10.9.0.0/16; deny evil.allowed.test;
   HTTP rule: allow GET, HEAD /repos/org/** on git.allowed.test (ADR 0050)
-* red-fox: allow fox-only.test; blue: deny www.allowed.test
+* red-fox: allow fox-only.test, and pass.test and keyed.test with
+  `inspect: false`; blue: deny www.allowed.test
 * secrets: anthropic global sk-ant-GLOBAL-1111, anthropic red-fox
   sk-ant-FOX-2222, openai red-fox sk-oai-FOX-3333, custom PPP_JIRA_TOKEN for
-  jira.example.com = jira-secret-4444
+  jira.example.com = jira-secret-4444, keyed red-fox for keyed.test =
+  keyed-FOX-6666
 
 `Live` needs the daemon; `NoDaemon` needs a state dir with no daemon.
 """
@@ -46,7 +48,14 @@ from mitmproxy.tls import ClientHelloData
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = os.environ.get("PPP_STATE_DIR", "")
-SECRETS = ["sk-ant-GLOBAL-1111", "sk-ant-FOX-2222", "sk-oai-FOX-3333", "jira-secret-4444", "usai-GLOBAL-5555"]
+SECRETS = [
+    "sk-ant-GLOBAL-1111",
+    "sk-ant-FOX-2222",
+    "sk-oai-FOX-3333",
+    "jira-secret-4444",
+    "usai-GLOBAL-5555",
+    "keyed-FOX-6666",
+]
 
 
 def load_addon_module() -> types.ModuleType:
@@ -801,6 +810,57 @@ class Live(Base):
         self.assertIsNone(self.connect(ok, "93.184.216.34", 443))
         self.addon.client_disconnected(c)
         self.assertNotIn(c.id, self.addon._denied)
+
+    def hello(self, port: int, sni: str | None, ip: str) -> ClientHelloData:
+        """The ClientHello hook's data for a TCP connection to `ip`:443."""
+        c = client(port)
+        cx = Context(c, self.tctx.options)
+        cx.server = server(ip, 443)
+        data = ClientHelloData(cx, types.SimpleNamespace(sni=sni))  # type: ignore[arg-type]
+        self.addon.tls_clienthello(data)
+        return data
+
+    def test_no_inspect_passes_through_only_its_own_sni_where_it_resolves(self) -> None:
+        resolved(51820, "pass.test", "93.184.216.40")
+        data = self.hello(51820, "pass.test", "93.184.216.40")
+        self.assertTrue(data.ignore_connection, "spliced: an inspect: false rule, the name resolves there")
+        self.assertIsNone(self.connect(data.context.client, "93.184.216.40", 443))
+        line = [f for f in self.flows() if f["host"] == "pass.test"][-1]
+        self.assertEqual((line["kind"], line["decision"], line.get("inspected")), ("tls", "allow", False))
+        # The guest names the host on another address: refused, not spliced.
+        data = self.hello(51820, "pass.test", "93.184.216.41")
+        self.assertFalse(data.ignore_connection)
+        self.assertIsNotNone(self.connect(data.context.client, "93.184.216.41", 443))
+        # Another sandbox has no such rule: denied, never spliced.
+        resolved(51821, "pass.test", "93.184.216.40")
+        self.assertFalse(self.hello(51821, "pass.test", "93.184.216.40").ignore_connection)
+        # An ordinary allowed host is intercepted and logged without the field.
+        data = self.hello(51820, "fox-only.test", "93.184.216.34")
+        self.assertFalse(data.ignore_connection)
+        line = [f for f in self.flows() if f["host"] == "fox-only.test"][-1]
+        self.assertNotIn("inspected", line)
+        # No SNI: nothing for the rule to be about.
+        self.assertFalse(self.hello(51820, None, "93.184.216.40").ignore_connection)
+
+    def test_no_inspect_yields_to_a_secret_for_the_host(self) -> None:
+        # keyed.test passes through by rule, but red-fox has a key for it.
+        resolved(51820, "keyed.test", "93.184.216.42")
+        data = self.hello(51820, "keyed.test", "93.184.216.42")
+        self.assertFalse(data.ignore_connection, "a host a secret covers is always read")
+        r = ask({"op": "decide", "sandbox": "red-fox", "host": "keyed.test", "ip": "93.184.216.42", "port": 443})
+        self.assertEqual((r["verdict"], r.get("inspect", True)), ("allow", True), r)
+        r = ask({"op": "decide", "sandbox": "red-fox", "host": "pass.test", "ip": "93.184.216.40", "port": 443})
+        self.assertIs(r.get("inspect"), False, r)
+        # A cached pass-through goes when the secret index changes (a secret
+        # may now cover the host, with no reload); it is asked again.
+        resolved(51820, "pass.test", "93.184.216.40")
+        self.assertTrue(self.hello(51820, "pass.test", "93.184.216.40").ignore_connection)
+        calls = self.count_daemon_calls()
+        self.assertTrue(self.hello(51820, "pass.test", "93.184.216.40").ignore_connection)
+        self.assertEqual(calls.count("decide"), 0, "cached")
+        self.rewrite_secrets_index()
+        self.assertTrue(self.hello(51820, "pass.test", "93.184.216.40").ignore_connection)
+        self.assertEqual(calls.count("decide"), 1, "asked again after the index moved")
 
     def test_tcp_and_udp(self) -> None:
         f = tflow.ttcpflow(client_conn=client(51820), server_conn=server("203.0.113.5", 22))

@@ -1069,3 +1069,59 @@ impl Guest {
             .unwrap_or_else(|e| panic!("`{}` could not start in {}: {e}", argv.join(" "), self.ns))
     }
 }
+
+/// A `bytes` HTTPS download in guest `g` from `agent_servers.py`
+/// (`echo.test:8443/download`), trusting only `ca`: MB/s. Fails unless
+/// every byte arrived with a 200.
+pub fn bench_download(g: &Guest, ca: &str, bytes: u64) -> f64 {
+    let url = format!("https://{UPSTREAM_NAME}:8443/download?bytes={bytes}");
+    let resolve = format!("{UPSTREAM_NAME}:8443:{UPSTREAM_IP}");
+    let out = g.run(&[
+        "curl",
+        "-sS",
+        "-m",
+        "900",
+        "--cacert",
+        ca,
+        "--resolve",
+        &resolve,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download} %{speed_download}",
+        &url,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(f.get(..2), Some(&["200", bytes.to_string().as_str()][..]), "download: {}", describe(&out));
+    f[2].parse::<f64>().unwrap() / 1e6
+}
+
+/// Start `tests/support/agent_servers.py` in the upstream namespace with the
+/// upstream's certificate, its files in `<topo>/agent-servers`, and wait
+/// until it listens. The caller kills the child.
+pub fn start_agent_servers(topo: &Topology) -> (Child, PathBuf) {
+    let dir = topo.path().join("agent-servers");
+    std::fs::create_dir_all(dir.join("git")).unwrap();
+    let up = topo.path().join("upstream");
+    let ready = dir.join("ready");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/agent_servers.py");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &topo.upstream_ns()])
+        .arg(venv_python())
+        .arg(script)
+        .arg(UPSTREAM_IP.to_string())
+        .args([up.join("srv.pem"), up.join("srv.key"), dir.clone(), ready.clone()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("servers.err")).unwrap())
+        .spawn()
+        .expect("agent_servers.py starts");
+    wait_until("the agent servers to listen", DEADLINE, || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("agent_servers.py exited early ({status})");
+        }
+        ready.exists()
+    });
+    (child, dir)
+}

@@ -87,48 +87,69 @@ class Connections(Holds, FlowLog, Limits):
             elif host == LOCAL_HOST:
                 v = LOCAL
             elif (cached := self._cached(sandbox, host, ip, port, "tls")) is None:
-                return self._tls_asked(client, sandbox, host, ip, port)
+                return self._tls_asked(data, sandbox, host, ip, port)
             else:
                 v = cached
         except Exception as e:  # noqa: BLE001 - never crash mitmdump; deny
             log.exception("ppp: tls_clienthello failed, denying")
             v = deny(f"internal error: {type(e).__name__}")
         if v.kind == "ask" and sandbox is not None and port is not None:
-            return self._tls_held(client, sandbox, host, ip, port)
-        self._tls_decided(client, sandbox, host, ip, port, v)
+            return self._tls_held(data, sandbox, host, ip, port)
+        self._tls_decided(data, sandbox, host, ip, port, v)
         return None
 
     async def _tls_asked(
-        self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int
+        self, data: tls.ClientHelloData, sandbox: str, host: str | None, ip: str | None, port: int
     ) -> None:
-        v = await self._asked(client, sandbox, host, ip, port, "tls")
+        v = await self._asked(data.context.client, sandbox, host, ip, port, "tls")
         if v.kind == "ask":
-            await self._tls_held(client, sandbox, host, ip, port)
+            await self._tls_held(data, sandbox, host, ip, port)
         else:
-            self._tls_decided(client, sandbox, host, ip, port, v)
+            self._tls_decided(data, sandbox, host, ip, port, v)
 
     async def _tls_held(
-        self, client: connection.Client, sandbox: str, host: str | None, ip: str | None, port: int
+        self, data: tls.ClientHelloData, sandbox: str, host: str | None, ip: str | None, port: int
     ) -> None:
+        client = data.context.client
         v = await self._hold(client, sandbox, host, ip, port, "tls")
         if v.allow:
             # Approved for this connection and this name: the requests
             # inside (the Host must equal the SNI) are not held again.
             self._approved[client.id] = (host, v)
-        self._tls_decided(client, sandbox, host, ip, port, v)
+        self._tls_decided(data, sandbox, host, ip, port, v)
 
     def _tls_decided(
         self,
-        client: connection.Client,
+        data: tls.ClientHelloData,
         sandbox: str | None,
         host: str | None,
         ip: str | None,
         port: int | None,
         v: Verdict,
     ) -> None:
+        client = data.context.client
+        # Pass through unread (ADR 0051) only what the daemon allowed and
+        # said not to inspect, for this ClientHello's own SNI (the daemon
+        # judged that name and found it resolves to this destination), over
+        # TCP: mitmproxy then relays the bytes as they are, with no HTTP
+        # hooks, so nothing is injected and no request is seen. Without an
+        # SNI, or refused, the connection is intercepted or refused as
+        # before. The destination stays the one decided on: server_connect
+        # still refuses a denied one, and the held-connection bounds count
+        # it like any other (its upstream opens at once).
+        passed = (
+            v.allow
+            and not v.inspect
+            and host is not None
+            and host == canonical_host(data.client_hello.sni)
+            and client.transport_protocol == "tcp"
+        )
+        if passed:
+            data.ignore_connection = True
         # Allowed ClientHellos are logged too: the SNI decision is a flow
         # of its own (a connection may carry no request, or one mitmproxy
-        # passes through), and `ppp policy replay` re-decides it.
+        # passes through), and `ppp policy replay` re-decides it. A passed
+        # connection has no other line: this one says `inspected: false`.
         self.log_flow(
             sandbox=sandbox,
             kind="tls",
@@ -140,7 +161,10 @@ class Connections(Holds, FlowLog, Limits):
             resolved=False if v.kind == "unresolved" else None,
             chain=v.chain,
             local=v.local,
+            inspected=False if passed else None,
         )
+        if passed:
+            log.info("ppp: [%s] passed TLS %s (%s:%s) through unread: %s", sandbox, host, ip, port, v.reason)
         if not v.allow:
             self._denied[client.id] = dataclasses.replace(v, tls=True, sni=host)
             log.info("ppp: [%s] denied TLS %s (%s:%s): %s", sandbox, host, ip, port, v.reason)

@@ -143,6 +143,13 @@ class Decisions(State):
             self._index_stamp = index
             self._secrets.clear()
             Scrubber._tables.clear()
+            # A decision to pass a host through unread holds only while no
+            # secret covers it (the daemon checks the index): a secret
+            # stored without a reload must not meet a cached pass-through,
+            # nor one asked meanwhile (the epoch). Other decisions stay.
+            self._epoch += 1
+            for key in [k for k, v in self._decisions.items() if not v.inspect]:
+                del self._decisions[key]
         now = time.monotonic()
         if self.generation is not None and now - self._last_poll < GENERATION_POLL_HOOK:
             return
@@ -500,6 +507,8 @@ class Decisions(State):
                 limits=r.get("limits"),
                 approval=str(held.get("outcome")) if held is not None else None,
                 chain=chain,
+                # Only an explicit `false` on an allowed flow passes through.
+                inspect=not (allow and r.get("inspect") is False),
             )
             if isinstance(http_out := r.get("http"), dict):
                 v = dataclasses.replace(v, http=True, http_path=_text(http_out.get("path")))

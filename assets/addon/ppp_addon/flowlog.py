@@ -120,6 +120,11 @@ class FlowLog(State):
             # The destination is one of the host's own addresses: replay
             # must judge it as internal (ADR 0048).
             record["local"] = True
+        if g("inspected") is False:
+            # A TLS connection passed through unread (an `inspect: false`
+            # rule, ADR 0051): no request inside it is seen or logged, and
+            # nothing was injected. Absent means inspected.
+            record["inspected"] = False
         if g("injected"):
             # A key went into this request: `ppp policy suggest` marks the
             # host (ADR 0048). Whether, never which or what.

@@ -56,6 +56,10 @@ class Verdict:
     # flows.jsonl records in place of the guest's.
     http: bool = False
     http_path: str | None = None
+    # False: the daemon says an allowed TLS connection is passed through
+    # unread (an `inspect: false` rule, and no secret for the host; ADR
+    # 0051). Only the daemon's reply sets it; every other Verdict inspects.
+    inspect: bool = True
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
