@@ -123,3 +123,44 @@ fn a_secret_host_cannot_be_no_inspect_and_a_no_inspect_host_cannot_get_a_secret(
     assert_eq!(code, 1, "custom secrets too: {err}");
     assert!(ok(&mut ppp(&w, &["secret", "ls", "--json"])).matches("\"name\"").count() == 1, "only anthropic");
 }
+
+/// HTTP rules decide on requests, which a pass-through hides: whichever of
+/// the two comes second for a host is refused, with the other named, and
+/// nothing is written (ADR 0050, 0051).
+#[test]
+fn an_http_rule_host_cannot_be_no_inspect_and_a_no_inspect_host_cannot_get_http_rules() {
+    let w = World::new();
+    ok(&mut w.ppp(["policy", "init", "deny-all"]));
+    ok(&mut w.ppp(["policy", "allow", "network", "api.example.com"]));
+    ok(&mut w.ppp(["policy", "allow", "http", "api.example.com", "--method", "GET", "--path", "/repos/**"]));
+    let before = std::fs::read_to_string(w.config().join("policies.yaml")).unwrap();
+    let (code, _, err) = output(&mut w.ppp(["policy", "allow", "network", "api.example.com", "--no-inspect"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be both `--no-inspect` and under HTTP rules"), "{err}");
+    assert_eq!(std::fs::read_to_string(w.config().join("policies.yaml")).unwrap(), before, "nothing written");
+    // A global HTTP rule meets a sandbox's no-inspect rule too.
+    let (code, _, err) =
+        output(&mut w.ppp(["policy", "allow", "network", "api.example.com", "--no-inspect", "--sandbox", "red"]));
+    assert_eq!(code, 2, "{err}");
+
+    // The other order: the pass-through first, then the HTTP rule.
+    ok(&mut w.ppp(["policy", "allow", "network", "login.example.com", "--no-inspect"]));
+    let (code, _, err) =
+        output(&mut w.ppp(["policy", "deny", "http", "login.example.com", "--method", "ANY", "--path", "/**"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`login.example.com` cannot be both"), "{err}");
+    assert!(err.contains("ppp policy rm"), "the hint names the rule: {err}");
+    // `--no-inspect` on an HTTP rule itself is refused.
+    let (code, _, err) = output(&mut w.ppp([
+        "policy",
+        "allow",
+        "http",
+        "other.example.com",
+        "--method",
+        "GET",
+        "--path",
+        "/**",
+        "--no-inspect",
+    ]));
+    assert_eq!(code, 2, "{err}");
+}

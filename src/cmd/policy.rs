@@ -227,6 +227,8 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits, inspect: b
 
 fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits, inspect: bool) -> Result<ExitCode> {
     let new = new_rules(decision, args, limits, inspect)?;
+    // A pass-through and an HTTP rule for one host cannot stand together.
+    let pairs = !inspect || matches!(args.kind, RuleKind::Http);
     if let Some(s) = &args.sandbox {
         sandbox::validate_name(s)?;
     }
@@ -272,6 +274,9 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits, ins
         let path = dirs.sandbox_policy(name);
         let mut file = policy::load_sandbox(&path)?.unwrap_or_default();
         apply(&mut file.rules);
+        if pairs {
+            no_inspect::check_http(dirs, Some(name), &file.rules)?;
+        }
         policy::save_sandbox(&path, &file)?;
     } else {
         let path = dirs.global_policy();
@@ -282,6 +287,9 @@ fn add(dirs: &Dirs, decision: Verdict, args: &PolicyAddArgs, limits: Limits, ins
             GlobalFile::without_file()
         };
         apply(&mut file.rules);
+        if pairs {
+            no_inspect::check_http(dirs, None, &file.rules)?;
+        }
         policy::save_global(&path, &file)?;
     }
     drop(lock);

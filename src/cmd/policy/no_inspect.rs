@@ -11,7 +11,7 @@ use anyhow::Result;
 
 use crate::dirs::Dirs;
 use crate::error::fail;
-use crate::policy::{self, Engine, Rule, Verdict};
+use crate::policy::{self, Engine, ResourceKind, Rule, Verdict};
 use crate::secret::{self, Kind, Scope};
 
 /// A secret, as far as this check needs it: where it applies, its name and
@@ -156,6 +156,64 @@ pub(crate) fn check_secret(dirs: &Dirs, scope: &Scope, name: &str, hosts: &[Stri
         Some(c) => Err(c.refuse_secret()),
         None => Ok(()),
     }
+}
+
+/// A host is read or passed through, never both, for HTTP rules too: they
+/// decide on requests, which ppp sees only in a connection it reads (ADR
+/// 0050, 0051). `rules` is the file `scope` names (`None`: the global file)
+/// as it is about to be written; the other files are read from disk. So
+/// `policy allow network H --no-inspect` and `policy allow|deny http H`
+/// each refuse when the other is there. Checked for no-inspect rules that
+/// name one host exactly: for a pattern, the daemon inspects every host an
+/// HTTP rule covers whatever the rule says (`http_rules` in its reply).
+pub(crate) fn check_http(dirs: &Dirs, scope: Option<&str>, rules: &[Rule]) -> Result<()> {
+    let (mut global, mut sandboxes) = policy::load_files(dirs)?;
+    match scope {
+        None => {
+            let mut g = global.unwrap_or_else(policy::GlobalFile::without_file);
+            g.rules = rules.to_vec();
+            global = Some(g);
+        }
+        Some(s) => match sandboxes.iter_mut().find(|(n, _)| n == s) {
+            Some((_, f)) => f.rules = rules.to_vec(),
+            None => sandboxes.push((s.to_owned(), policy::SandboxFile { rules: rules.to_vec(), ..Default::default() })),
+        },
+    }
+    let names: Vec<String> = sandboxes.iter().map(|(n, _)| n.clone()).collect();
+    let exact = |r: &Rule| !r.inspect && r.decision == Verdict::Allow && r.resource.kind() == ResourceKind::Host;
+    let mut passed: Vec<(Option<String>, Rule)> =
+        global.iter().flat_map(|g| g.rules.iter()).filter(|r| exact(r)).map(|r| (None, r.clone())).collect();
+    for (name, f) in &sandboxes {
+        passed.extend(f.rules.iter().filter(|r| exact(r)).map(|r| (Some(name.clone()), r.clone())));
+    }
+    if passed.is_empty() {
+        return Ok(());
+    }
+    let engine = policy::engine_from(global, sandboxes)?;
+    for (sandbox, rule) in passed {
+        let text = rule.resource.to_string();
+        let host = match rule.resource.port() {
+            Some(_) => text.rsplit_once(':').map_or(text.as_str(), |(h, _)| h),
+            None => text.as_str(),
+        };
+        let port = rule.resource.port().unwrap_or(policy::DEFAULT_PORT);
+        let scopes: Vec<Option<&str>> = match &sandbox {
+            Some(s) => vec![Some(s.as_str())],
+            None => std::iter::once(None).chain(names.iter().map(|n| Some(n.as_str()))).collect(),
+        };
+        if scopes.into_iter().any(|s| engine.http_rules_apply(s, Some(host), port)) {
+            return Err(fail(format!(
+                "`{host}` cannot be both `--no-inspect` and under HTTP rules: HTTP rules decide on requests, which ppp reads only in a connection it inspects"
+            ))
+            .hint(format!(
+                "remove the no-inspect rule (`ppp policy rm {}`) or the HTTP rules for `{host}` (`ppp policy ls`)",
+                short(&rule.id)
+            ))
+            .code(2)
+            .into());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
