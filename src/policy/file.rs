@@ -193,6 +193,7 @@ fn inspect_only_on_allow(path: &Path, text: &str, rules: &[Rule]) -> Result<(), 
 pub fn parse_global_slow(path: &Path, text: &str) -> Result<GlobalFile, ParseError> {
     let f: GlobalFile = state::parse_yaml(path, text)?;
     check_rules(path, text, &f.rules)?;
+    inspect_only_on_allow(path, text, &f.rules)?;
     Ok(f)
 }
 
