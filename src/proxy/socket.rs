@@ -891,6 +891,15 @@ mod tests {
     }
 
     #[test]
+    fn a_replied_path_is_bounded_as_the_flow_log_bounds_it() {
+        assert_eq!(bounded("/a/b"), "/a/b");
+        let long = format!("/{}", "a".repeat(4000));
+        let cut = bounded(&long);
+        assert_eq!(cut.len(), MAX_LOGGED_PATH);
+        assert!(cut.ends_with('\u{2026}'));
+    }
+
+    #[test]
     fn long_socket_path_is_refused_with_a_hint() {
         let long = PathBuf::from("/tmp").join("d".repeat(120));
         let dirs = Dirs { config: long.join("c"), data: long.clone(), cache: long.join("k") };
