@@ -195,10 +195,15 @@ fn new_rules(decision: Verdict, args: &PolicyAddArgs, limits: Limits, inspect: b
                     .into());
             };
             if !inspect {
-                return Err(fail("`--no-inspect` is for network rules: an HTTP rule decides on requests, which ppp must read")
-                    .hint(format!("`ppp policy allow network {} --no-inspect` passes a host through unread", args.resources))
-                    .code(2)
-                    .into());
+                return Err(fail(
+                    "`--no-inspect` is for network rules: an HTTP rule decides on requests, which ppp must read",
+                )
+                .hint(format!(
+                    "`ppp policy allow network {} --no-inspect` passes a host through unread",
+                    args.resources
+                ))
+                .code(2)
+                .into());
             }
             if !limits.is_empty() {
                 return Err(fail("limits belong on the network rule, not on an HTTP rule")

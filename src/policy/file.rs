@@ -821,7 +821,7 @@ rules:
         assert!(msg.contains("`10.0.0.1/8` has host bits set (the network is `10.0.0.0/8`)"), "{msg}");
     }
 
-    /// ADR 0050: an HTTP rule round-trips through the files (serde_norway's
+    /// ADR 0050: an HTTP rule round-trips through the files (`serde_norway`'s
     /// path: the fast reader leaves it alone), and what is not one names
     /// the file, the rule's line and the field.
     #[test]

@@ -272,7 +272,8 @@ impl Rule {
                 if !self.inspect {
                     // Its requests are what it decides: a spliced connection
                     // has none ppp could read (ADR 0050, 0051).
-                    return Err("field `inspect`: an HTTP rule decides on requests, so its connections are inspected".to_owned());
+                    return Err("field `inspect`: an HTTP rule decides on requests, so its connections are inspected"
+                        .to_owned());
                 }
             }
         }

@@ -264,8 +264,10 @@ impl From<&crate::policy::Matched<'_>> for MatchedRule {
     }
 }
 
-/// A `decide` reply's payload.
+/// A `decide` reply's payload. Its flags are independent facts the wire
+/// carries one by one, not a state machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(clippy::struct_excessive_bools)]
 pub struct Decision {
     pub verdict: Verdict,
     pub matched_rule: Option<MatchedRule>,

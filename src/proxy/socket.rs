@@ -722,7 +722,7 @@ async fn inspection_required(state: &State, sandbox: Option<&str>, host: &str) -
     let store = state.store.clone();
     let (owned_sandbox, owned_host) = (sandbox.map(str::to_owned), host.to_owned());
     let secret = tokio::task::spawn_blocking(move || store.covers(owned_sandbox.as_deref(), &owned_host)).await;
-    let secret = match secret {
+    match secret {
         Ok(Ok(covered)) => covered,
         Ok(Err(e)) => {
             tracing::warn!("daemon socket: could not read the secret index, inspecting: {e:#}");
@@ -732,8 +732,7 @@ async fn inspection_required(state: &State, sandbox: Option<&str>, host: &str) -
             tracing::warn!("daemon socket: secret index task failed, inspecting: {e}");
             true
         }
-    };
-    secret
+    }
 }
 
 /// Look a secret up. Blocking: the keychain and the age file are.
