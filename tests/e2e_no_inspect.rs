@@ -354,7 +354,7 @@ fn bench_no_inspect_download() {
         }
         runs.push(got);
     }
-    assert!(daemon.ok(&["policy", "log", "--json", "--sandbox", "red"]).contains("\"inspected\":false"));
+    assert!(daemon.ok(&["policy", "log", "--json", "red"]).contains("\"inspected\":false"));
     let med = |what: &str| median(runs.iter().map(|r| r[what].0).collect());
     let worst = |what: &str| mib(runs.iter().map(|r| r[what].1).max().unwrap_or(0));
     let ratio = |a: &str, b: &str| median(runs.iter().map(|r| r[a].0 / r[b].0).collect());
