@@ -222,7 +222,7 @@ fn segments(g: &[&str], p: &[&str]) -> bool {
             }
             // The engine's label matcher: a rule path has no `?`
             // (`check_rule_path`), so only `*` is a wildcard here.
-            Some(s) if super::engine::wildcard(s.as_bytes(), p[pi].as_bytes()) => {
+            Some(s) if super::wildcard::wildcard(s.as_bytes(), p[pi].as_bytes()) => {
                 gi += 1;
                 pi += 1;
             }

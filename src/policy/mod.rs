@@ -22,6 +22,7 @@ pub mod replay;
 mod resource;
 pub mod suggest;
 mod target;
+mod wildcard;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
