@@ -208,6 +208,11 @@ impl Dirs {
     pub fn flows_log(&self) -> PathBuf {
         self.data.join("flows.jsonl")
     }
+    /// `$PPP_DATA/usage.jsonl`: the tokens metered per response (issue 27;
+    /// `usage::record`), written by the daemon alone.
+    pub fn usage_log(&self) -> PathBuf {
+        self.data.join("usage.jsonl")
+    }
     /// `$PPP_DATA/proxy.log`: mitmdump's captured output.
     pub fn proxy_log(&self) -> PathBuf {
         self.data.join("proxy.log")

@@ -31,6 +31,7 @@ pub mod setup;
 pub mod state;
 pub mod template;
 pub mod tui;
+pub mod usage;
 pub mod versions;
 
 /// Parse the command line, run the command, render any error.

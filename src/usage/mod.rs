@@ -1,0 +1,7 @@
+//! LLM usage per sandbox (issue 27): what each sandbox's agent spent in
+//! tokens at its providers, read at the proxy from the upstream's responses.
+//!
+//! [`record`] is the shape of `$PPP_DATA/usage.jsonl` and its reader; the
+//! daemon is the only writer. Core module: it never names the command line.
+
+pub mod record;
