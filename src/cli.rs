@@ -812,10 +812,10 @@ pub enum PolicyCommand {
         #[arg(short, long)]
         force: bool,
     },
-    /// Allow connections to hosts, IPs or CIDR ranges
+    /// Allow connections to hosts, IPs or CIDR ranges, or HTTP requests by method and path
     #[command(after_help = RESOURCE_HELP)]
     Allow(PolicyAllowArgs),
-    /// Deny connections to hosts, IPs or CIDR ranges
+    /// Deny connections to hosts, IPs or CIDR ranges, or HTTP requests by method and path
     #[command(after_help = RESOURCE_HELP)]
     Deny(PolicyAddArgs),
     /// Show or set the body-size limits for uploads and downloads
