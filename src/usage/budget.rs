@@ -8,7 +8,7 @@
 //! granted, and asks [`check`] with the time. Core module: it never names
 //! the command line.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::path::Path;
 use std::str::FromStr;
 
@@ -206,7 +206,7 @@ impl fmt::Display for OnExceed {
 
 impl Limit {
     /// Whether `used` has reached this limit (of the same kind).
-    fn reached_by(self, used: &Use) -> bool {
+    pub fn reached_by(self, used: &Use) -> bool {
         match self {
             Self::Tokens(n) => used.tokens >= n,
             Self::CostUsd(x) => used.cost_usd >= x,
@@ -214,7 +214,8 @@ impl Limit {
     }
 
     /// `used` in this limit's unit.
-    fn of(self, used: &Use) -> Limit {
+    #[must_use]
+    pub fn of(self, used: &Use) -> Limit {
         match self {
             Self::Tokens(_) => Self::Tokens(used.tokens),
             Self::CostUsd(_) => Self::CostUsd(used.cost_usd),
@@ -267,7 +268,7 @@ impl Limit {
 /// `4M`, `500k`, `1.5M` when that is exact, else the digits.
 pub fn compact_tokens(n: u64) -> String {
     for (unit, suffix) in [(1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")] {
-        if n >= unit && (n * 10) % unit == 0 {
+        if n >= unit && (n * 10).is_multiple_of(unit) {
             let whole = n / unit;
             let tenth = (n % unit) * 10 / unit;
             return if tenth == 0 { format!("{whole}{suffix}") } else { format!("{whole}.{tenth}{suffix}") };
@@ -281,7 +282,7 @@ fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -497,7 +498,7 @@ pub fn load(path: &Path) -> Result<Budgets> {
         Some(text) => parse(path, &text).map_err(|e| {
             crate::error::hinted(
                 e,
-                "fix that line (docs/policy.md, \"Budgets\", shows the format), or set the budget again with `ppp policy budget set`",
+                "fix that line (docs/policy.md, \"Budgets\", shows the format), or move the file away and set the budgets again with `ppp policy budget set`",
             )
         }),
         None => Ok(Budgets::default()),
@@ -614,17 +615,19 @@ impl Exceeded {
         let mut m =
             format!("ppp: {whose} is used up: {} of {} {over}", self.used.describe_exact(), self.limit.describe());
         if self.limit != self.budget.limit {
-            m.push_str(&format!(" (raised once from {})", self.budget.limit.describe()));
+            let _ = write!(m, " (raised once from {})", self.budget.limit.describe());
         }
         if matches!(self.budget.limit, Limit::CostUsd(_)) && self.unpriced > 0 {
             let s = if self.unpriced == 1 { "" } else { "s" };
-            m.push_str(&format!("; {} request{s} had no price and are not in the cost", self.unpriced));
+            let _ = write!(m, "; {} request{s} had no price and are not in the cost", self.unpriced);
         }
         match self.resets {
-            Some(r) => m.push_str(&format!(". It resets at {}", rfc3339(r))),
+            Some(r) => {
+                let _ = write!(m, ". It resets at {}", rfc3339(r));
+            }
             None => m.push_str(". It does not reset by itself"),
         }
-        m.push_str(&format!(". To raise it, run on the host: `{}`", self.raise_command));
+        let _ = write!(m, ". To raise it, run on the host: `{}`", self.raise_command);
         m
     }
 }
