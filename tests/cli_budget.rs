@@ -154,7 +154,7 @@ fn rm_takes_a_scope_and_a_period() {
         "budget removed: `red`: 2M tokens a day (UTC), refused past it\nbudget removed: `red`: $3.00 a day (UTC), refused past it\n"
     );
     let (code, out, err) = output(&mut w.ppp(["policy", "budget", "rm", "red", "--per", "day"]));
-    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!((code, out.as_str()), (2, ""));
     assert_eq!(err, "error: there is no day budget for `red`\nhint: `ppp policy budget ls` lists the budgets\n");
     ok(&mut w.ppp(["policy", "budget", "rm", "-g"]));
     ok(&mut w.ppp(["policy", "budget", "rm", "red"]));
@@ -162,7 +162,7 @@ fn rm_takes_a_scope_and_a_period() {
     let (code, _, err) = output(&mut w.ppp(["policy", "budget", "rm"]));
     assert_eq!(
         (code, err.as_str()),
-        (1, "error: there is no budget for global\nhint: `ppp policy budget ls` lists the budgets\n")
+        (2, "error: there is no budget for global\nhint: `ppp policy budget ls` lists the budgets\n")
     );
 }
 

@@ -97,6 +97,9 @@ fn rm(dirs: &Dirs, sandbox: Option<&str>, per: Option<Period>) -> Result<ExitCod
         };
         return Err(fail(format!("there is no {what}budget for {whose}"))
             .hint("`ppp policy budget ls` lists the budgets")
+            // As for `policy rm` of a rule that is not there: the command
+            // line names something that does not exist (a usage mistake).
+            .code(2)
             .into());
     }
     budget::save(&path, &file)?;
