@@ -237,3 +237,27 @@ fn a_change_asks_a_running_daemon_to_reload() {
     ok(&mut w.ppp(["policy", "budget", "rm", "red"]));
     assert_eq!(server.join().unwrap(), ["{\"op\":\"reload\"}\n", "{\"op\":\"reload\"}\n"]);
 }
+
+/// Every change holds `state.lock`: budgets set at once, each by its own
+/// process, all land, and the file parses.
+#[test]
+fn eight_parallel_sets_leave_eight_budgets() {
+    let w = World::new();
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            w.ppp(["policy", "budget", "set", &format!("s{i}"), "--tokens", "1M"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: Value = serde_json::from_str(&ok(&mut w.ppp(["policy", "budget", "ls", "--json"]))).unwrap();
+    let mut scopes: Vec<&str> = v.as_array().unwrap().iter().map(|b| b["scope"].as_str().unwrap()).collect();
+    scopes.sort_unstable();
+    assert_eq!(scopes, ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"]);
+}

@@ -543,6 +543,13 @@ impl Raises {
         }
     }
 
+    /// Forget the raises no budget of `budgets` can use on `today`: of a
+    /// budget changed or removed, or of a day gone. The daemon calls it when
+    /// it reloads budgets.yaml, so raises stay bounded by the file.
+    pub fn prune(&mut self, budgets: &Budgets, today: Date) {
+        self.granted.retain(|g| budgets.budgets.contains(&g.budget) && g.day.is_none_or(|d| d >= today));
+    }
+
     /// `b`'s limit in force on `today`: its own, or what a raise made it.
     /// A raise of a budget since changed (another limit, `ask` turned
     /// `deny`) is void: the user set the number they want.
@@ -953,6 +960,19 @@ budgets:
         later.day = Some(date!(2026 - 12 - 04));
         raises.grant(later);
         assert_eq!(raises.granted.len(), 1);
+        // A reload keeps the raises of the budgets still in the file only.
+        let total = budget("red", Limit::Tokens(10), Period::Total, OnExceed::Ask);
+        let t = totals(&[rec("red", 10)]);
+        let both = Budgets { budgets: vec![b.budgets[0].clone(), total.clone()] };
+        raises.grant(raise(&check(&Budgets { budgets: vec![total.clone()] }, &t, &raises, "red", NOW).unwrap()));
+        assert_eq!(raises.limit(&total, date!(2026 - 12 - 03)), Limit::Tokens(20));
+        raises.prune(&both, date!(2026 - 12 - 04));
+        assert_eq!(raises.granted.len(), 2);
+        raises.prune(&Budgets { budgets: vec![total.clone()] }, date!(2026 - 12 - 04));
+        assert_eq!(raises.granted.len(), 1);
+        assert_eq!(raises.limit(&total, date!(2027 - 01 - 01)), Limit::Tokens(20), "a total's raise has no day");
+        raises.prune(&Budgets::default(), date!(2026 - 12 - 04));
+        assert_eq!(raises, Raises::default());
     }
 
     fn exceeded(per: Period, limit: Limit, scope: &str, unpriced: u64) -> Exceeded {
