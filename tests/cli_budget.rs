@@ -97,7 +97,10 @@ fn ls_shows_use_against_each_limit() {
 
     let (code, out, err) = output(&mut w.ppp(["policy", "budget", "ls"]));
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("1 line of `") && err.contains("usage.jsonl` are not usage records"), "{err}");
+    assert!(
+        err.starts_with("warning: `") && err.ends_with("usage.jsonl`: 1 line skipped, not usage records\n"),
+        "{err}"
+    );
     insta::assert_snapshot!(out.replace(&tomorrow(), "[TOMORROW]"), @r"
     SCOPE   PER    LIMIT      USED                LEFT            PAST IT  RESETS
     red     day    2k tokens  2,100 tokens        0 tokens        deny     [TOMORROW]

@@ -14,7 +14,9 @@
 //! `unpriced`, so a cost budget can say what it could not see.
 
 use std::collections::HashMap;
+use std::path::Path;
 
+use anyhow::Result;
 use time::Date;
 
 use super::record::Record;
@@ -80,6 +82,14 @@ impl Totals {
             t.add(r, price);
         }
         t
+    }
+
+    /// The totals of the log at `path` (a missing log has none), as of
+    /// `today`, and how many of its lines were not records (skipped, as
+    /// [`super::record::read`] does). What the daemon builds when it starts.
+    pub fn from_log(path: &Path, today: Date, price: &impl Price) -> Result<(Self, usize)> {
+        let read = super::record::read(path)?;
+        Ok((Self::from_records(&read.records, today, price), read.malformed))
     }
 
     /// Count one more record. A record of a later day than the one kept

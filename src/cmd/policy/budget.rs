@@ -16,7 +16,7 @@ use crate::cli::{BudgetCommand, BudgetSetArgs};
 use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::usage::budget::{self, Budget, Limit, OnExceed, Period, Scope};
-use crate::usage::record::{self, Record};
+use crate::usage::record::Record;
 use crate::usage::totals::{Totals, Use};
 use crate::{output, proxy, sandbox, state};
 
@@ -177,16 +177,11 @@ fn ls(dirs: &Dirs, only: Option<&str>, json: bool) -> Result<ExitCode> {
     let file = budget::load(&dirs.budgets())?;
     let shown: Vec<&Budget> = file.budgets.iter().filter(|b| only.is_none_or(|s| b.applies_to(s))).collect();
     let now = OffsetDateTime::now_utc();
-    let log = record::read(&dirs.usage_log())?;
-    if log.malformed > 0 {
-        eprintln!(
-            "warning: {} line{} of `{}` are not usage records and are not counted",
-            log.malformed,
-            if log.malformed == 1 { "" } else { "s" },
-            dirs.usage_log().display()
-        );
+    let (totals, malformed) = Totals::from_log(&dirs.usage_log(), now.date(), &price)?;
+    if malformed > 0 {
+        let s = if malformed == 1 { "" } else { "s" };
+        eprintln!("warning: `{}`: {malformed} line{s} skipped, not usage records", dirs.usage_log().display());
     }
-    let totals = Totals::from_records(&log.records, now.date(), &price);
     let rows: Vec<Listed> = shown.iter().map(|b| listed(b, &b.used(&totals, now.date()), now)).collect();
     if json {
         output::json(&rows)?;
