@@ -268,7 +268,8 @@ impl Limit {
 /// `4M`, `500k`, `1.5M` when that is exact, else the digits.
 pub fn compact_tokens(n: u64) -> String {
     for (unit, suffix) in [(1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")] {
-        if n >= unit && (n * 10).is_multiple_of(unit) {
+        // One decimal at most: `n` is a whole number of tenths of `unit`.
+        if n >= unit && n.is_multiple_of(unit / 10) {
             let whole = n / unit;
             let tenth = (n % unit) * 10 / unit;
             return if tenth == 0 { format!("{whole}{suffix}") } else { format!("{whole}.{tenth}{suffix}") };
@@ -882,6 +883,20 @@ budgets:
         }
         assert_eq!(parse_usd("$2.50"), Ok(2.5));
         assert!(parse_usd("0").is_err() && parse_usd("NaN").is_err() && parse_usd("inf").is_err());
+    }
+
+    proptest::proptest! {
+        /// What `ls` and the refusal print as a limit is what `set` takes.
+        #[test]
+        fn compact_token_counts_parse_back(n in 1u64..=u64::MAX) {
+            proptest::prop_assert_eq!(parse_tokens(&compact_tokens(n)), Ok(n));
+        }
+
+        #[test]
+        fn round_token_counts_parse_back(k in 1u64..100_000, e in 0u32..=14) {
+            let n = k * 10u64.pow(e);
+            proptest::prop_assert_eq!(parse_tokens(&compact_tokens(n)), Ok(n));
+        }
     }
 
     #[test]
