@@ -134,6 +134,61 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         chain: Vec<String>,
     },
+    /// Whether the responses to this HTTP request are metered (issue 27,
+    /// ADR 0053): asked only for a request whose upstream TLS was verified
+    /// for `host` (the addon's `secret_ok`). `path` is the raw path, as
+    /// for `decide`; the daemon canonicalises and matches it.
+    Meter {
+        sandbox: String,
+        host: String,
+        #[serde(default)]
+        port: u16,
+        method: String,
+        path: String,
+    },
+    /// What a metered response reported (or, `estimated`, what was
+    /// estimated from its bytes): one line of usage.jsonl, written once
+    /// per `flow`. Acknowledged with `{"ok":true}`.
+    Usage {
+        sandbox: String,
+        provider: String,
+        #[serde(default)]
+        model: String,
+        #[serde(default)]
+        input: u64,
+        #[serde(default)]
+        output: u64,
+        #[serde(default)]
+        cache_read: u64,
+        #[serde(default)]
+        cache_write: u64,
+        #[serde(default)]
+        estimated: bool,
+        flow: String,
+    },
+}
+
+/// A `meter` reply's payload: the provider that matched and where its
+/// responses put the usage. A struct with named fields, so that a later
+/// fact about the request (a budget crossed) is one more field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meter {
+    pub provider: String,
+    pub dialect: crate::usage::provider::Dialect,
+    pub usage: crate::usage::provider::Fields,
+    #[serde(default)]
+    pub input_includes_cache_read: bool,
+}
+
+impl From<&crate::usage::provider::Provider> for Meter {
+    fn from(p: &crate::usage::provider::Provider) -> Self {
+        Meter {
+            provider: p.name.clone(),
+            dialect: p.dialect,
+            usage: p.usage.clone(),
+            input_includes_cache_read: p.input_includes_cache_read,
+        }
+    }
 }
 
 /// The layer a decision was asked at.
@@ -394,6 +449,8 @@ pub enum Response {
     Approvals(Vec<Pending>),
     /// `answer`: how many waiting requests it released.
     Released(usize),
+    /// `meter`: the provider metering the request, or `None` (`null`).
+    Meter(Option<Meter>),
     /// `{"ok":true}` and nothing else: what a bare acknowledgement (an older
     /// or stand-in daemon) sends.
     Ack,
@@ -442,6 +499,7 @@ impl Response {
             }
             Response::Approvals(p) => w.approvals = Some(p.clone()),
             Response::Released(n) => w.released = Some(*n),
+            Response::Meter(m) => w.meter = Some(m.clone()),
             Response::Generation(g) => w.generation = Some(*g),
             Response::Modes(m) => w.modes = Some(m.clone()),
             Response::Ack => {}
@@ -489,6 +547,8 @@ impl Response {
             Response::Approvals(p)
         } else if let Some(n) = w.released {
             Response::Released(n)
+        } else if let Some(m) = w.meter {
+            Response::Meter(m)
         } else if let Some(g) = w.generation {
             Response::Generation(g)
         } else if let Some(m) = w.modes {
@@ -570,13 +630,16 @@ struct Wire {
     approvals: Option<Vec<Pending>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     released: Option<usize>,
+    // Outer option: field present; inner: `null` when nothing meters it.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    meter: Option<Option<Meter>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<serde_json::Value>,
 }
 
 #[allow(clippy::option_option)]
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<MatchedRule>>, D::Error> {
-    Option::<MatchedRule>::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// The one place a secret becomes reply text.
@@ -776,6 +839,34 @@ mod tests {
             ttl: None,
         }]);
         assert_eq!(s.to_line(None), "{\"ok\":true,\"substitutions\":[{\"placeholder\":\"P\",\"value\":\"v\"}]}\n");
+    }
+
+    #[test]
+    fn meter_and_usage_round_trip() {
+        assert_eq!(
+            req(r#"{"op":"meter","sandbox":"red","host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages"}"#)
+                .unwrap(),
+            Request::Meter {
+                sandbox: "red".into(),
+                host: "api.anthropic.com".into(),
+                port: 443,
+                method: "POST".into(),
+                path: "/v1/messages".into()
+            }
+        );
+        assert!(matches!(
+            req(r#"{"op":"usage","sandbox":"red","provider":"openai","input":3,"estimated":true,"flow":"f"}"#).unwrap(),
+            Request::Usage { input: 3, output: 0, estimated: true, .. }
+        ));
+        assert!(req(r#"{"op":"usage","sandbox":"red","provider":"openai"}"#).is_err(), "a flow id is required");
+        let none = Response::Meter(None).to_line(None);
+        assert_eq!(none, "{\"ok\":true,\"meter\":null}\n");
+        assert!(matches!(Response::parse(&none).unwrap().0, Response::Meter(None)));
+        let p = crate::usage::provider::Providers::builtin();
+        let m = Meter::from(&p.all()[0]);
+        let line = Response::Meter(Some(m.clone())).to_line(Some(&serde_json::json!(2)));
+        assert!(line.starts_with("{\"ok\":true,\"meter\":{\"provider\":\"anthropic\",\"dialect\":\"anthropic\",\"usage\":{\"model\":[\"message.model\""), "{line}");
+        assert!(matches!(Response::parse(&line).unwrap(), (Response::Meter(Some(back)), Some(_)) if back == m));
     }
 
     #[test]

@@ -2,6 +2,10 @@
 //! tokens at its providers, read at the proxy from the upstream's responses.
 //!
 //! [`record`] is the shape of `$PPP_DATA/usage.jsonl` and its reader; the
-//! daemon is the only writer. Core module: it never names the command line.
+//! daemon is the only writer ([`log`]). [`provider`] is the data that says
+//! which responses are metered and where their usage is. Core module: it
+//! never names the command line.
 
+pub mod log;
+pub mod provider;
 pub mod record;
