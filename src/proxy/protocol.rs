@@ -372,6 +372,11 @@ pub struct Decision {
     /// rule) needs to see inside it. Absent means true.
     #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
     pub inspect: bool,
+    /// A metered provider answers on the host (issue 27): the addon asks
+    /// `meter` for each of its requests, and only for those, so a request
+    /// to any other host costs no round trip.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metered: bool,
 }
 
 fn yes() -> bool {
@@ -494,6 +499,7 @@ impl Response {
                 w.http_rules = d.http_rules;
                 w.http.clone_from(&d.http);
                 w.inspect = (!d.inspect).then_some(false);
+                w.metered = d.metered;
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
@@ -542,6 +548,7 @@ impl Response {
                 http_rules: w.http_rules,
                 http: w.http,
                 inspect: w.inspect.unwrap_or(true),
+                metered: w.metered,
             })
         } else if let Some(p) = w.approvals {
             Response::Approvals(p)
@@ -615,6 +622,8 @@ struct Wire {
     local: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     http_rules: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    metered: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     http: Option<HttpOutcome>,
     /// Only `false` is written (a pass-through, ADR 0051).
@@ -775,6 +784,7 @@ mod tests {
             http_rules: false,
             http: None,
             inspect: true,
+            metered: false,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -803,6 +813,7 @@ mod tests {
             http_rules: true,
             http: Some(HttpOutcome { refusal: None, path: Some("/repos/org/x".into()) }),
             inspect: true,
+            metered: false,
         });
         let line = held.to_line(None);
         assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");

@@ -708,6 +708,7 @@ async fn decide_chain(
         http_rules: http_rules(state, &snap.engine, sandbox, host, ip, port),
         http: None,
         inspect: true,
+        metered: host.is_some_and(|h| snap.providers.has_host(h)),
     };
     // Only an allow rule saying so turns inspection off, and only for a
     // flow that names a host: the SNI is what a `--no-inspect` rule is

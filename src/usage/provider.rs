@@ -135,6 +135,14 @@ impl Providers {
         &self.list
     }
 
+    /// Whether some provider answers on `host`: its requests are then
+    /// worth asking [`Providers::find`] about.
+    #[must_use]
+    pub fn has_host(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        self.list.iter().any(|p| p.hosts.iter().any(|h| *h == host))
+    }
+
     /// The provider whose responses to this request report usage: a POST
     /// (every usage-reporting endpoint is one) to one of its hosts, on a
     /// path (raw, as forwarded; canonicalised here, the query dropped) one
