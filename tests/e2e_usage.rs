@@ -112,8 +112,11 @@ impl Rig {
     }
 }
 
+/// Input, output, cache read, cache write, model, estimated.
+type Want<'a> = (u64, u64, u64, u64, &'a str, u64);
+
 /// A record's tokens, model and estimated mark, for comparing.
-fn tokens(r: &Record) -> (u64, u64, u64, u64, &str, u64) {
+fn tokens(r: &Record) -> Want<'_> {
     (r.tokens.input, r.tokens.output, r.tokens.cache_read, r.tokens.cache_write, r.model.as_str(), r.estimated)
 }
 
@@ -122,7 +125,7 @@ const PROMPT: &str = r#"{"model":"m","messages":[{"role":"user","content":"Hello
 #[test]
 fn each_provider_s_responses_become_their_records() {
     let rig = rig();
-    let cases: &[(&str, &str, &str, (u64, u64, u64, u64, &str, u64))] = &[
+    let cases: &[(&str, &str, &str, Want<'_>)] = &[
         (SERVICE_NAME, "/v1/messages", "anthropic.sse", (25, 15, 100, 10, "claude-sonnet-4-5-20250929", 0)),
         (SERVICE_NAME, "/v1/messages?beta=true", "anthropic.json", (12, 30, 0, 0, "claude-sonnet-4-5-20250929", 0)),
         // OpenAI counts the cached tokens inside the prompt: 19 - 4.

@@ -581,7 +581,7 @@ pub fn parse_request(line: &[u8]) -> (Option<serde_json::Value>, Result<Request,
 /// Every field any reply has, for (de)serializing the flat JSON object.
 // `matched_rule` has three states on the wire: absent (not a decision),
 // `null` (the default decided) and a rule.
-#[allow(clippy::option_option)]
+#[allow(clippy::option_option, clippy::struct_excessive_bools)]
 #[derive(Default, Serialize, Deserialize)]
 struct Wire {
     ok: bool,

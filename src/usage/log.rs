@@ -85,7 +85,7 @@ impl Log {
         if let Some(f) = &rec.flow {
             self.remember(f.clone());
         }
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let size = file.metadata().map_or(0, |m| m.len());
         drop(file);
         if size > self.max_bytes {
             self.compact(&today())?;
@@ -136,7 +136,7 @@ fn end_torn_line(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("could not open `{}`", path.display())),
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let len = f.metadata().map_or(0, |m| m.len());
     if len == 0 {
         return Ok(());
     }
@@ -182,7 +182,7 @@ mod tests {
             provider: "anthropic".into(),
             model: model.into(),
             requests: 1,
-            estimated: u64::from(n % 2 == 0),
+            estimated: u64::from(n.is_multiple_of(2)),
             tokens: Tokens { input: n, output: 2 * n, cache_read: 3 * n, cache_write: n / 2 },
             flow: Some(flow.into()),
         }

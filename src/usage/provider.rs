@@ -70,7 +70,7 @@ pub struct Provider {
     pub paths: Vec<String>,
     pub dialect: Dialect,
     pub usage: Fields,
-    /// The prompt count includes the cached tokens (OpenAI, Gemini): the
+    /// The prompt count includes the cached tokens (`OpenAI`, Gemini): the
     /// record's `input` is then the prompt count less `cache_read`.
     #[serde(default)]
     pub input_includes_cache_read: bool,
@@ -140,7 +140,7 @@ impl Providers {
     #[must_use]
     pub fn has_host(&self, host: &str) -> bool {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
-        self.list.iter().any(|p| p.hosts.iter().any(|h| *h == host))
+        self.list.iter().any(|p| p.hosts.contains(&host))
     }
 
     /// The provider whose responses to this request report usage: a POST
@@ -155,9 +155,7 @@ impl Providers {
         }
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let path = http::canonical_path(raw_path).ok()?;
-        self.list
-            .iter()
-            .find(|p| p.hosts.iter().any(|h| *h == host) && p.paths.iter().any(|g| http::path_matches(g, &path)))
+        self.list.iter().find(|p| p.hosts.contains(&host) && p.paths.iter().any(|g| http::path_matches(g, &path)))
     }
 }
 

@@ -43,7 +43,7 @@ pub const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 9);
 pub const ATTACKER_IP2: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 10);
 /// The service host whose key ppp injects, played by the upstream.
 pub const SERVICE_NAME: &str = "api.anthropic.com";
-/// The other LLM providers' hosts the upstream plays (tests/e2e_usage.rs).
+/// The other LLM providers' hosts the upstream plays (`tests/e2e_usage.rs`).
 pub const OPENAI_NAME: &str = "api.openai.com";
 pub const GEMINI_NAME: &str = "generativelanguage.googleapis.com";
 /// The name the attacker holds a valid certificate for.
