@@ -305,3 +305,52 @@ fn nothing_the_guest_sends_is_counted() {
     assert_eq!(reply["ok"], false, "{reply}");
     rig.wait_records(1);
 }
+
+/// `bench/usage-sse.sh`: the latency metering adds to an SSE stream. The
+/// same Anthropic Messages stream (agent_servers.py, one event every
+/// SSE_EVERY_MS) from api.anthropic.com, on the metered `/v1/messages`
+/// and on `/v1/messages-unmetered`, which no provider names: the same
+/// tunnel, addon, key injection and scrubbing, only the meter differs.
+/// Interleaved rounds; each event's latency from the upstream's write to
+/// the guest's read; p50 and p99 of all, side by side.
+#[test]
+#[ignore = "a benchmark: bench/usage-sse.sh runs it"]
+fn bench_usage_sse() {
+    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (rounds, events, every_ms) = (env("ROUNDS", 3), env("SSE_EVENTS", 100), env("SSE_EVERY_MS", 50));
+    let rig = rig();
+    rig.daemon.ok(&["secret", "set", "-g", "anthropic", "--token", "sk-ant-bench-0000"]);
+    let (mut servers, _) = netns::start_agent_servers(&rig.topo);
+    let ca = rig.topo.path().join("ppp/data/mitmproxy/mitmproxy-ca-cert.pem").display().to_string();
+    let script = format!("{}/tests/support/agent_clients.py", env!("CARGO_MANIFEST_DIR"));
+    let py = netns::venv_python().display().to_string();
+    let ip = UPSTREAM_IP.to_string();
+    let stream = |path: &str| -> Vec<f64> {
+        let q = format!("{path}?n={events}&every={}", every_ms as f64 / 1000.0);
+        let out = rig.guest().run(&[&py, &script, "sse-post", &ip, "8443", SERVICE_NAME, &ca, &q]);
+        let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
+            .unwrap_or_else(|_| panic!("sse-post: {}", describe(&out)));
+        let lat: Vec<f64> = v["lat_ms"].as_array().unwrap().iter().filter_map(serde_json::Value::as_f64).collect();
+        assert_eq!(lat.len(), events, "every event arrived: {}", describe(&out));
+        lat
+    };
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        off.extend(stream("/v1/messages-unmetered"));
+        on.extend(stream("/v1/messages"));
+    }
+    let _ = servers.kill();
+    let _ = servers.wait();
+    // Metering was on for exactly the metered streams, and read them.
+    let r = rig.wait_records(rounds);
+    assert!(r.iter().all(|r| r.tokens.output == events as u64 && r.estimated == 0), "{r:?}");
+    let pct = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let (on50, on99, off50, off99) = (pct(&mut on, 0.5), pct(&mut on, 0.99), pct(&mut off, 0.5), pct(&mut off, 0.99));
+    println!("bench: {rounds} rounds of {events} SSE events every {every_ms} ms, interleaved");
+    println!("bench: metering off  p50 {off50:.2} ms  p99 {off99:.2} ms");
+    println!("bench: metering on   p50 {on50:.2} ms  p99 {on99:.2} ms");
+    println!("bench: added by metering  p50 {:+.2} ms  p99 {:+.2} ms", on50 - off50, on99 - off99);
+}
