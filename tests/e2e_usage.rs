@@ -353,4 +353,23 @@ fn bench_usage_sse() {
     println!("bench: metering off  p50 {off50:.2} ms  p99 {off99:.2} ms");
     println!("bench: metering on   p50 {on50:.2} ms  p99 {on99:.2} ms");
     println!("bench: added by metering  p50 {:+.2} ms  p99 {:+.2} ms", on50 - off50, on99 - off99);
+    // The one round trip a metered request costs: `meter` on a persistent
+    // connection, as the addon asks it (once per request to a provider's
+    // host, before its headers go upstream).
+    let s = std::os::unix::net::UnixStream::connect(rig.daemon.dirs().secret_socket()).unwrap();
+    let mut reader = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    let req = format!(
+        "{}\n",
+        serde_json::json!({"op":"meter","sandbox":"red","host":SERVICE_NAME,"port":443,"method":"POST","path":"/v1/messages"})
+    );
+    let n = 2000;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        w.write_all(req.as_bytes()).unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains("\"provider\":\"anthropic\""), "{line}");
+    }
+    println!("bench: one `meter` round trip  {:.1} us (mean of {n})", t.elapsed().as_secs_f64() * 1e6 / f64::from(n));
 }
