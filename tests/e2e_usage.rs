@@ -80,8 +80,10 @@ impl Rig {
         let resolve = format!("{host}:{port}:{UPSTREAM_IP}");
         let url = format!("{scheme}://{host}{path}");
         let fx = format!("x-fixture: {fixture}");
+        // HTTP/1.1 unless `extra` asks for HTTP/2 (a flag, not a header).
+        let version = if extra.contains(&"--http2") { "--http2" } else { "--http1.1" };
         let mut args = vec![
-            "--http1.1",
+            version,
             "--cacert",
             ca.to_str().unwrap(),
             "--resolve",
@@ -95,7 +97,7 @@ impl Rig {
             "-w",
             "\n%{http_code}",
         ];
-        for h in extra {
+        for h in extra.iter().filter(|h| !h.starts_with("--")) {
             args.extend(["-H", h]);
         }
         args.push(&url);
@@ -172,8 +174,14 @@ fn each_provider_s_responses_become_their_records() {
     let r = rig.wait_records(cases.len() + 1);
     assert_eq!(tokens(r.last().unwrap()), (12, 30, 0, 0, "claude-sonnet-4-5-20250929", 0));
 
+    // HTTP/2 from the guest (mitmproxy speaks HTTP/1.1 upstream): the same.
+    let (code, _) = rig.post("https", SERVICE_NAME, "/v1/messages", "anthropic.sse", PROMPT, &["--http2"]);
+    assert_eq!(code, 200);
+    let r = rig.wait_records(cases.len() + 2);
+    assert_eq!(tokens(r.last().unwrap()), (25, 15, 100, 10, "claude-sonnet-4-5-20250929", 0));
+
     // No usage reported: never zero, but estimated from the bytes (4 a token).
-    let n = cases.len() + 1;
+    let n = cases.len() + 2;
     rig.ok(OPENAI_NAME, "/v1/chat/completions", "openai-chat-nousage.sse", PROMPT);
     let r = rig.wait_records(n + 1);
     let last = r.last().unwrap();

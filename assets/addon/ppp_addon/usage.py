@@ -19,8 +19,10 @@ bytes forwarded upstream and output from the response bytes seen, about
 BYTES_PER_TOKEN each (docs/user-guide/usage.md).
 """
 
+import concurrent.futures
 import json
 import re
+import threading
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -42,7 +44,8 @@ DECODE_STEP = 256 * 1024
 # text per token (English prose and code with common tokenizers).
 BYTES_PER_TOKEN = 4
 # Reports the daemon could not take (restarting), retried with the next
-# report; past it the oldest is dropped (and logged).
+# report; past it the oldest is dropped (and logged). Also the most reports
+# waiting for the sender thread.
 PENDING_MAX = 256
 # The fields of a record, besides the model.
 COUNTS = ("input", "output", "cache_read", "cache_write")
@@ -297,7 +300,14 @@ class Usage(State):
 
     def __init__(self) -> None:
         super().__init__()
+        # Touched by the sender thread alone.
         self._pending_usage: list[dict[str, Any]] = []
+        # Reports are sent from one thread of their own: the daemon may be
+        # compacting usage.jsonl, or restarting, and the event loop that
+        # carries every sandbox's traffic must not wait for it.
+        self._usage_sender: concurrent.futures.ThreadPoolExecutor | None = None
+        self._usage_queued = 0
+        self._usage_lock = threading.Lock()
 
     def _meter_request(self, flow: http.HTTPFlow, method: str, path: str) -> None:
         """Ask whether this request's response is metered; called once its
@@ -360,7 +370,22 @@ class Usage(State):
         meta["usage_reported"] = True
         report = meter.finish(int(meta.get("bytes_out") or 0), cut)
         report.update(op="usage", sandbox=meta.get("sandbox"), provider=spec["provider"], flow=flow.id)
-        self._send_usage(report)
+        with self._usage_lock:
+            if self._usage_queued >= PENDING_MAX:
+                log.warning("ppp: %d usage reports wait for the daemon; one dropped", self._usage_queued)
+                return
+            self._usage_queued += 1
+        if self._usage_sender is None:
+            self._usage_sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ppp-usage")
+        self._usage_sender.submit(self._send_queued, report)
+
+    def _send_queued(self, report: dict[str, Any]) -> None:
+        with self._usage_lock:
+            self._usage_queued -= 1
+        try:
+            self._send_usage(report)
+        except Exception:  # noqa: BLE001 - a report is never worth the thread
+            log.exception("ppp: usage report failed")
 
     def _send_usage(self, report: dict[str, Any]) -> None:
         """Send `report`, and any the daemon missed before; a report the
