@@ -315,8 +315,8 @@ fn nothing_the_guest_sends_is_counted() {
 }
 
 /// `bench/usage-sse.sh`: the latency metering adds to an SSE stream. The
-/// same Anthropic Messages stream (agent_servers.py, one event every
-/// SSE_EVERY_MS) from api.anthropic.com, on the metered `/v1/messages`
+/// same Anthropic Messages stream (`agent_servers.py`, one event every
+/// `SSE_EVERY_MS`) from `api.anthropic.com`, on the metered `/v1/messages`
 /// and on `/v1/messages-unmetered`, which no provider names: the same
 /// tunnel, addon, key injection and scrubbing, only the meter differs.
 /// Interleaved rounds; each event's latency from the upstream's write to
@@ -325,7 +325,8 @@ fn nothing_the_guest_sends_is_counted() {
 #[ignore = "a benchmark: bench/usage-sse.sh runs it"]
 fn bench_usage_sse() {
     let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (rounds, events, every_ms) = (env("ROUNDS", 3), env("SSE_EVENTS", 100), env("SSE_EVERY_MS", 50));
+    let (rounds, events) = (env("ROUNDS", 3), env("SSE_EVENTS", 100));
+    let every_ms: u32 = std::env::var("SSE_EVERY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let rig = rig();
     rig.daemon.ok(&["secret", "set", "-g", "anthropic", "--token", "sk-ant-bench-0000"]);
     let (mut servers, _) = netns::start_agent_servers(&rig.topo);
@@ -334,7 +335,7 @@ fn bench_usage_sse() {
     let py = netns::venv_python().display().to_string();
     let ip = UPSTREAM_IP.to_string();
     let stream = |path: &str| -> Vec<f64> {
-        let q = format!("{path}?n={events}&every={}", every_ms as f64 / 1000.0);
+        let q = format!("{path}?n={events}&every={}", f64::from(every_ms) / 1000.0);
         let out = rig.guest().run(&[&py, &script, "sse-post", &ip, "8443", SERVICE_NAME, &ca, &q]);
         let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
             .unwrap_or_else(|_| panic!("sse-post: {}", describe(&out)));
@@ -350,13 +351,13 @@ fn bench_usage_sse() {
     let _ = servers.kill();
     let _ = servers.wait();
     // Metering was on for exactly the metered streams, and read them.
-    let r = rig.wait_records(rounds);
-    assert!(r.iter().all(|r| r.tokens.output == events as u64 && r.estimated == 0), "{r:?}");
-    let pct = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(f64::total_cmp);
-        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    let records = rig.wait_records(rounds);
+    assert!(records.iter().all(|r| r.tokens.output == events as u64 && r.estimated == 0), "{records:?}");
+    let pct = |lat: &mut Vec<f64>, pct: usize| {
+        lat.sort_by(f64::total_cmp);
+        lat[(lat.len() - 1) * pct / 100]
     };
-    let (on50, on99, off50, off99) = (pct(&mut on, 0.5), pct(&mut on, 0.99), pct(&mut off, 0.5), pct(&mut off, 0.99));
+    let (on50, on99, off50, off99) = (pct(&mut on, 50), pct(&mut on, 99), pct(&mut off, 50), pct(&mut off, 99));
     println!("bench: {rounds} rounds of {events} SSE events every {every_ms} ms, interleaved");
     println!("bench: metering off  p50 {off50:.2} ms  p99 {off99:.2} ms");
     println!("bench: metering on   p50 {on50:.2} ms  p99 {on99:.2} ms");
@@ -364,9 +365,9 @@ fn bench_usage_sse() {
     // The one round trip a metered request costs: `meter` on a persistent
     // connection, as the addon asks it (once per request to a provider's
     // host, before its headers go upstream).
-    let s = std::os::unix::net::UnixStream::connect(rig.daemon.dirs().secret_socket()).unwrap();
-    let mut reader = std::io::BufReader::new(s.try_clone().unwrap());
-    let mut w = s;
+    let sock = std::os::unix::net::UnixStream::connect(rig.daemon.dirs().secret_socket()).unwrap();
+    let mut reader = std::io::BufReader::new(sock.try_clone().unwrap());
+    let mut writer = sock;
     let req = format!(
         "{}\n",
         serde_json::json!({"op":"meter","sandbox":"red","host":SERVICE_NAME,"port":443,"method":"POST","path":"/v1/messages"})
@@ -374,7 +375,7 @@ fn bench_usage_sse() {
     let n = 2000;
     let t = std::time::Instant::now();
     for _ in 0..n {
-        w.write_all(req.as_bytes()).unwrap();
+        writer.write_all(req.as_bytes()).unwrap();
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
         assert!(line.contains("\"provider\":\"anthropic\""), "{line}");
