@@ -298,6 +298,26 @@ mod tests {
     }
 
     #[test]
+    fn the_user_file_is_loaded_and_a_bad_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = Dirs { config: dir.path().join("c"), data: dir.path().join("d"), cache: dir.path().join("k") };
+        assert_eq!(Providers::load(&dirs).unwrap(), Providers::builtin(), "no file: the built-in ones");
+        std::fs::create_dir_all(dirs.usage_providers().parent().unwrap()).unwrap();
+        std::fs::write(
+            dirs.usage_providers(),
+            "providers:\n  - name: gw\n    hosts: [gw.example]\n    paths: [/v1/chat/completions]\n    dialect: openai\n    usage:\n      input: [usage.prompt_tokens]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            Providers::load(&dirs).unwrap().find("gw.example", "POST", "/v1/chat/completions").unwrap().name,
+            "gw"
+        );
+        std::fs::write(dirs.usage_providers(), "providers:\n  - name: gw\n    hosts: gw.example\n").unwrap();
+        let e = format!("{:#}", Providers::load(&dirs).unwrap_err());
+        assert!(e.contains("providers.yaml` line 3") && e.contains("hosts"), "{e}");
+    }
+
+    #[test]
     fn bad_files_name_the_line_and_field() {
         let head = "providers:\n  - name: x\n    hosts: [a.example]\n";
         let e = bad(&format!("{head}    paths: [v1/messages]\n    dialect: openai\n    usage:\n      input: [a]\n"));
