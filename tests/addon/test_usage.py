@@ -131,6 +131,17 @@ class UsageTest(unittest.TestCase):
         body = gzip.compress(fixture("anthropic.json"))
         r = run(ANTHROPIC, body, False, [3, 3, 10], "gzip")
         self.assertEqual((r["input"], r["output"], r["estimated"]), (12, 30, False))
+        # br and zstd too (mitmproxy's own dependencies), in small pieces.
+        import brotli  # type: ignore[import-untyped]
+        import zstandard
+
+        for enc, packed in (
+            ("br", brotli.compress(fixture("anthropic.sse"))),
+            ("zstd", zstandard.ZstdCompressor().compress(fixture("anthropic.sse"))),
+            ("gzip", gzip.compress(fixture("anthropic.sse"))),
+        ):
+            r = run(ANTHROPIC, packed, True, [1] * 40, enc)
+            self.assertEqual((r["input"], r["output"], r["estimated"]), (25, 15, False), enc)
         # An encoding ppp cannot read is estimated, never zero.
         r = run(ANTHROPIC, b"\x00" * 400, False, [], "compress")
         self.assertTrue(r["estimated"])
