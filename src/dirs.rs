@@ -218,6 +218,11 @@ impl Dirs {
     pub fn usage_log(&self) -> PathBuf {
         self.data.join("usage.jsonl")
     }
+    /// `$PPP_CONFIG/usage/providers.yaml`: the user's LLM providers, added
+    /// to the built-in ones or replacing one by name (`usage::provider`).
+    pub fn usage_providers(&self) -> PathBuf {
+        self.config.join("usage/providers.yaml")
+    }
     /// `$PPP_DATA/proxy.log`: mitmdump's captured output.
     pub fn proxy_log(&self) -> PathBuf {
         self.data.join("proxy.log")

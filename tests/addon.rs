@@ -198,6 +198,7 @@ const PYTHON_CLASSES: &[&str] = &[
     "test_addon.py::HttpRulesTest",
     "test_addon.py::DnsLayerTest",
     "test_package.py::PackageTest",
+    "test_usage.py::UsageTest",
 ];
 
 #[test]
@@ -388,4 +389,11 @@ fn mitmdump_loads_the_addon() {
     }
     assert!(!text.contains("Traceback") && !text.contains("Error"), "mitmdump logged an error:\n{text}");
     assert!(text.contains("Loading script"), "the addon was not loaded:\n{text}");
+}
+
+/// The usage meter's SSE and JSON parsers (issue 27) need no daemon.
+#[test]
+fn addon_usage_meter_parsers() {
+    let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
+    assert_eq!(python_suite(tmp.path(), &["test_usage.py::UsageTest"]), 8);
 }

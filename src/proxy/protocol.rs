@@ -134,6 +134,61 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         chain: Vec<String>,
     },
+    /// Whether the responses to this HTTP request are metered (issue 27,
+    /// ADR 0053): asked only for a request whose upstream TLS was verified
+    /// for `host` (the addon's `secret_ok`). `path` is the raw path, as
+    /// for `decide`; the daemon canonicalises and matches it.
+    Meter {
+        sandbox: String,
+        host: String,
+        #[serde(default)]
+        port: u16,
+        method: String,
+        path: String,
+    },
+    /// What a metered response reported (or, `estimated`, what was
+    /// estimated from its bytes): one line of usage.jsonl, written once
+    /// per `flow`. Acknowledged with `{"ok":true}`.
+    Usage {
+        sandbox: String,
+        provider: String,
+        #[serde(default)]
+        model: String,
+        #[serde(default)]
+        input: u64,
+        #[serde(default)]
+        output: u64,
+        #[serde(default)]
+        cache_read: u64,
+        #[serde(default)]
+        cache_write: u64,
+        #[serde(default)]
+        estimated: bool,
+        flow: String,
+    },
+}
+
+/// A `meter` reply's payload: the provider that matched and where its
+/// responses put the usage. A struct with named fields, so that a later
+/// fact about the request (a budget crossed) is one more field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meter {
+    pub provider: String,
+    pub dialect: crate::usage::provider::Dialect,
+    pub usage: crate::usage::provider::Fields,
+    #[serde(default)]
+    pub input_includes_cache_read: bool,
+}
+
+impl From<&crate::usage::provider::Provider> for Meter {
+    fn from(p: &crate::usage::provider::Provider) -> Self {
+        Meter {
+            provider: p.name.clone(),
+            dialect: p.dialect,
+            usage: p.usage.clone(),
+            input_includes_cache_read: p.input_includes_cache_read,
+        }
+    }
 }
 
 /// The layer a decision was asked at.
@@ -317,6 +372,11 @@ pub struct Decision {
     /// rule) needs to see inside it. Absent means true.
     #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
     pub inspect: bool,
+    /// A metered provider answers on the host (issue 27): the addon asks
+    /// `meter` for each of its requests, and only for those, so a request
+    /// to any other host costs no round trip.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metered: bool,
 }
 
 fn yes() -> bool {
@@ -394,6 +454,8 @@ pub enum Response {
     Approvals(Vec<Pending>),
     /// `answer`: how many waiting requests it released.
     Released(usize),
+    /// `meter`: the provider metering the request, or `None` (`null`).
+    Meter(Option<Meter>),
     /// `{"ok":true}` and nothing else: what a bare acknowledgement (an older
     /// or stand-in daemon) sends.
     Ack,
@@ -437,11 +499,13 @@ impl Response {
                 w.http_rules = d.http_rules;
                 w.http.clone_from(&d.http);
                 w.inspect = (!d.inspect).then_some(false);
+                w.metered = d.metered;
                 w.limits = d.limits;
                 w.approval.clone_from(&d.approval);
             }
             Response::Approvals(p) => w.approvals = Some(p.clone()),
             Response::Released(n) => w.released = Some(*n),
+            Response::Meter(m) => w.meter = Some(m.clone()),
             Response::Generation(g) => w.generation = Some(*g),
             Response::Modes(m) => w.modes = Some(m.clone()),
             Response::Ack => {}
@@ -484,11 +548,14 @@ impl Response {
                 http_rules: w.http_rules,
                 http: w.http,
                 inspect: w.inspect.unwrap_or(true),
+                metered: w.metered,
             })
         } else if let Some(p) = w.approvals {
             Response::Approvals(p)
         } else if let Some(n) = w.released {
             Response::Released(n)
+        } else if let Some(m) = w.meter {
+            Response::Meter(m)
         } else if let Some(g) = w.generation {
             Response::Generation(g)
         } else if let Some(m) = w.modes {
@@ -514,7 +581,7 @@ pub fn parse_request(line: &[u8]) -> (Option<serde_json::Value>, Result<Request,
 /// Every field any reply has, for (de)serializing the flat JSON object.
 // `matched_rule` has three states on the wire: absent (not a decision),
 // `null` (the default decided) and a rule.
-#[allow(clippy::option_option)]
+#[allow(clippy::option_option, clippy::struct_excessive_bools)]
 #[derive(Default, Serialize, Deserialize)]
 struct Wire {
     ok: bool,
@@ -555,6 +622,8 @@ struct Wire {
     local: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     http_rules: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    metered: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     http: Option<HttpOutcome>,
     /// Only `false` is written (a pass-through, ADR 0051).
@@ -570,13 +639,16 @@ struct Wire {
     approvals: Option<Vec<Pending>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     released: Option<usize>,
+    // Outer option: field present; inner: `null` when nothing meters it.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    meter: Option<Option<Meter>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<serde_json::Value>,
 }
 
 #[allow(clippy::option_option)]
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<MatchedRule>>, D::Error> {
-    Option::<MatchedRule>::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// The one place a secret becomes reply text.
@@ -712,6 +784,7 @@ mod tests {
             http_rules: false,
             http: None,
             inspect: true,
+            metered: false,
         });
         let line = d.to_line(Some(&serde_json::json!(1)));
         assert_eq!(
@@ -740,6 +813,7 @@ mod tests {
             http_rules: true,
             http: Some(HttpOutcome { refusal: None, path: Some("/repos/org/x".into()) }),
             inspect: true,
+            metered: false,
         });
         let line = held.to_line(None);
         assert!(line.contains("\"approval\":{\"id\":\"0badc0de\",\"outcome\":\"allowed\"}"), "{line}");
@@ -776,6 +850,34 @@ mod tests {
             ttl: None,
         }]);
         assert_eq!(s.to_line(None), "{\"ok\":true,\"substitutions\":[{\"placeholder\":\"P\",\"value\":\"v\"}]}\n");
+    }
+
+    #[test]
+    fn meter_and_usage_round_trip() {
+        assert_eq!(
+            req(r#"{"op":"meter","sandbox":"red","host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages"}"#)
+                .unwrap(),
+            Request::Meter {
+                sandbox: "red".into(),
+                host: "api.anthropic.com".into(),
+                port: 443,
+                method: "POST".into(),
+                path: "/v1/messages".into()
+            }
+        );
+        assert!(matches!(
+            req(r#"{"op":"usage","sandbox":"red","provider":"openai","input":3,"estimated":true,"flow":"f"}"#).unwrap(),
+            Request::Usage { input: 3, output: 0, estimated: true, .. }
+        ));
+        assert!(req(r#"{"op":"usage","sandbox":"red","provider":"openai"}"#).is_err(), "a flow id is required");
+        let none = Response::Meter(None).to_line(None);
+        assert_eq!(none, "{\"ok\":true,\"meter\":null}\n");
+        assert!(matches!(Response::parse(&none).unwrap().0, Response::Meter(None)));
+        let p = crate::usage::provider::Providers::builtin();
+        let m = Meter::from(&p.all()[0]);
+        let line = Response::Meter(Some(m.clone())).to_line(Some(&serde_json::json!(2)));
+        assert!(line.starts_with("{\"ok\":true,\"meter\":{\"provider\":\"anthropic\",\"dialect\":\"anthropic\",\"usage\":{\"model\":[\"message.model\""), "{line}");
+        assert!(matches!(Response::parse(&line).unwrap(), (Response::Meter(Some(back)), Some(_)) if back == m));
     }
 
     #[test]

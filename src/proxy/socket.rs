@@ -28,6 +28,7 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{self, Engine, Flow, Verdict};
 use crate::secret::{self, Store};
+use crate::usage::{self, provider::Providers, record::Record};
 
 /// How long a connection may sit without completing a request line. The
 /// addon's persistent connection sends often; one that goes quiet is
@@ -129,6 +130,9 @@ fn remove_stale(path: &Path) -> Result<()> {
 struct Snapshot {
     generation: u64,
     engine: Arc<Engine>,
+    /// The LLM providers whose responses are metered (issue 27), re-read
+    /// with the policy.
+    providers: Arc<Providers>,
 }
 
 /// What the server answers from: the policy engine, shared and swapped on
@@ -154,6 +158,8 @@ pub struct State {
     pub resolutions: super::resolve::Resolutions,
     /// Requests an `ask` default holds for the user.
     pub approvals: Approvals,
+    /// `$PPP_DATA/usage.jsonl`, which only this daemon writes.
+    usage: Arc<Mutex<usage::log::Log>>,
 }
 
 impl State {
@@ -161,7 +167,14 @@ impl State {
     /// error naming the file and line: a daemon should not start on a policy
     /// it cannot read.
     pub fn new(dirs: Dirs, store: Store) -> Result<State> {
+        Self::with_usage_limit(dirs, store, usage::log::MAX_BYTES)
+    }
+
+    /// [`State::new`] with usage.jsonl compacted past `usage_bytes`.
+    pub fn with_usage_limit(dirs: Dirs, store: Store, usage_bytes: u64) -> Result<State> {
         let engine = policy::load_engine(&dirs)?;
+        let providers = Providers::load(&dirs)?;
+        let usage = usage::log::Log::open(&dirs.usage_log(), usage_bytes)?;
         let epoch = format!(
             "{}-{}",
             std::process::id(),
@@ -170,13 +183,18 @@ impl State {
         let state = State {
             dirs,
             store: Arc::new(store),
-            snapshot: RwLock::new(Arc::new(Snapshot { generation: 1, engine: Arc::new(engine) })),
+            snapshot: RwLock::new(Arc::new(Snapshot {
+                generation: 1,
+                engine: Arc::new(engine),
+                providers: Arc::new(providers),
+            })),
             rebuilding: Mutex::new(()),
             generation: AtomicU64::new(1),
             epoch,
             reloaded: tokio::sync::watch::Sender::new(1),
             resolutions: super::resolve::Resolutions::default(),
             approvals: Approvals::default(),
+            usage: Arc::new(Mutex::new(usage)),
         };
         state.publish(1)?;
         Ok(state)
@@ -213,8 +231,9 @@ impl State {
     pub fn reload(&self) -> Result<u64> {
         let _one = self.rebuilding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let engine = Arc::new(policy::load_engine(&self.dirs)?);
+        let providers = Arc::new(Providers::load(&self.dirs)?);
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let next = Arc::new(Snapshot { generation, engine: engine.clone() });
+        let next = Arc::new(Snapshot { generation, engine: engine.clone(), providers });
         *self.snapshot.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
         // Published after the swap: a reader that sees the new stamp gets
         // the new engine when it asks.
@@ -483,6 +502,25 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
             let key = Key::new(sandbox, host, ip, port, protocol, method, path);
             hold(state, key, size).await
         }
+        Request::Meter { sandbox, host, port: _, method, path } => {
+            if let Err(e) = secret::validate::sandbox(&sandbox) {
+                return Response::error(Reason::BadRequest, format!("{e:#}"));
+            }
+            let snap = state.current();
+            Response::Meter(snap.providers.find(&host, &method, &path).map(protocol::Meter::from))
+        }
+        Request::Usage { sandbox, provider, model, input, output, cache_read, cache_write, estimated, flow } => {
+            record_usage(
+                state,
+                sandbox,
+                provider,
+                model,
+                usage::record::Tokens { input, output, cache_read, cache_write },
+                estimated,
+                flow,
+            )
+            .await
+        }
         Request::Approvals => Response::Approvals(state.approvals.list()),
         Request::Answer { approval: id, verdict } => match verdict {
             Verdict::Ask => Response::error(Reason::BadRequest, "an answer is `allow` or `deny`"),
@@ -491,6 +529,54 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
                 None => Response::error(Reason::NotPending, format!("no pending request has id `{id}`")),
             },
         },
+    }
+}
+
+/// The longest model name written: the upstream's words, bounded.
+const MAX_MODEL: usize = 128;
+
+/// One `usage` report as a line of usage.jsonl, unless its flow was
+/// written already. Blocking: a compaction rewrites the file.
+async fn record_usage(
+    state: &State,
+    sandbox: String,
+    provider: String,
+    model: String,
+    tokens: usage::record::Tokens,
+    estimated: bool,
+    flow: String,
+) -> Response {
+    if let Err(e) = secret::validate::sandbox(&sandbox) {
+        return Response::error(Reason::BadRequest, format!("{e:#}"));
+    }
+    if !state.current().providers.all().iter().any(|p| p.name == provider) {
+        return Response::error(Reason::BadRequest, format!("no provider is named `{provider}`"));
+    }
+    if flow.is_empty() || flow.len() > usage::log::MAX_FLOW_ID {
+        return Response::error(Reason::BadRequest, "a flow id has 1 to 128 bytes");
+    }
+    let model: String = model.chars().filter(|c| !c.is_control()).take(MAX_MODEL).collect();
+    let rec = Record {
+        ts: usage::log::now(),
+        sandbox,
+        provider,
+        model,
+        requests: 1,
+        estimated: u64::from(estimated),
+        tokens,
+        flow: Some(flow),
+    };
+    let log = state.usage.clone();
+    let written =
+        tokio::task::spawn_blocking(move || log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).append(&rec))
+            .await;
+    match written {
+        Ok(Ok(_)) => Response::Ack,
+        Ok(Err(e)) => {
+            tracing::warn!("daemon socket: could not record usage: {e:#}");
+            Response::error(Reason::Internal, format!("{e:#}"))
+        }
+        Err(e) => Response::error(Reason::Internal, format!("usage task failed: {e}")),
     }
 }
 
@@ -648,6 +734,7 @@ async fn decide_chain(
         http_rules: http_rules(state, &snap.engine, sandbox, host, ip, port),
         http: None,
         inspect: true,
+        metered: host.is_some_and(|h| snap.providers.has_host(h)),
     };
     // Only an allow rule saying so turns inspection off, and only for a
     // flow that names a host: the SNI is what a `--no-inspect` rule is

@@ -24,7 +24,7 @@ pub struct Tokens {
     #[serde(default)]
     pub output: u64,
     /// Prompt tokens read from the provider's cache (Anthropic
-    /// `cache_read_input_tokens`, OpenAI `cached_tokens`, Gemini
+    /// `cache_read_input_tokens`, `OpenAI` `cached_tokens`, Gemini
     /// `cachedContentTokenCount`). Counted inside `input` only where the
     /// provider counts it there; each provider's data says (providers.yaml).
     #[serde(default)]

@@ -11,6 +11,10 @@ swaps for the key), and prints one JSON object.
       the time from the server's write (its time.monotonic_ns(), the clock
       every namespace shares) to the moment it was read here:
       {"lat_ms": [...]}.
+  sse-post IP PORT NAME CA PATH
+      The same for a POST (a small Messages request body) whose stream's
+      events carry the write time as their delta's text (agent_servers'
+      /v1/messages): {"lat_ms": [...]}.
   h2-get IP PORT NAME CA PATH
       One HTTP/2 GET: {"alpn", "status", "body"}.
   h2-bidi IP PORT NAME CA N
@@ -51,19 +55,23 @@ def connect(alpn):
     return ctx.wrap_socket(raw, server_hostname=name)
 
 
-def sse(path):
+def sse(path, post=False):
     s = connect(["http/1.1"])
+    body = b'{"model":"claude-bench","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    method = "POST" if post else "GET"
+    extra = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if post else ""
     s.sendall(
         (
-            f"GET {path} HTTP/1.1\r\nHost: {name}\r\nAccept: text/event-stream\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: {name}\r\nAccept: text/event-stream\r\n{extra}"
             "x-api-key: ppp-proxy-managed\r\nConnection: close\r\n\r\n"
         ).encode()
+        + (body if post else b"")
     )
     s.settimeout(30)
     # The body is decoded chunk by chunk: a proxy may re-chunk it, so that
     # an event spans two chunks.
     raw, body, lat, head, state, left = b"", b"", [], None, "head", 0
-    event = re.compile(rb"data: (\d+)\n\n")
+    event = re.compile(rb'"text":"(\d+)"' if post else rb"data: (\d+)\n\n")
     while state != "done":
         data = s.recv(1 << 16)
         now = time.monotonic_ns()
@@ -324,6 +332,8 @@ def ws(up, down):
 
 if mode == "sse":
     sse(rest[0])
+elif mode == "sse-post":
+    sse(rest[0], post=True)
 elif mode == "h2-get":
     h2_get(rest[0])
 elif mode == "h2-bidi":

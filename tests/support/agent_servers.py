@@ -14,6 +14,11 @@ with the upstream's test certificate:
   - GET /sse-ticks?n=N&every=S: N events, one every S seconds, each
     `data: <time.monotonic_ns() when it was written>` (the clock all
     namespaces share), for the latency benchmark.
+  - POST /v1/messages?n=N&every=S (and /v1/messages-unmetered, the same
+    stream on a path no provider meters): an Anthropic Messages stream,
+    message_start, then N content_block_delta events one every S seconds,
+    each text the time.monotonic_ns() it was written, then message_delta
+    and message_stop: the usage meter's benchmark (bench/usage-sse.sh).
   - POST|PUT /sink: reads the body as it comes (Content-Length or chunked)
     without keeping it, answers {"bytes", "sha256", "expect", "key_sha256"}
     (the SHA-256 of the x-api-key that arrived: ppp scrubs the key itself
@@ -121,7 +126,41 @@ class Agentish(http.server.BaseHTTPRequestHandler):
         else:
             self.send_error(404)
 
+    def anthropic_ticks(self):
+        """A Messages stream whose deltas carry their write time."""
+        q = self.query()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.start_stream("text/event-stream")
+        start_event = {
+            "type": "message_start",
+            "message": {
+                "id": "msg_bench",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-bench",
+                "content": [],
+                "usage": {"input_tokens": 10, "output_tokens": 1},
+            },
+        }
+        self.chunk(b"event: message_start\ndata: %s\n\n" % json.dumps(start_event).encode())
+        every = float(q.get("every", "0.05"))
+        n = int(q.get("n", "100"))
+        start = time.monotonic()
+        for i in range(n):
+            time.sleep(max(0.0, start + i * every - time.monotonic()))
+            delta = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"%d"}}'
+            self.chunk(b"event: content_block_delta\ndata: " + delta % time.monotonic_ns() + b"\n\n")
+        end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": n}}
+        self.chunk(b"event: message_delta\ndata: %s\n\n" % json.dumps(end).encode())
+        self.chunk(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+        self.chunk(b"")
+
     def do_POST(self):
+        if urllib.parse.urlsplit(self.path).path in ("/v1/messages", "/v1/messages-unmetered"):
+            return self.anthropic_ticks()
         h = hashlib.sha256()
         total = 0
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

@@ -43,6 +43,9 @@ pub const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 9);
 pub const ATTACKER_IP2: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 10);
 /// The service host whose key ppp injects, played by the upstream.
 pub const SERVICE_NAME: &str = "api.anthropic.com";
+/// The other LLM providers' hosts the upstream plays (`tests/e2e_usage.rs`).
+pub const OPENAI_NAME: &str = "api.openai.com";
+pub const GEMINI_NAME: &str = "generativelanguage.googleapis.com";
 /// The name the attacker holds a valid certificate for.
 pub const ATTACKER_NAME: &str = "attacker.test";
 /// How long a fixture waits for anything to come up or go away.
@@ -688,8 +691,16 @@ impl Upstream {
     /// Make a test CA and a certificate for [`UPSTREAM_NAME`] (and the IP),
     /// start the echo server on 80 and 443, and wait until it listens.
     pub fn start(topo: &Topology) -> Self {
-        // It also plays api.anthropic.com: the service whose key ppp injects.
-        Self::start_in(topo, &topo.upstream_ns(), "upstream", &[UPSTREAM_IP], &[UPSTREAM_NAME, SERVICE_NAME], None)
+        // It also plays api.anthropic.com, the service whose key ppp
+        // injects, and the other LLM providers ppp meters (e2e_usage).
+        Self::start_in(
+            topo,
+            &topo.upstream_ns(),
+            "upstream",
+            &[UPSTREAM_IP],
+            &[UPSTREAM_NAME, SERVICE_NAME, OPENAI_NAME, GEMINI_NAME],
+            None,
+        )
     }
 
     /// A second server in the upstream namespace on `ip`, a public address

@@ -10,7 +10,14 @@ something else: `GET /chunked/<n>` answers n zero bytes, chunked, generated
 as they are sent; `GET /sse-ticks/<n>/<ms>` is a text/event-stream of n events
 (`data: <i>`), one every ms milliseconds (a long-lived SSE stream); `/ws` is a WebSocket server that counts what a client
 sends (binary messages) and answers each text message with
-`{"echo": <text>, "bytes": <binary bytes so far>}`. DNS on ADDR:53 (UDP) answers A
+`{"echo": <text>, "bytes": <binary bytes so far>}`. A request with an
+`x-fixture: NAME` header is answered with tests/fixtures/usage/NAME (an LLM
+provider's recorded response, for tests/e2e_usage.rs): a `.sse` file as a
+chunked text/event-stream, one event per chunk, anything else as one JSON
+body; `x-fixture-status` sets the status, `x-fixture-gzip: 1` compresses
+it, `x-fixture-delay-ms` spaces the events (10 ms by default), and
+`x-fixture-cut: N` closes the connection after N bytes of the body
+(a stream the upstream broke off). DNS on ADDR:53 (UDP) answers A
 queries from ZONE, a JSON object {name: ipv4} re-read on every query (so a
 test can change answers), NXDOMAIN for unknown names, no answer at all for a
 name whose value is "drop" (a name whose DNS never answers), and logs each
@@ -24,6 +31,7 @@ TCP port 7 on each address echoes every line back (a long-lived stream).
 """
 
 import base64
+import gzip
 import hashlib
 import http.server
 import json
@@ -33,6 +41,9 @@ import struct
 import sys
 import threading
 import time
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "usage"
 
 addrs, cert, key, log_path, ready_path, zone_path, dns_log_path = sys.argv[1:8]
 addrs = addrs.split(",")
@@ -72,6 +83,8 @@ class Echo(http.server.BaseHTTPRequestHandler):
         line = json.dumps(echo)
         with log_lock, open(log_path, "a") as f:
             f.write(line + "\n")
+        if self.headers.get("x-fixture"):
+            return self.send_fixture(self.headers["x-fixture"])
         out = (line + "\n").encode()
         # `/401/...`: a service that rejects the key (e2e_secret_command).
         self.send_response(401 if self.path.startswith("/401/") else 200)
@@ -117,6 +130,41 @@ class Echo(http.server.BaseHTTPRequestHandler):
             left -= len(part)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def send_fixture(self, name):
+        body = (FIXTURES / Path(name).name).read_bytes()
+        sse = name.endswith(".sse")
+        gz = self.headers.get("x-fixture-gzip") == "1"
+        cut = int(self.headers.get("x-fixture-cut") or -1)
+        if gz:
+            body = gzip.compress(body)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.send_response(int(self.headers.get("x-fixture-status") or 200))
+        self.send_header("Content-Type", "text/event-stream" if sse else "application/json")
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        if sse:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        parts = [p + b"\n\n" for p in body.split(b"\n\n") if p] if sse and not gz else [body]
+        sent = 0
+        for part in parts:
+            if 0 <= cut < sent + len(part):
+                part = part[: cut - sent]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part) if sse else part)
+            self.wfile.flush()
+            sent += len(part)
+            if 0 <= cut <= sent:
+                # Broken off mid-body: no last chunk, the connection closed.
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            time.sleep(int(self.headers.get("x-fixture-delay-ms") or 10) / 1000.0)
+        if sse:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
 
     def send_ticks(self, n, ms):
         # As an LLM API's server does: each small event goes out at once.

@@ -17,6 +17,7 @@ bottom up:
 * `holds`: requests held for the user's approval;
 * `scrubber`: secret values echoed back, replaced;
 * `inject`: keys and placeholders into allowed requests;
+* `usage`: the tokens a metered LLM response reports, read as it streams;
 * `watch`: the background task (servers, tunnels, open streams);
 * `connections`, `dns_guard`, `http_flow`: the hooks of each protocol.
 

@@ -516,6 +516,8 @@ class Decisions(State):
             v = dataclasses.replace(v, local=True)
         if r.get("http_rules") is True:
             v = dataclasses.replace(v, http_rules=True)
+        if r.get("metered") is True:
+            v = dataclasses.replace(v, metered=True)
         return v, cache
 
     @staticmethod

@@ -23,6 +23,7 @@ from .holds import Holds
 from .inject import Injection
 from .limits import MAX_HEADER_BYTES, Limits
 from .names import canonical_host, ip_text, request_name
+from .usage import Usage
 from .verdict import LOCAL, LOCAL_HOST, Verdict, deny
 
 # Headers that make servers run another method than the request line's: the
@@ -49,7 +50,7 @@ def http_request(flow: http.HTTPFlow) -> tuple[str, str, bool]:
     return (method, path, overridden)
 
 
-class Http(Holds, Injection, FlowLog, Limits):
+class Http(Holds, Injection, FlowLog, Limits, Usage):
     """The HTTP and WebSocket hooks."""
 
     def __init__(self) -> None:
@@ -187,6 +188,7 @@ class Http(Holds, Injection, FlowLog, Limits):
                 and not self._ssl_insecure
             )
             meta["limits"] = v.limits
+            meta["metered_host"] = v.metered
             if flow.request.authority and flow.request.http_version.startswith("HTTP/1"):
                 # Absolute-form: forward origin-form, so an upstream that
                 # routes by the target sees the name that was decided.
@@ -250,6 +252,7 @@ class Http(Holds, Injection, FlowLog, Limits):
                     meta["injected"] = True
                     if meta.get("secret_ok"):
                         self._inject(flow, meta["sandbox"], meta["host"])
+                    self._meter_request(flow, *http_request(flow)[:2])
             if flow.response is None:
                 # The limit is known once the key is in: the default upload
                 # limit does not apply to a request that carries one.
@@ -319,6 +322,8 @@ class Http(Holds, Injection, FlowLog, Limits):
                 flow.response.stream = self._counter(flow, "response", limit)
                 # Scrubbed before it is counted and passed on.
                 self._scrub_response(flow)
+                # Metered first of all, on the bytes the upstream sent.
+                self._meter_response(flow)
         except Exception:  # noqa: BLE001
             log.exception("ppp: responseheaders failed")
             kill(flow)
@@ -338,6 +343,7 @@ class Http(Holds, Injection, FlowLog, Limits):
                 # A body that was buffered after all (set by another addon).
                 self._too_large(flow, "download", limit)
             self._log_http(flow)
+            self._meter_end(flow, cut=False)
         except Exception:  # noqa: BLE001
             log.exception("ppp: response hook failed")
 
@@ -345,6 +351,7 @@ class Http(Holds, Injection, FlowLog, Limits):
         self._scrub.pop(flow.id, None)
         try:
             self._log_http(flow)
+            self._meter_end(flow, cut=True)
         except Exception:  # noqa: BLE001
             log.exception("ppp: error hook failed")
 

@@ -60,6 +60,10 @@ class Verdict:
     # unread (an `inspect: false` rule, and no secret for the host; ADR
     # 0051). Only the daemon's reply sets it; every other Verdict inspects.
     inspect: bool = True
+    # A metered LLM provider answers on the host (the daemon's `metered`,
+    # issue 27): each request is asked `meter` (usage.py); others cost
+    # nothing.
+    metered: bool = False
 
 
 def deny(reason: str, kind: str = "internal") -> Verdict:
