@@ -79,6 +79,11 @@ impl Dirs {
     pub fn global_policy_prev(&self) -> PathBuf {
         self.config.join("policies.yaml.prev")
     }
+    /// `$PPP_CONFIG/usage/prices.yaml`: the user's LLM prices, tried before
+    /// the built-in table (`usage::price`).
+    pub fn usage_prices(&self) -> PathBuf {
+        self.config.join("usage/prices.yaml")
+    }
     /// `$PPP_CONFIG/age-identity.txt`: the key of the file secret store.
     /// Kept in the config root, away from `secrets.age`, so that a copy of the
     /// data directory alone never carries both lock and key.

@@ -2,6 +2,10 @@
 //! tokens at its providers, read at the proxy from the upstream's responses.
 //!
 //! [`record`] is the shape of `$PPP_DATA/usage.jsonl` and its reader; the
-//! daemon is the only writer. Core module: it never names the command line.
+//! daemon is the only writer. [`price`] is what tokens cost, [`report`]
+//! the sums `ppp usage`, `ls` and `tui` show. Core module: it never names
+//! the command line.
 
+pub mod price;
 pub mod record;
+pub mod report;

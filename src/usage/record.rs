@@ -10,7 +10,7 @@
 //! Lines that are not records (a torn write, a hand edit) are skipped and
 //! counted, never fatal, as for flows.jsonl.
 
-use std::io::{self, BufRead as _};
+use std::io;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
