@@ -30,7 +30,7 @@ fn command_paths() -> Vec<Vec<String>> {
 fn help_texts() {
     let w = World::new();
     let paths = command_paths();
-    assert_eq!(paths.len(), 59, "root + 19 commands + 35 sub-verbs + `log-level set` + 3 `policy approval` verbs");
+    assert_eq!(paths.len(), 60, "root + 20 commands + 35 sub-verbs + `log-level set` + 3 `policy approval` verbs");
     for path in paths {
         let mut args = path.clone();
         args.push("--help".into());
@@ -65,6 +65,7 @@ fn top_level_surface_is_complete() {
             "stop",
             "template",
             "tui",
+            "usage",
             "version"
         ]
     );
@@ -242,7 +243,7 @@ fn man_pages_are_generated_and_render() {
     let w = World::new();
     let dir = w.path().join("man");
     let out = ok(&mut w.ppp([std::ffi::OsStr::new("__man"), dir.as_os_str()]));
-    assert_eq!(out, format!("wrote 59 man pages to `{}`\n", dir.display()), "one per help text");
+    assert_eq!(out, format!("wrote 60 man pages to `{}`\n", dir.display()), "one per help text");
     for page in ["ppp.1", "ppp-policy.1", "ppp-policy-allow.1", "ppp-daemon-log-level-set.1", "ppp-version.1"] {
         assert!(dir.join(page).is_file(), "{page} missing");
     }

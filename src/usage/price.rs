@@ -326,7 +326,7 @@ mod tests {
         );
         let usd = |provider: &str, model: &str| {
             p.find(provider, model).map(|f| {
-                let per_million = |x: u64| x as f64 / 1e6;
+                let per_million = |x: u64| f64::from(u32::try_from(x).unwrap()) / 1e6;
                 (per_million(f.price.input), per_million(f.price.output))
             })
         };

@@ -278,12 +278,11 @@ impl Notes {
         if let Some(t) = row.and_then(|r| r.table) {
             self.priced.insert(t);
         }
-        match s.cost {
-            Some(c) => format!("{}{}", mark(s), dollars(c)),
-            None => {
-                self.unpriced = true;
-                "-".to_owned()
-            }
+        if let Some(c) = s.cost {
+            format!("{}{}", mark(s), dollars(c))
+        } else {
+            self.unpriced = true;
+            "-".to_owned()
         }
     }
 
@@ -316,7 +315,7 @@ impl Notes {
             }
             let _ = write!(out, "cost: US dollars at {}", tables.join(" and "));
             if built_in {
-                let _ = write!(out, "; check them, and put yours in `{}`", prices.user_path.display());
+                let _ = write!(out, "; check them: yours go in `{}`", prices.user_path.display());
             }
             out.push('\n');
         }
