@@ -202,7 +202,7 @@ fn a_bad_price_file_names_its_line_and_field() {
     std::fs::create_dir_all(w.config().join("usage")).unwrap();
     let text = "date: 2026-11-30\ncurrency: USD\nprices:\n  - provider: anthropic\n    model: claude-*\n    input: 1\n    output: five\n";
     std::fs::write(w.config().join("usage/prices.yaml"), text).unwrap();
-    for args in [&["usage"][..], &["usage", "--json"], &["usage", "-q"]] {
+    for args in [&["usage"][..], &["usage", "--json"], &["usage", "red-fox", "--since", "1d"]] {
         let (code, out, err) = output(&mut w.ppp(args));
         assert_eq!((code, out.as_str()), (1, ""), "{args:?}");
         assert_eq!(
@@ -214,6 +214,8 @@ fn a_bad_price_file_names_its_line_and_field() {
             "{args:?}"
         );
     }
+    // `-q` prices nothing, so a script counting tokens goes on.
+    assert_eq!(ok(&mut w.ppp(["usage", "-q", "blue-owl"])), "blue-owl 80000\n");
     std::fs::write(w.config().join("usage/prices.yaml"), "date: 2026-11-30\ncurrency: EUR\n").unwrap();
     let (code, _, err) = output(&mut w.ppp(["usage"]));
     assert_eq!(code, 1);

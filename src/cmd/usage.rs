@@ -21,7 +21,9 @@ pub fn run(args: &UsageArgs, ctx: &Ctx) -> Result<ExitCode> {
         Some(t) => vec![Window::Since(crate::policy::record::since(t, now)?)],
         None => vec![Window::Today, Window::Week, Window::All],
     };
-    let prices = price::load(dirs)?;
+    // `-q` shows tokens alone, so a price file being edited cannot break
+    // a script that counts them.
+    let prices = if args.quiet { price::Prices::built_in(dirs.usage_prices()) } else { price::load(dirs)? };
     let log = dirs.usage_log();
     let read = record::read(&log)?;
     if read.malformed > 0 {
