@@ -55,8 +55,8 @@ impl Window {
         }
     }
 
-    /// Whether `rec` counts in it; for a roll-up whose day starts before
-    /// a `--since`, `Some(true)` comes with `whole` set.
+    /// Whether `rec` counts in it. A roll-up whose day began before a
+    /// `--since` counts whole, and sets `whole` to say so.
     fn contains(self, rec: &Record, now: OffsetDateTime, whole: &mut bool) -> bool {
         let Some(start) = self.start(now) else { return true };
         let Some(day) = day_start(rec) else { return false };
@@ -219,7 +219,7 @@ pub fn grouped(n: u64) -> String {
     out
 }
 
-/// A count in at most five characters (`950`, `12.3k`, `456k`, `7.8M`),
+/// A count in five characters or fewer (`950`, `12.3k`, `456k`, `7.8M`),
 /// rounded down so it never says more than was used.
 pub fn short(n: u64) -> String {
     const UNITS: [(u64, &str); 4] = [(1_000_000_000_000, "T"), (1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")];
