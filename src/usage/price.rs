@@ -333,6 +333,9 @@ mod tests {
         assert_eq!(usd("anthropic", "claude-sonnet-4-5-20250929"), Some((3.0, 15.0)));
         assert_eq!(usd("anthropic", "claude-opus-4-5-20251101"), Some((5.0, 25.0)));
         assert_eq!(usd("anthropic", "claude-opus-4-1-20250805"), Some((15.0, 75.0)));
+        assert_eq!(usd("anthropic", "claude-opus-4-20250514"), Some((15.0, 75.0)));
+        assert_eq!(usd("anthropic", "claude-opus-4-0"), Some((15.0, 75.0)));
+        assert_eq!(usd("anthropic", "claude-sonnet-4-20250514"), Some((3.0, 15.0)));
         assert_eq!(usd("anthropic", "claude-haiku-4-5-20251001"), Some((1.0, 5.0)));
         assert_eq!(usd("anthropic", "claude-3-5-haiku-20241022"), Some((0.8, 4.0)));
         assert_eq!(usd("openai", "gpt-5-2025-08-07"), Some((1.25, 10.0)));
