@@ -2,11 +2,14 @@
 //! `$PPP_DATA`, as the daemon does: flow lines of today and yesterday,
 //! a roll-up of a day ten days back, an estimated response, and a model no
 //! price table prices. The table, `--json`, `--since`, `-q`, a named
-//! sandbox, the user's price table and a bad one.
+//! sandbox, the user's price table and a bad one; and the dashboard's
+//! TOKENS column on a real terminal (tmux; fails, never skips, without it).
 
 #![allow(clippy::similar_names, clippy::many_single_char_names, reason = "short names read better in tests")]
 
 mod common;
+#[path = "support/tmux.rs"]
+mod tmux;
 
 use common::{World, ok, output};
 use ppp::usage::record::{Record, Tokens, line};
@@ -229,4 +232,48 @@ fn a_bad_price_file_names_its_line_and_field() {
     // `ppp ls` does not price anything, so a bad price file does not stop it.
     w.write_record("red-fox", 51820, "stopped");
     assert!(ok(&mut w.ppp(["ls"])).contains("red-fox"));
+}
+
+/// The dashboard reads tokens today from the log at each refresh, as `ppp
+/// ls` does: a response logged while it runs shows within the refresh.
+#[test]
+fn the_dashboard_shows_tokens_today_as_they_are_logged() {
+    let now = stamp(OffsetDateTime::now_utc());
+    let sonnet = "claude-sonnet-4-5-20250929";
+    let w = world_with(&[rec(&now, "red", "anthropic", sonnet, 1, [10_000, 2_000, 300, 0], true)], "");
+    w.write_record("red", 51820, "running");
+    w.write_record("blue", 51821, "stopped");
+    w.fake("podman", "echo '[]'");
+    let script = w.path().join("tui.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "env -i HOME='{home}' PATH='{bin}:/usr/bin:/bin' PPP_CONFIG='{config}' PPP_DATA='{data}' \
+             PPP_CACHE='{cache}' PPP_PODMAN='{bin}/podman' TERM=\"$TERM\" {ppp} tui\n\
+             echo \"ppp exited with $?\"\n",
+            home = w.home().display(),
+            bin = w.bin().display(),
+            config = w.config().display(),
+            data = w.data().display(),
+            cache = w.cache().display(),
+            ppp = env!("CARGO_BIN_EXE_ppp"),
+        ),
+    )
+    .unwrap();
+    let tmux = tmux::Tmux::start(w.path(), 140, 20);
+    tmux.keys(&[&format!("sh {}", script.display()), "Enter"]);
+    let deadline = std::time::Duration::from_secs(30);
+    let row = |s: &str, name: &str| s.lines().find(|l| l.contains(&format!(" {name} "))).unwrap_or("").to_owned();
+    let screen = tmux.wait_within(deadline, "red's tokens", |s| row(s, "red").contains("12.3k"));
+    assert!(screen.contains("TOKENS"), "{screen}");
+    assert!(row(&screen, "blue").contains(" 0       -      /src/blue"), "none is `-`: {screen}");
+
+    let mut more = rec(&now, "red", "anthropic", sonnet, 1, [400, 0, 0, 0], true);
+    more.estimated = 1;
+    let mut f = std::fs::OpenOptions::new().append(true).open(w.data().join("usage.jsonl")).unwrap();
+    std::io::Write::write_all(&mut f, line(&more).as_bytes()).unwrap();
+    tmux.wait_within(deadline, "the estimated response", |s| row(s, "red").contains("~12.7k"));
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_within(deadline, "ppp to exit", |s| s.contains("ppp exited with"));
+    assert!(screen.contains("ppp exited with 0"), "{screen}");
 }
