@@ -62,11 +62,14 @@ pub fn run(args: &UsageArgs, ctx: &Ctx) -> Result<ExitCode> {
 /// What an empty report says: nothing at all is recorded yet, or nothing
 /// for this sandbox, or nothing in this window.
 fn empty(args: &UsageArgs, logged_any: bool, windows: &[Window], now: time::OffsetDateTime) -> String {
-    let since =
-        windows.first().and_then(|w| w.start(now)).filter(|_| args.since.is_some()).map(|t| {
-            format!(" since {}", t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default())
-        });
-    let since = since.unwrap_or_default();
+    let since = match windows {
+        [w @ Window::Since(_)] => w
+            .start(now)
+            .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+            .map(|t| format!(" since {t}"))
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
     match &args.sandbox {
         _ if !logged_any => "no LLM usage recorded yet\n\
              hint: the proxy meters the responses of LLM providers (Anthropic, OpenAI, Gemini) as they pass; \
