@@ -14,6 +14,7 @@ use crate::config::LogLevel;
 use crate::error::{Failure, fail};
 use crate::policy::limits::Size;
 use crate::policy::{Preset, Rule, Source, Verdict};
+use crate::usage::budget::{self, Period};
 
 /// Run AI coding agents in isolated microVM sandboxes.
 ///
@@ -865,10 +866,10 @@ pub enum PolicyCommand {
         #[arg(short, long)]
         force: bool,
     },
-    /// Allow connections to hosts, IPs or CIDR ranges
+    /// Allow connections to hosts, IPs or CIDR ranges, or HTTP requests by method and path
     #[command(after_help = RESOURCE_HELP)]
     Allow(PolicyAllowArgs),
-    /// Deny connections to hosts, IPs or CIDR ranges
+    /// Deny connections to hosts, IPs or CIDR ranges, or HTTP requests by method and path
     #[command(after_help = RESOURCE_HELP)]
     Deny(PolicyAddArgs),
     /// Show or set the body-size limits for uploads and downloads
@@ -877,6 +878,9 @@ pub enum PolicyCommand {
     /// Show or set what happens when no rule matches: allow, deny, or ask you
     #[command(after_help = DEFAULT_HELP)]
     Default(PolicyDefaultArgs),
+    /// Set, list and remove token and cost budgets for LLM providers
+    #[command(subcommand)]
+    Budget(BudgetCommand),
     /// List and answer the requests an `ask` default holds
     #[command(subcommand)]
     Approval(ApprovalCommand),
@@ -1176,6 +1180,75 @@ request waits (60 s unless --timeout says otherwise) for `ppp policy approval al
 or the TUI, and is denied with 403 when nobody answers. DNS for the name is answered, TLS waits\n\
 at its ClientHello, other UDP is denied. Internal addresses always need an explicit rule.\n\n\
 Examples:\n  ppp policy default ask\n  ppp policy default deny --sandbox ci-runner\n  ppp policy default ask --timeout 120";
+
+/// `ppp policy budget …`.
+#[derive(Debug, Subcommand)]
+pub enum BudgetCommand {
+    /// Set a token or cost budget for one sandbox, or for all of them together
+    #[command(after_help = BUDGET_SET_HELP)]
+    Set(BudgetSetArgs),
+    /// List budgets with what has been used against each
+    Ls {
+        /// Only the budgets that count this sandbox's requests: its own and the global ones
+        #[arg(value_name = "SANDBOX")]
+        sandbox: Option<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the budgets of one sandbox, or the global ones
+    #[command(override_usage = "ppp policy budget rm [OPTIONS] [-g | SANDBOX]")]
+    Rm {
+        /// The sandbox whose budgets go; without it (or with -g), the global ones
+        #[arg(value_name = "SANDBOX", conflicts_with = "global")]
+        sandbox: Option<String>,
+        /// Remove the global budgets (the default without SANDBOX)
+        #[arg(short, long)]
+        global: bool,
+        /// Only the budget of this period
+        #[arg(long, value_enum)]
+        per: Option<Period>,
+    },
+}
+
+/// `ppp policy budget set`.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "ppp policy budget set [OPTIONS] [-g | SANDBOX] <--tokens <N>|--cost <USD>>",
+    group(ArgGroup::new("limit").args(["tokens", "cost"]).required(true).multiple(false))
+)]
+pub struct BudgetSetArgs {
+    /// The sandbox the budget is for (it need not exist yet); without it (or with -g), every sandbox's use together
+    #[arg(value_name = "SANDBOX", conflicts_with = "global")]
+    pub sandbox: Option<String>,
+    /// A global budget: every sandbox's use counts towards it (the default without SANDBOX)
+    #[arg(short, long)]
+    pub global: bool,
+    /// A limit in tokens, every kind together: input, output and cache (2000000, 2M, 500k)
+    #[arg(long, value_name = "N", value_parser = budget::parse_tokens)]
+    pub tokens: Option<u64>,
+    /// A limit in US dollars, priced from the price table (5, 2.50)
+    #[arg(long, value_name = "USD", value_parser = budget::parse_usd)]
+    pub cost: Option<f64>,
+    /// The period: a UTC day (midnight to midnight), or all time
+    #[arg(long, value_enum, default_value_t = Period::Day)]
+    pub per: Period,
+    /// Past the budget, hold each request for your approval (`ppp policy approval`) instead of
+    /// refusing it; an approval raises the budget by its own limit, once, for the period
+    #[arg(long)]
+    pub ask: bool,
+}
+
+const BUDGET_SET_HELP: &str =
+    "Past a budget, requests to the LLM providers ppp meters get 429 with a message the agent shows:
+which budget, and the command that raises it. A sandbox's own budgets are checked before the
+global ones. A scope has one budget per period and kind (tokens or cost): setting it again
+replaces it. The change is live in a running daemon. Budgets are kept in budgets.yaml.
+
+Examples:
+  ppp policy budget set red-fox --tokens 2M
+  ppp policy budget set --global --cost 20 --per day
+  ppp policy budget set red-fox --tokens 50M --per total --ask";
 
 /// `ppp policy approval …`.
 #[derive(Debug, Subcommand)]

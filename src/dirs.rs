@@ -84,6 +84,11 @@ impl Dirs {
     pub fn usage_prices(&self) -> PathBuf {
         self.config.join("usage/prices.yaml")
     }
+    /// `$PPP_CONFIG/budgets.yaml`: the token and cost budgets (issue 27;
+    /// `usage::budget`), beside the policy files but not in them (ADR 0055).
+    pub fn budgets(&self) -> PathBuf {
+        self.config.join("budgets.yaml")
+    }
     /// `$PPP_CONFIG/age-identity.txt`: the key of the file secret store.
     /// Kept in the config root, away from `secrets.age`, so that a copy of the
     /// data directory alone never carries both lock and key.

@@ -58,6 +58,10 @@ const USAGE: &[Row] = &[
     row(&["policy", "inspect", "deadbeef"], Policy, 2, "error: no rule has id `deadbeef`"),
     row(&["policy", "log", "ghost"], Nothing, 2, "error: no sandbox named `ghost`"),
     row(&["policy", "ls", "--decision", "maybe"], Nothing, 2, "error: invalid value 'maybe'"),
+    row(&["policy", "budget", "set", "red"], Nothing, 2, "error: the following required arguments"),
+    row(&["policy", "budget", "set", "red", "--tokens", "lots"], Nothing, 2, "error: invalid value 'lots'"),
+    row(&["policy", "budget", "ls", "Red"], Nothing, 2, "error: invalid sandbox name `Red`"),
+    row(&["policy", "budget", "rm", "red"], Nothing, 2, "error: there is no budget for `red`"),
     row(&["policy", "reset"], Policy, 2, "error: cannot ask"),
     row(&["policy", "rm", "network", "--id", "deadbeef"], Policy, 2, "error: no rule with id `deadbeef`"),
     row(&["policy", "rm", "network", "--resource", "nothere.example"], Policy, 2, "error: no rule with"),
@@ -97,6 +101,7 @@ const ANSWERS: &[Row] = &[
     row(&["policy", "check", "--exit-code", "network", "x.example"], Nothing, 1, "hint: no global policy exists"),
     row(&["policy", "check", "--exit-code", "network", "api.anthropic.com"], Policy, 0, ""),
     row(&["policy", "log"], Nothing, 0, ""),
+    row(&["policy", "budget", "ls"], Nothing, 0, ""),
     row(&["template", "ls"], Nothing, 0, ""),
 ];
 

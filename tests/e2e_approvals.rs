@@ -21,8 +21,8 @@ const BLUE: u16 = 51821;
 /// Public (not internal), so the default decides for it; it is routed only
 /// inside the test's namespaces.
 const PUBLIC_IP: Ipv4Addr = Ipv4Addr::new(11, 0, 0, 10);
-const NAMES: [&str; 7] =
-    ["open.test", "held.test", "secure.test", "retry.test", "slow.test", "many.test", "wanted.test"];
+const NAMES: [&str; 8] =
+    ["open.test", "held.test", "secure.test", "retry.test", "slow.test", "many.test", "wanted.test", "carved.test"];
 
 /// Fields drop in order: guests, then the daemon, then the rest.
 struct Rig {
@@ -208,6 +208,40 @@ fn held_requests_wait_for_the_users_answer() {
     let out = d.ppp(&["policy", "approval", "allow", "00000000"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("approval ls"), "{}", describe(&out));
+}
+
+/// The attack: a request held under the `ask` default on a host with HTTP
+/// rules, while the user writes an HTTP deny for exactly that path. The
+/// deny wins, as a network deny would: the hold ends with a 403 (woken by
+/// the reload), and an approval given to a request the deny covers cannot
+/// let it through either. Before the fix the hold re-decided only the
+/// network rules, and the user's yes sent the denied path upstream.
+#[test]
+fn an_http_deny_written_during_a_hold_wins_over_the_approval() {
+    netns::require_env();
+    let rig = rig();
+    let red = &rig.guests[0];
+    let d = &rig.daemon;
+    // An HTTP allow under an `ask` default still asks (it opens no host).
+    d.ok(&["policy", "allow", "http", "--sandbox", "red", "carved.test:80", "--method", "GET", "--path", "/repo/**"]);
+
+    let c = spawn_curl(red, &args(&http("carved.test", "/repo/push")));
+    let p = held(d, "red", "carved.test", Some("/repo/push"));
+    // The user denies the path by an HTTP rule while the request waits.
+    d.ok(&["policy", "deny", "http", "--sandbox", "red", "carved.test:80", "--method", "GET", "--path", "/repo/push"]);
+    let (body, code) = finish(c);
+    assert_eq!(code, "403", "the HTTP deny ends the hold: {body}");
+    assert_eq!(upstream_saw(&rig, "/repo/push"), 0);
+    let out = d.ppp(&["policy", "approval", "allow", p["id"].as_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success(), "the entry is gone: {}", describe(&out));
+
+    // A path the deny does not cover is still the user's, and goes on yes.
+    let c = spawn_curl(red, &args(&http("carved.test", "/repo/read")));
+    let p = held(d, "red", "carved.test", Some("/repo/read"));
+    d.ok(&["policy", "approval", "allow", p["id"].as_str().unwrap()]);
+    let (body, code) = finish(c);
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(upstream_saw(&rig, "/repo/read"), 1);
 }
 
 #[test]

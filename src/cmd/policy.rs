@@ -23,6 +23,7 @@ use crate::policy::{
 use crate::proxy::protocol::MatchedRule;
 use crate::{output, proxy, sandbox, state};
 
+mod budget;
 mod flows;
 pub(crate) mod no_inspect;
 pub(crate) mod workflow;
@@ -39,6 +40,7 @@ pub fn run(cmd: &PolicyCommand, ctx: &Ctx) -> Result<ExitCode> {
         PolicyCommand::Deny(a) => add(dirs, Verdict::Deny, a, Limits::default(), true),
         PolicyCommand::Limits(a) => limits(dirs, a),
         PolicyCommand::Default(a) => default(dirs, a),
+        PolicyCommand::Budget(c) => budget::run(dirs, c),
         PolicyCommand::Approval(a) => super::approval::run(dirs, a),
         PolicyCommand::Check { kind, target, method, path, sandbox, json, verbose, exit_code } => {
             let http = (*kind == RuleKind::Http).then_some((method.as_str(), path.as_str()));

@@ -222,8 +222,7 @@ impl State {
         self.reloaded.send_replace(generation);
         // Held requests a new rule (or default) now decides go on, or stop,
         // at once; each decides again with the new engine.
-        self.approvals
-            .recheck(|k| engine.decide(Some(&k.sandbox), k.host.as_deref(), k.ip, k.port).verdict == Verdict::Ask);
+        self.approvals.recheck(|k| still_asks(&engine, k));
         Ok(generation)
     }
 
@@ -500,8 +499,35 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
 /// times out, or the policy changes; then decided once more, so a deny rule
 /// added meanwhile still wins over an approval, and an allowed flow gets
 /// its limits like any other.
+///
+/// A held HTTP request is decided by the HTTP rules again too: an HTTP deny
+/// written while it waited wins over the user's yes, as a network deny does
+/// (ADR 0050). The key's path is cut at 512 bytes for display; a cut path
+/// cannot be canonicalised, so a request that long on a host with HTTP rules
+/// is refused after the hold: the closed side.
 async fn again(state: &State, key: &Key) -> Response {
-    decide(state, Some(&key.sandbox), key.host.as_deref(), key.ip, key.port, key.protocol).await
+    let network = || decide(state, Some(&key.sandbox), key.host.as_deref(), key.ip, key.port, key.protocol);
+    let Some(method) = key.method.as_deref() else { return network().await };
+    // An overridden method is refused before any hold.
+    let req = policy::http::Request { method, path: key.path.as_deref().unwrap_or(""), overridden: false };
+    for _ in 0..3 {
+        if let Some(r) = decide_http(state, network().await, Some(&key.sandbox), key.host.as_deref(), key.port, &req) {
+            return r;
+        }
+    }
+    Response::error(Reason::Internal, "the policy changed three times while the request was decided")
+}
+
+/// Whether a held request is still the user's to answer under `engine`
+/// (after a reload): the network rules still ask, and no HTTP rule now
+/// denies it. The rest are woken to be decided again ([`again`]).
+fn still_asks(engine: &Engine, k: &Key) -> bool {
+    if engine.decide(Some(&k.sandbox), k.host.as_deref(), k.ip, k.port).verdict != Verdict::Ask {
+        return false;
+    }
+    let Some(method) = k.method.as_deref() else { return true };
+    let req = policy::http::Request { method, path: k.path.as_deref().unwrap_or(""), overridden: false };
+    engine.decide_http(Some(&k.sandbox), k.host.as_deref(), k.port, &req).is_none_or(|d| d.verdict != Verdict::Deny)
 }
 
 async fn hold(state: &State, key: Key, size: Option<u64>) -> Response {
