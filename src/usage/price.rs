@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::record::Tokens;
+use super::record::{Record, Tokens};
 use crate::dirs::Dirs;
 use crate::state::{self, ParseError};
 
@@ -111,6 +111,19 @@ impl Prices {
                 .find(|e| e.provider == provider && e.model.is_match(model))
                 .map(|e| Found { price: e.price, table })
         })
+    }
+
+    /// What one record cost in US dollars; `None` when its model, or a
+    /// kind of its tokens, has no price. The closure a budget's totals take
+    /// (`usage::totals::Price`): `|r| prices.usd(r)`.
+    pub fn usd(&self, rec: &Record) -> Option<f64> {
+        if rec.tokens.total() == 0 {
+            return Some(0.0);
+        }
+        let pico = self.find(&rec.provider, &rec.model)?.price.cost(&rec.tokens)?;
+        // To the picodollar: far below what a cost budget compares.
+        #[expect(clippy::cast_precision_loss, reason = "a dollar amount, not an exact count")]
+        Some(pico as f64 / PICO as f64)
     }
 
     /// The built-in table alone, with `user_path` as where the user's would be.
@@ -379,6 +392,28 @@ mod tests {
                 .map(|c| c > 0),
             Some(true)
         );
+    }
+
+    #[test]
+    fn a_record_s_dollars_are_what_budget_totals_take() {
+        let p = prices();
+        let rec = |model: &str, input: u64| Record {
+            ts: "2026-12-03T10:00:00Z".into(),
+            sandbox: "red".into(),
+            provider: "anthropic".into(),
+            model: model.into(),
+            requests: 1,
+            estimated: 0,
+            tokens: Tokens { input, output: 1_000_000, ..Tokens::default() },
+            flow: Some(format!("f-{model}-{input}")),
+        };
+        let recs = [rec("claude-sonnet-4-5", 2_000_000), rec("claude-opus-9", 1)];
+        assert_eq!(p.usd(&recs[0]), Some(21.0), "2 × $3 + $15");
+        assert_eq!(p.usd(&recs[1]), None);
+        let today = time::macros::date!(2026 - 12 - 03);
+        let totals = crate::usage::totals::Totals::from_records(&recs, today, &|r: &Record| p.usd(r));
+        let used = totals.day(Some("red"), today);
+        assert_eq!((used.cost_usd, used.unpriced, used.requests), (21.0, 1, 2));
     }
 
     #[test]
