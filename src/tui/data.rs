@@ -1,7 +1,8 @@
 //! What the dashboard shows, read from the sandbox records, `podman machine
 //! list`, the daemon's tunnel activity (`tunnels.json`), the end of
-//! `flows.jsonl` and today's LLM usage (`usage.jsonl`). Read-only; it runs on the poller thread, never the UI
-//! thread, because podman can take seconds to answer.
+//! `flows.jsonl` and today's LLM usage (`usage.jsonl`). Read-only; it runs
+//! on the poller thread, never the UI thread, because podman can take
+//! seconds to answer.
 
 use std::net::Ipv4Addr;
 
