@@ -181,6 +181,9 @@ pub enum Command {
     Template(TemplateCommand),
     /// Open the interactive dashboard
     Tui,
+    /// Show the LLM tokens each sandbox used, and what they cost
+    #[command(after_help = USAGE_HELP)]
+    Usage(UsageArgs),
     /// Print the versions of ppp and the tools it drives
     Version(VersionArgs),
     /// Print completion candidates; called by the completion scripts
@@ -215,6 +218,35 @@ A kit is a directory with a kit.yaml (unknown fields are errors):
         content: \"answer = 42\\n\"      # or source: a path inside the kit directory
         mode: \"0600\"                   # octal, at most 0777; default 0644
 kit.yaml itself is at most 256 KiB.";
+
+/// What `ppp usage --help` says under the flags: installed users have no
+/// docs/user-guide/usage-report.md, and the report's footnotes point here.
+const USAGE_HELP: &str = "\
+The proxy reads the tokens each LLM response reports (Anthropic, OpenAI and
+Gemini, or providers you add) as it passes; the agent cannot change them.
+TODAY and 7 DAYS are UTC days. A `~` marks numbers that include estimated
+responses: one that reported no usage (an error, a cut stream, an OpenAI
+stream without usage) is counted from its bytes, about four to a token.
+
+COST is an estimate from list prices that ship with ppp, dated under the
+table; `-` means a model has no price. Put yours (a discount, a new model,
+a gateway) in usage/prices.yaml in ppp's config directory (the table's
+footnote names it; ~/.config/ppp unless PPP_CONFIG or XDG_CONFIG_HOME
+says otherwise). Its entries are tried before the built-in ones:
+  date: 2026-11-30             # when you took the prices
+  currency: USD
+  prices:
+    - provider: anthropic      # a provider's name
+      model: claude-sonnet-4*  # a glob on the model name; the first match wins
+      input: 3                 # USD per million tokens
+      output: 15
+      cache_read: 0.30         # optional: without it, cached tokens have no price
+      cache_write: 3.75        # optional, as cache_read
+
+Examples:
+  ppp usage
+  ppp usage red-fox --since 2h
+  ppp usage --since 2026-11-30 --json";
 
 /// What `ppp __complete` completes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -334,6 +366,27 @@ pub struct LsArgs {
     pub json: bool,
 
     /// Print only sandbox names
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// `ppp usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only this sandbox
+    #[arg(value_name = "SANDBOX")]
+    pub sandbox: Option<String>,
+
+    /// One window from this time on, with each kind of token: an RFC 3339
+    /// time, a UTC day (2026-11-30) or an age (30m, 2h, 7d)
+    #[arg(long, value_name = "T")]
+    pub since: Option<String>,
+
+    /// Print one JSON object
+    #[arg(long, conflicts_with = "quiet")]
+    pub json: bool,
+
+    /// Print only each sandbox's name and its tokens (all time, or since T)
     #[arg(short, long)]
     pub quiet: bool,
 }

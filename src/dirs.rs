@@ -79,6 +79,11 @@ impl Dirs {
     pub fn global_policy_prev(&self) -> PathBuf {
         self.config.join("policies.yaml.prev")
     }
+    /// `$PPP_CONFIG/usage/prices.yaml`: the user's LLM prices, tried before
+    /// the built-in table (`usage::price`).
+    pub fn usage_prices(&self) -> PathBuf {
+        self.config.join("usage/prices.yaml")
+    }
     /// `$PPP_CONFIG/budgets.yaml`: the token and cost budgets (issue 27;
     /// `usage::budget`), beside the policy files but not in them (ADR 0055).
     pub fn budgets(&self) -> PathBuf {

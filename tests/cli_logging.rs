@@ -19,7 +19,7 @@ fn debug_flag_prints_debug_lines() {
     assert_eq!(code, 0, "{err}");
     assert!(has_debug_line(&err), "{err}");
     assert!(!err.contains('\u{1b}'), "no colour codes: {err:?}");
-    assert_eq!(out, "NAME  AGENT  STATUS  CPUS  MEMORY  PORTS  PODMAN  WORKSPACE\n", "stdout is untouched");
+    assert_eq!(out, "NAME  AGENT  STATUS  CPUS  MEMORY  PORTS  PODMAN  TOKENS  WORKSPACE\n", "stdout is untouched");
     // Without -D (and no filter in the environment) there is none.
     let (_, _, err) = output(&mut w.ppp(["ls"]));
     assert_eq!(err, "");

@@ -18,9 +18,9 @@ fn lists_records_without_podman() {
     let out = ok(&mut w.ppp(["ls"]));
     assert_eq!(
         out,
-        "NAME      AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  WORKSPACE\n\
-         blue-owl  opencode  stopped  2     4G      -      user    /src/blue-owl\n\
-         red-fox   opencode  running  2     4G      -      user    /src/red-fox\n"
+        "NAME      AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  TOKENS  WORKSPACE\n\
+         blue-owl  opencode  stopped  2     4G      -      user    -       /src/blue-owl\n\
+         red-fox   opencode  running  2     4G      -      user    -       /src/red-fox\n"
     );
     assert_eq!(ok(&mut w.ppp(["ls", "-q"])), "blue-owl\nred-fox\n");
     let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();
@@ -55,10 +55,10 @@ fi"#,
     let out = ok(&mut w.ppp(["ls"]));
     assert_eq!(
         out,
-        "NAME      AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  WORKSPACE\n\
-         blue-owl  opencode  running  2     4G      -      user    /src/blue-owl\n\
-         gone      opencode  missing  2     4G      -      user    /src/gone\n\
-         red-fox   opencode  stopped  2     4G      -      user    /src/red-fox\n"
+        "NAME      AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  TOKENS  WORKSPACE\n\
+         blue-owl  opencode  running  2     4G      -      user    -       /src/blue-owl\n\
+         gone      opencode  missing  2     4G      -      user    -       /src/gone\n\
+         red-fox   opencode  stopped  2     4G      -      user    -       /src/red-fox\n"
     );
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "machine list --format json\n");
     let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();
@@ -123,4 +123,48 @@ fn closed_pipe_is_not_an_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "ppp failed on a closed pipe: {:?} {err}", out.status);
     assert_eq!(err, "", "nothing on stderr");
+}
+
+/// Issue 27: each sandbox's LLM tokens today, from usage.jsonl (no daemon):
+/// every kind together, `~` when some are estimated, `-` for none; an
+/// earlier day's usage is not today's.
+#[test]
+fn tokens_today_come_from_the_usage_log() {
+    use ppp::usage::record::{Record, Tokens, line};
+    let w = World::new();
+    w.write_record("red-fox", 51820, "running");
+    w.write_record("blue-owl", 51821, "stopped");
+    w.write_record("green-elk", 51822, "stopped");
+    let now = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap();
+    let rec = |ts: &str, sandbox: &str, estimated: u64, input: u64, flow: Option<&str>| Record {
+        ts: ts.into(),
+        sandbox: sandbox.into(),
+        provider: "anthropic".into(),
+        model: "claude-sonnet-4-5".into(),
+        requests: 1,
+        estimated,
+        tokens: Tokens { input, output: 2_000, cache_read: 300, cache_write: 0 },
+        flow: flow.map(str::to_owned),
+    };
+    let text = [
+        rec(&now, "red-fox", 0, 10_000, Some("f1")),
+        rec(&now, "blue-owl", 1, 700, Some("f2")),
+        rec("2020-01-01T00:00:00Z", "green-elk", 0, 5_000, None),
+    ]
+    .iter()
+    .map(line)
+    .collect::<String>();
+    std::fs::create_dir_all(w.data()).unwrap();
+    std::fs::write(w.data().join("usage.jsonl"), text).unwrap();
+    let out = ok(&mut w.ppp(["ls"]));
+    assert_eq!(
+        out,
+        "NAME       AGENT     STATUS   CPUS  MEMORY  PORTS  PODMAN  TOKENS  WORKSPACE\n\
+         blue-owl   opencode  stopped  2     4G      -      user    ~3.0k   /src/blue-owl\n\
+         green-elk  opencode  stopped  2     4G      -      user    -       /src/green-elk\n\
+         red-fox    opencode  running  2     4G      -      user    12.3k   /src/red-fox\n"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&mut w.ppp(["ls", "--json"]))).unwrap();
+    let tokens: Vec<u64> = v.as_array().unwrap().iter().map(|r| r["tokens_today"].as_u64().unwrap()).collect();
+    assert_eq!(tokens, [3_000, 0, 12_300]);
 }

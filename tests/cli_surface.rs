@@ -32,8 +32,8 @@ fn help_texts() {
     let paths = command_paths();
     assert_eq!(
         paths.len(),
-        63,
-        "root + 19 commands + 36 sub-verbs + `log-level set` + 3 `policy approval` and 3 `policy budget` verbs"
+        64,
+        "root + 20 commands + 36 sub-verbs + `log-level set` + 3 `policy approval` and 3 `policy budget` verbs"
     );
     for path in paths {
         let mut args = path.clone();
@@ -69,6 +69,7 @@ fn top_level_surface_is_complete() {
             "stop",
             "template",
             "tui",
+            "usage",
             "version"
         ]
     );
@@ -246,7 +247,7 @@ fn man_pages_are_generated_and_render() {
     let w = World::new();
     let dir = w.path().join("man");
     let out = ok(&mut w.ppp([std::ffi::OsStr::new("__man"), dir.as_os_str()]));
-    assert_eq!(out, format!("wrote 63 man pages to `{}`\n", dir.display()), "one per help text");
+    assert_eq!(out, format!("wrote 64 man pages to `{}`\n", dir.display()), "one per help text");
     for page in ["ppp.1", "ppp-policy.1", "ppp-policy-allow.1", "ppp-daemon-log-level-set.1", "ppp-version.1"] {
         assert!(dir.join(page).is_file(), "{page} missing");
     }

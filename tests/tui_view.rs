@@ -25,6 +25,11 @@ fn sandbox(name: &str, state: &str, port: u8, tunnel: Link, denials: usize) -> S
         tunnel,
         denials,
         learning: false,
+        tokens: match name {
+            "blue" => "1.2M".into(),
+            "red" => "~48.5k".into(),
+            _ => "-".into(),
+        },
     }
 }
 
@@ -101,8 +106,10 @@ fn list_with_several_sandboxes_and_denials() {
     let t = draw(&app);
     insta::assert_snapshot!("tui_list", t.backend());
     // red's denial count stands out; blue's zero does not.
-    let (x, y) = find(&t, "2       /home/me/src/red");
+    let (x, y) = find(&t, "2       ~48.5k");
     assert_eq!(t.backend().buffer()[(x, y)].fg, Color::Red);
+    // Tokens today: `-` for none.
+    find(&t, "0       -      /home/me/");
 }
 
 #[test]

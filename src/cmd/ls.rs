@@ -1,6 +1,8 @@
 //! `ppp ls`: sandboxes from their `sandbox.json`, with the live machine
-//! state merged in from `podman machine list` when podman is available.
+//! state merged in from `podman machine list` when podman is available,
+//! and each sandbox's LLM tokens today from usage.jsonl.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
@@ -12,6 +14,7 @@ use crate::cli::LsArgs;
 use crate::dirs::Dirs;
 use crate::podman::{self, Machine};
 use crate::sandbox::{self, Record, machine};
+use crate::usage::report::Sum;
 
 /// One sandbox as `ppp ls --json` prints it.
 #[derive(Debug, Serialize)]
@@ -33,6 +36,29 @@ pub struct Row {
     /// The sandbox's policy file says `learn: true` (ADR 0048).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub learning: bool,
+    /// LLM usage today (UTC), from usage.jsonl (issue 27); shown as its
+    /// tokens, every kind together, `tokens_today` in JSON.
+    #[serde(rename = "tokens_today", serialize_with = "total_tokens")]
+    pub today: Option<Sum>,
+}
+
+#[expect(clippy::ref_option, reason = "serde's serialize_with passes the field by reference")]
+fn total_tokens<S: serde::Serializer>(today: &Option<Sum>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(today.map_or(0, |t| t.tokens.total()))
+}
+
+/// Each sandbox's LLM usage today, read from usage.jsonl (no daemon
+/// needed). A log that cannot be read is reported through `warn` and
+/// leaves the column empty; lines that are not records are skipped (`ppp
+/// usage` counts them).
+pub fn usage_today(dirs: &Dirs, warn: &mut dyn FnMut(String)) -> BTreeMap<String, Sum> {
+    match crate::usage::record::read(&dirs.usage_log()) {
+        Ok(read) => crate::usage::report::today(&read.records, time::OffsetDateTime::now_utc()),
+        Err(e) => {
+            warn(format!("{e:#}"));
+            BTreeMap::new()
+        }
+    }
 }
 
 /// Run `ppp ls`.
@@ -60,7 +86,9 @@ pub fn run(args: &LsArgs, ctx: &Ctx) -> Result<ExitCode> {
         eprintln!("warning: {e:#}");
         Vec::new()
     });
+    let today = usage_today(dirs, &mut |w| eprintln!("warning: {w}"));
     for r in &mut rows {
+        r.today = today.get(&r.record.name).copied();
         r.learning = learning.contains(&r.record.name);
         r.protection =
             Some(crate::sandbox::guard::Settings::for_sandbox(&config, &r.record.name).protection(&r.record));
@@ -107,7 +135,7 @@ pub fn merge(records: Vec<Record>, listing: Option<&machine::Listing>) -> Vec<Ro
                 Some(Ok(None)) => ("missing".to_owned(), None),
             };
             let home = if record.podman_run.is_some() { "own" } else { "user" }.to_owned();
-            Row { record, state, machine, home, protection: None, learning: false }
+            Row { record, state, machine, home, protection: None, learning: false, today: None }
         })
         .collect()
 }
@@ -135,12 +163,15 @@ pub fn render(rows: &[Row]) -> String {
                 memory(r.record.memory),
                 ports,
                 r.home.clone(),
+                crate::usage::report::tokens_cell(r.today.as_ref()),
                 r.record.workspace.join(","),
             ]
         })
         .collect();
-    let mut out =
-        crate::output::table(&["NAME", "AGENT", "STATUS", "CPUS", "MEMORY", "PORTS", "PODMAN", "WORKSPACE"], &body);
+    let mut out = crate::output::table(
+        &["NAME", "AGENT", "STATUS", "CPUS", "MEMORY", "PORTS", "PODMAN", "TOKENS", "WORKSPACE"],
+        &body,
+    );
     let running: Vec<&Row> = rows.iter().filter(|r| r.state == "running" || r.state == "starting").collect();
     if running.len() > 1 {
         let mib: u64 = running.iter().map(|r| r.record.memory).sum();

@@ -29,6 +29,7 @@ pub mod setup;
 pub mod stop;
 pub mod template;
 pub mod tui;
+pub mod usage;
 pub mod version;
 
 /// What every command may need, resolved once after parsing.
@@ -104,6 +105,7 @@ pub fn dispatch(command: Command, ctx: &Ctx) -> Result<ExitCode> {
         Command::Stop(a) => stop::run(&a, ctx),
         Command::Template(a) => template::run(&a, ctx),
         Command::Tui => tui::run(ctx),
+        Command::Usage(a) => usage::run(&a, ctx),
         Command::Version(a) => version::run(&a, ctx),
         Command::Complete(a) => complete::run(&a, ctx),
         Command::Man(a) => man::run(&a),

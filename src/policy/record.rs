@@ -239,17 +239,24 @@ pub fn stream(paths: &[PathBuf], mut each: impl FnMut(&Path, u64, &[u8]) -> Resu
     Ok(())
 }
 
-/// How `--since` is read: an RFC 3339 time (`2026-05-01T12:00:00Z`), or an
-/// age (`90s`, `30m`, `2h`, `7d`) counted back from `now`.
+/// How `--since` is read: an RFC 3339 time (`2026-05-01T12:00:00Z`), a
+/// UTC day (`2026-05-01`, from its midnight), or an age (`90s`, `30m`,
+/// `2h`, `7d`) counted back from `now`.
 pub fn since(text: &str, now: time::OffsetDateTime) -> Result<time::OffsetDateTime> {
     use time::format_description::well_known::Rfc3339;
     if let Ok(t) = time::OffsetDateTime::parse(text, &Rfc3339) {
         return Ok(t);
     }
+    if let Ok(d) = time::Date::parse(text, time::macros::format_description!("[year]-[month]-[day]")) {
+        return Ok(d.midnight().assume_utc());
+    }
     let bad = || {
         anyhow::Error::from(
             fail(format!("`--since {text}` is neither a time nor an age"))
-                .hint("give an RFC 3339 time such as `2026-05-01T12:00:00Z`, or an age such as `30m`, `2h`, `7d`")
+                .hint(
+                    "give an RFC 3339 time such as `2026-05-01T12:00:00Z`, a day such as `2026-05-01`, \
+                     or an age such as `30m`, `2h`, `7d`",
+                )
                 .code(2),
         )
     };
@@ -343,6 +350,8 @@ mod tests {
         assert_eq!(since("2h", now).unwrap(), time::macros::datetime!(2026-05-01 10:00 UTC));
         assert_eq!(since("7d", now).unwrap(), time::macros::datetime!(2026-04-24 12:00 UTC));
         assert_eq!(since("2026-04-01T00:00:00Z", now).unwrap(), time::macros::datetime!(2026-04-01 0:00 UTC));
+        assert_eq!(since("2026-04-02", now).unwrap(), time::macros::datetime!(2026-04-02 0:00 UTC));
+        assert!(since("2026-04-31", now).is_err());
         for bad in ["", "h", "2w", "-1h", "99999999999999999999d", "yesterday"] {
             assert!(since(bad, now).is_err(), "{bad}");
         }

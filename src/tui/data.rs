@@ -1,7 +1,8 @@
 //! What the dashboard shows, read from the sandbox records, `podman machine
-//! list`, the daemon's tunnel activity (`tunnels.json`) and the end of
-//! `flows.jsonl`. Read-only; it runs on the poller thread, never the UI
-//! thread, because podman can take seconds to answer.
+//! list`, the daemon's tunnel activity (`tunnels.json`), the end of
+//! `flows.jsonl` and today's LLM usage (`usage.jsonl`). Read-only; it runs
+//! on the poller thread, never the UI thread, because podman can take
+//! seconds to answer.
 
 use std::net::Ipv4Addr;
 
@@ -37,6 +38,9 @@ pub struct Sandbox {
     pub denials: usize,
     /// Its policy file says `learn: true` (ADR 0048).
     pub learning: bool,
+    /// LLM tokens today (UTC) as `ppp ls` shows them (`12.3k`, `~` in
+    /// front when some are estimated), `-` for none.
+    pub tokens: String,
 }
 
 /// A sandbox's tunnel in the dashboard's words.
@@ -154,6 +158,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
         warnings.push(format!("{e:#}"));
         Vec::new()
     });
+    let today = crate::cmd::ls::usage_today(dirs, &mut |w| warnings.push(format!("usage log: {w}")));
     let sandboxes = crate::cmd::ls::merge(records, listing.as_ref())
         .into_iter()
         .map(|row| {
@@ -170,6 +175,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
             };
             let denials = flows.iter().filter(|f| f.denied && f.sandbox == r.name).count();
             let learning = learning.contains(&r.name);
+            let tokens = crate::usage::report::tokens_cell(today.get(&r.name));
             Sandbox {
                 name: r.name,
                 agent: r.agent,
@@ -182,6 +188,7 @@ pub fn gather(dirs: &Dirs) -> Snapshot {
                 tunnel,
                 denials,
                 learning,
+                tokens,
             }
         })
         .collect();

@@ -143,6 +143,7 @@ mod tests {
             tunnel: crate::tui::data::Link::Down,
             denials: 0,
             learning: false,
+            tokens: "-".into(),
         });
         assert_eq!(split(&app, Rect::new(0, 0, 80, 11)), (Rect::new(0, 0, 80, 11), None));
         let (list, pane) = split(&app, area);

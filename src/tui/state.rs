@@ -330,6 +330,7 @@ mod tests {
             tunnel: Link::Down,
             denials: 0,
             learning: false,
+            tokens: "-".into(),
         }
     }
 

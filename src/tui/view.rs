@@ -121,6 +121,7 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
             "INNER IP",
             "PORTS",
             "DENIALS",
+            "TOKENS",
             "WORKSPACE",
         ])
         .style(Style::new().add_modifier(Modifier::BOLD));
@@ -153,6 +154,7 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
                 Cell::from(s.inner_ip.to_string()),
                 Cell::from(s.ports.clone()),
                 denials,
+                Cell::from(s.tokens.clone()),
                 Cell::from(s.workspace.clone()),
             ])
         });
@@ -172,6 +174,7 @@ fn list(frame: &mut Frame, app: &App, area: Rect) {
             Constraint::Length(10),
             widest(|s| s.ports.chars().count(), 5, 32),
             Constraint::Length(7),
+            Constraint::Length(6),
             Constraint::Fill(1),
         ];
         let table = Table::new(rows, widths)

@@ -6,10 +6,14 @@
 //! which responses are metered and where their usage is. [`totals`] sums the
 //! log in memory per sandbox, per UTC day and all time; [`budget`] is
 //! `$PPP_CONFIG/budgets.yaml`, the check against those sums and the 429 a
-//! request past a budget gets. Core module: it never names the command line.
+//! request past a budget gets. [`price`] is what tokens cost, [`report`] the
+//! sums `ppp usage`, `ls` and `tui` show. Core module: it never names the
+//! command line.
 
 pub mod budget;
 pub mod log;
+pub mod price;
 pub mod provider;
 pub mod record;
+pub mod report;
 pub mod totals;
