@@ -157,6 +157,18 @@ class UsageTest(unittest.TestCase):
         self.assertEqual(r["output"], -(-len(body) // 4))
         self.assertGreater(r["output"], 0)
 
+    def test_a_refused_request_adds_no_input_however_large(self) -> None:
+        # The attack: a guest posts a huge body the provider refuses (no
+        # key, too large): only the error body seen is counted, never the
+        # request's bytes.
+        body = fixture("anthropic-error.json")
+        m = U.Meter(ANTHROPIC, False, "")
+        m.feed(body)
+        r = m.finish(64 * 1024 * 1024, False, accepted=False)
+        self.assertTrue(r["estimated"])
+        self.assertEqual(r["input"], 0)
+        self.assertEqual(r["output"], -(-len(body) // 4))
+
     def test_a_cut_stream_is_estimated_and_keeps_what_it_read(self) -> None:
         body = fixture("anthropic.sse")
         m = U.Meter(ANTHROPIC, True, "")

@@ -14,9 +14,10 @@ JSON body (MAX_JSON), decoded bytes per chunk step (DECODE_STEP); past one,
 parsing stops and the record is marked estimated. Never trusts the
 request: the request body is never parsed, only counted for an estimate.
 A response that reports no usage (an error, a cut stream, a stream
-without usage) is never zero: input is estimated from the request body
-bytes forwarded upstream and output from the response bytes seen, about
-BYTES_PER_TOKEN each (docs/user-guide/usage.md).
+without usage) is never zero: output is estimated from the response bytes
+seen and, when the upstream accepted the request (2xx), input from the
+request body bytes forwarded upstream, about BYTES_PER_TOKEN each
+(docs/user-guide/usage.md).
 """
 
 import concurrent.futures
@@ -264,10 +265,17 @@ class Meter:
         except ValueError:
             pass  # `[DONE]`, a comment, or not JSON: no usage in it
 
-    def finish(self, bytes_out: int, cut: bool) -> dict[str, Any]:
+    def finish(self, bytes_out: int, cut: bool, accepted: bool = True) -> dict[str, Any]:
         """The report: the counts read (input less the cached part where
         the provider includes it), or, when the response reported none,
-        was cut or outgrew a bound, an estimate marked so."""
+        was cut or outgrew a bound, an estimate marked so.
+
+        `accepted`: the upstream answered 2xx, so it took the request and
+        bills its input. Only then is input estimated from the request's
+        bytes: an upstream that refused it (401, 400, 413, 529) billed no
+        input, and a guest must not inflate its count, or exhaust a
+        budget other sandboxes share, with large bodies the provider
+        rejects."""
         if self.sse is not None:
             for event in self.sse.end():
                 self._event(event)
@@ -287,7 +295,7 @@ class Meter:
             guess_in = -(-bytes_out // BYTES_PER_TOKEN)
             guess_out = -(-self.seen // BYTES_PER_TOKEN)
             if "input" not in c:
-                c["input"] = max(0, guess_in - c.get("cache_read", 0))
+                c["input"] = max(0, guess_in - c.get("cache_read", 0)) if accepted else 0
             c["output"] = max(c.get("output", 0), guess_out)
         report: dict[str, Any] = {k: int(c.get(k, 0)) for k in COUNTS}
         report["model"] = self.fields.model
@@ -368,7 +376,8 @@ class Usage(State):
             # did): nothing of the provider's to read or estimate.
             return
         meta["usage_reported"] = True
-        report = meter.finish(int(meta.get("bytes_out") or 0), cut)
+        accepted = flow.response is not None and 200 <= flow.response.status_code < 300
+        report = meter.finish(int(meta.get("bytes_out") or 0), cut, accepted)
         report.update(op="usage", sandbox=meta.get("sandbox"), provider=spec["provider"], flow=flow.id)
         with self._usage_lock:
             if self._usage_queued >= PENDING_MAX:
