@@ -8,7 +8,8 @@
 //! log is opened, so an addon that retries a report across a daemon
 //! restart is counted once. Past a size the file is compacted: flow lines
 //! of earlier UTC days become one roll-up line per (day, sandbox,
-//! provider, model), today's stay, and the new file replaces the old one
+//! provider, model), today's newest stay (the rest of today folds too, so a
+//! busy day cannot outgrow the bound), and the new file replaces the old one
 //! atomically (temp file, fsync, rename). Totals are the same before and
 //! after.
 
@@ -93,16 +94,34 @@ impl Log {
         Ok(true)
     }
 
-    /// Fold every line of a day before `today` (`YYYY-MM-DD`) into roll-ups.
+    /// Fold every line of a day before `today` (`YYYY-MM-DD`) into roll-ups,
+    /// and today's too but for the newest quarter of the size limit: a
+    /// guest makes as many requests as it likes in one day, and without
+    /// that the file would outgrow its bound until midnight, rewritten
+    /// whole on every append past it. Today's folded lines keep their day,
+    /// not their hour (`--since 2h` counts such a roll-up whole).
     pub fn compact(&self, today: &str) -> Result<()> {
         let read = record::read(&self.path)?;
         let mut rolled: BTreeMap<(String, String, String, String), Record> = BTreeMap::new();
         let mut kept = Vec::new();
+        let mut todays = Vec::new();
+        let mut older = Vec::new();
         for r in read.records {
-            if r.day() >= today {
-                kept.push(r);
-                continue;
+            if r.day() >= today { todays.push(r) } else { older.push(r) }
+        }
+        // The newest of today's lines that fit in a quarter of the limit.
+        let mut room = self.max_bytes / 4;
+        let mut split = todays.len();
+        while split > 0 {
+            let len = record::line(&todays[split - 1]).len() as u64;
+            if len > room {
+                break;
             }
+            room -= len;
+            split -= 1;
+        }
+        kept.extend(todays.drain(split..));
+        for r in older.into_iter().chain(todays) {
             let key = (r.day().to_owned(), r.sandbox.clone(), r.provider.clone(), r.model.clone());
             let sum = rolled.entry(key).or_insert_with(|| Record {
                 ts: format!("{}T00:00:00Z", r.day()),
@@ -278,6 +297,32 @@ mod tests {
         assert_eq!(t.values().map(|v| v.0).sum::<u64>(), 100);
         // Ids of compacted flows are still remembered by this daemon.
         assert!(!log.append(&rec("2020-01-01T00:00:00Z", "red", "m", "f-3", 1)).unwrap());
+    }
+
+    /// The attack: a guest that makes request after request in one day.
+    /// Today's lines are folded too, past a quarter of the limit, so the
+    /// file stays bounded and is not rewritten on every append.
+    #[test]
+    fn one_day_of_many_requests_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.jsonl");
+        let mut log = Log::open(&path, 4096).unwrap();
+        let day = today();
+        let mut compactions = 0;
+        let mut last = 0;
+        for i in 0..2000 {
+            log.append(&rec(&format!("{day}T00:00:01Z"), "red", "m", &format!("f-{i}"), 1)).unwrap();
+            let size = std::fs::metadata(&path).unwrap().len();
+            assert!(size <= 4096 + 512, "{size}");
+            if size < last {
+                compactions += 1;
+            }
+            last = size;
+        }
+        assert!(compactions < 200, "compacted {compactions} times in 2000 appends");
+        let t = totals(&path);
+        assert_eq!(t.values().map(|v| v.0).sum::<u64>(), 2000);
+        assert_eq!(t.values().map(|v| v.2.input).sum::<u64>(), 2000);
     }
 
     #[test]
