@@ -57,7 +57,9 @@ pub fn table(list: &[Pending]) -> String {
             vec![
                 p.id.clone(),
                 p.sandbox.clone(),
-                p.target(),
+                // A budget's hold says so: allowing it raises the budget,
+                // it opens no host.
+                if p.budget.is_some() { format!("budget: {}", p.target()) } else { p.target() },
                 p.method.clone().unwrap_or_else(|| "-".into()),
                 p.path.clone().unwrap_or_else(|| "-".into()),
                 p.size.map_or_else(|| "-".into(), |s| s.to_string()),

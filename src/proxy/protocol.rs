@@ -115,6 +115,24 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         size: Option<u64>,
     },
+    /// Hold a metered request past a budget with `on_exceed: ask` (ADR
+    /// 0055) until the user answers it, it times out, or a reload decides
+    /// it; the reply is a `meter` reply whose `over` is absent when the
+    /// request may go on (the daemon raised the budget once) and present
+    /// when it gets the 429. Like `hold`, the connection carries nothing
+    /// else.
+    #[serde(rename = "budget_hold")]
+    BudgetHold {
+        sandbox: String,
+        host: String,
+        #[serde(default)]
+        port: u16,
+        method: String,
+        /// The raw path, as for `meter`.
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+    },
     /// The requests held now.
     Approvals,
     /// Release (or refuse) every request waiting on entry `approval` (not
@@ -178,6 +196,42 @@ pub struct Meter {
     pub usage: crate::usage::provider::Fields,
     #[serde(default)]
     pub input_includes_cache_read: bool,
+    /// A budget this request would go past (ADR 0055): what to answer
+    /// instead of sending it on. Absent when it may go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over: Option<Over>,
+}
+
+/// The answer to a request past a budget, in the provider's error shape
+/// ([`crate::usage::budget::refusal`]), and whether the budget asks the
+/// user first (`on_exceed: ask`): then the addon holds the request with
+/// `budget_hold` and sends this only when the user refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Over {
+    pub status: u16,
+    /// Name and value pairs.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body, as text.
+    pub body: String,
+    /// The sentence the flow log records.
+    pub message: String,
+    #[serde(default)]
+    pub ask: bool,
+}
+
+impl Over {
+    /// The refusal for `ex` in `dialect`.
+    #[must_use]
+    pub fn new(ex: &crate::usage::budget::Exceeded, dialect: crate::usage::budget::Dialect) -> Over {
+        let r = crate::usage::budget::refusal(ex, dialect);
+        Over {
+            status: r.status,
+            headers: r.headers.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            body: r.body.to_string(),
+            message: ex.message(),
+            ask: ex.budget.on_exceed == crate::usage::budget::OnExceed::Ask,
+        }
+    }
 }
 
 impl From<&crate::usage::provider::Provider> for Meter {
@@ -187,6 +241,7 @@ impl From<&crate::usage::provider::Provider> for Meter {
             dialect: p.dialect,
             usage: p.usage.clone(),
             input_includes_cache_read: p.input_includes_cache_read,
+            over: None,
         }
     }
 }
@@ -215,6 +270,10 @@ pub struct Pending {
     pub path: Option<String>,
     /// The body size the request declared, when it did.
     pub size: Option<u64>,
+    /// Held by a budget (ADR 0055), not by the policy: the budget's
+    /// message. Allowing it raises that budget once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
     /// How many identical requests wait on this entry.
     pub count: usize,
     /// Seconds since the first of them arrived.
@@ -892,6 +951,7 @@ mod tests {
             method: None,
             path: None,
             size: None,
+            budget: None,
             count: 1,
             waiting_secs: 0,
             remaining_secs: 0,
