@@ -106,13 +106,12 @@ impl Rig {
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-        let mut url = format!("{scheme}://{SERVICE_NAME}/v1/messages");
+        let url = format!("{scheme}://{SERVICE_NAME}/v1/messages");
         let mut it = extra.iter().filter(|h| **h != "--http2");
         while let Some(e) = it.next() {
             match *e {
                 // What follows is the request target, sent as is.
                 "--request-target" => a.extend(["--request-target".to_owned(), (*it.next().unwrap()).to_owned()]),
-                "--url" => url = (*it.next().unwrap()).to_owned(),
                 h => a.extend(["-H".to_owned(), h.to_owned()]),
             }
         }
