@@ -310,9 +310,18 @@ fn an_ask_budget_holds_for_approval_and_a_cost_budget_prices() {
     let (code, body) = finish(c);
     refused(code, &body);
     assert_eq!(rig.upstream_saw().len(), 2);
+    // Held again; raising the budget on the host releases it, no answer
+    // needed: the reload checks the held requests again.
+    let c = rig.spawn(rig.red());
+    rig.held();
+    rig.budget(&["red", "--tokens", "1k", "--ask"]);
+    let (code, body) = finish(c);
+    assert_eq!(code, 200, "{body}");
+    assert!(rig.pending().is_empty());
+    rig.wait_records(3);
 
-    // A cost budget, priced with the built-in table: the two requests cost
-    // more than a tenth of a cent together.
+    // A cost budget, priced with the built-in table: the three requests
+    // cost more than a tenth of a cent together.
     rig.daemon.ok(&["policy", "budget", "rm", "red"]);
     rig.budget(&["red", "--cost", "0.0006", "--per", "total"]);
     let (code, body) = rig.post(rig.red(), "https", &[]);
