@@ -333,4 +333,15 @@ fn an_ask_budget_holds_for_approval_and_a_cost_budget_prices() {
     rig.budget(&["red", "--cost", "5", "--per", "total"]);
     let (code, body) = rig.post(rig.red(), "https", &[]);
     assert_eq!(code, 200, "{body}");
+    rig.wait_records(4);
+
+    // Nobody answers an `ask` budget: the 429 once the approval timeout
+    // passes (the rules still allow the host, so only the budget holds).
+    rig.daemon.ok(&["policy", "default", "ask", "--timeout", "2"]);
+    rig.budget(&["red", "--tokens", "1", "--ask"]);
+    let started = std::time::Instant::now();
+    let (code, body) = rig.post(rig.red(), "https", &[]);
+    refused(code, &body);
+    assert!(started.elapsed() >= Duration::from_secs(2), "refused before the timeout");
+    assert!(rig.pending().is_empty());
 }
