@@ -639,3 +639,45 @@ fn decide_says_when_the_destination_is_the_hosts_own() {
     assert_eq!(public["verdict"], "allow", "{public}");
     assert!(public.get("local").is_none(), "only the host's own: {public}");
 }
+
+/// The budget check on `meter` (ADR 0055): a line counted once per flow,
+/// the refusal once the sandbox's use reaches the limit, another sandbox
+/// untouched, a bad budgets.yaml on reload keeping the old budgets (and
+/// the reload saying why), a raise live on the next request.
+#[test]
+fn meter_replies_carry_the_budget_a_request_is_past() {
+    let w = World::new();
+    let budgets = |tokens: &str| format!("budgets:\n  - scope: red\n    tokens: {tokens}\n    per: day\n");
+    World::write(&w.dirs.budgets(), &budgets("10"));
+    let d = w.start();
+    let meter = |sandbox: &str| {
+        d.ask(&json!({"op":"meter","sandbox":sandbox,"host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages"}))
+    };
+    let usage = |flow: &str| {
+        let r = d.ask(&json!({"op":"usage","sandbox":"red","provider":"anthropic","model":"m","input":6,"flow":flow}));
+        assert_eq!(r["ok"], true, "{r}");
+    };
+    assert_eq!(meter("red")["meter"]["provider"], "anthropic");
+    assert!(meter("red")["meter"].get("over").is_none());
+    // One flow reported twice is one request: 6 tokens, under 10.
+    usage("f1");
+    usage("f1");
+    assert!(meter("red")["meter"].get("over").is_none(), "counted once");
+    usage("f2");
+    let over = meter("red")["meter"]["over"].clone();
+    assert_eq!((over["status"].as_u64(), over["ask"].as_bool()), (Some(429), Some(false)), "{over}");
+    let message = over["message"].as_str().unwrap();
+    assert!(message.contains("sandbox `red` is used up: 12 tokens of 10 tokens today"), "{message}");
+    let body: Json = serde_json::from_str(over["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert!(meter("blue")["meter"].get("over").is_none(), "blue has no budget");
+
+    World::write(&w.dirs.budgets(), &budgets("lots"));
+    let r = d.ask(&json!({"op":"reload"}));
+    assert_eq!(r["reason"], "bad-policy", "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("budgets.yaml` line 3"), "{r}");
+    assert_eq!(meter("red")["meter"]["over"]["status"], 429, "the old budgets stand");
+    World::write(&w.dirs.budgets(), &budgets("1k"));
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    assert!(meter("red")["meter"].get("over").is_none(), "raised");
+}
