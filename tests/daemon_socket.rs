@@ -680,4 +680,18 @@ fn meter_replies_carry_the_budget_a_request_is_past() {
     World::write(&w.dirs.budgets(), &budgets("1k"));
     assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
     assert!(meter("red")["meter"].get("over").is_none(), "raised");
+
+    // A cost budget: model `m` has no price, so 12 tokens cost nothing
+    // known; once the user prices it ($1 a token), a reload re-prices the
+    // totals and the budget is past.
+    World::write(&w.dirs.budgets(), "budgets:\n  - scope: red\n    cost_usd: 5\n    per: total\n");
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    assert!(meter("red")["meter"].get("over").is_none(), "unpriced");
+    World::write(
+        &w.dirs.usage_prices(),
+        "date: 2026-12-01\ncurrency: USD\nprices:\n  - {provider: anthropic, model: m, input: 1000000, output: 1000000}\n",
+    );
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    let message = meter("red")["meter"]["over"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("$12.00 of $5.00 in total"), "{message}");
 }

@@ -153,6 +153,9 @@ struct Snapshot {
 struct Metered {
     log: usage::log::Log,
     totals: Totals,
+    /// The user's price file as the totals were priced with it (`None`:
+    /// none), so a reload re-reads the log only when prices changed.
+    priced_with: Option<String>,
 }
 
 impl Metered {
@@ -218,6 +221,7 @@ impl State {
         let prices = usage::price::load(&dirs)?;
         let log = usage::log::Log::open(&dirs.usage_log(), usage_bytes)?;
         let totals = Metered::totals(&dirs.usage_log(), &prices)?;
+        let priced_with = crate::state::read_optional(&dirs.usage_prices())?;
         let epoch = format!(
             "{}-{}",
             std::process::id(),
@@ -239,7 +243,7 @@ impl State {
             reloaded: tokio::sync::watch::Sender::new(1),
             resolutions: super::resolve::Resolutions::default(),
             approvals: Approvals::default(),
-            usage: Arc::new(Mutex::new(Metered { log, totals })),
+            usage: Arc::new(Mutex::new(Metered { log, totals, priced_with })),
             raises: Mutex::new(Raises::default()),
         };
         state.publish(1)?;
@@ -280,11 +284,16 @@ impl State {
         let providers = Arc::new(Providers::load(&self.dirs)?);
         let budgets = Arc::new(budget::load(&self.dirs.budgets())?);
         let prices = Arc::new(usage::price::load(&self.dirs)?);
-        // Priced again: the price table may have changed. Under the log's
-        // lock, so no line is counted twice or missed meanwhile.
+        let price_text = crate::state::read_optional(&self.dirs.usage_prices())?;
+        // Priced again when the user's prices changed. Under the log's
+        // lock, so no line is counted twice or missed meanwhile; only then,
+        // since the lock holds every `meter` while the log is read.
         {
             let mut m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            m.totals = Metered::totals(&self.dirs.usage_log(), &prices)?;
+            if m.priced_with != price_text {
+                m.totals = Metered::totals(&self.dirs.usage_log(), &prices)?;
+                m.priced_with = price_text;
+            }
         }
         self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner).prune(&budgets, today());
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
