@@ -334,23 +334,39 @@ impl State {
     ) -> Option<(protocol::Meter, Option<protocol::Over>)> {
         let snap = self.current();
         let p = snap.providers.find(host, method, path)?;
-        let ex = {
-            let m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let raises = self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            budget::check(&snap.budgets, &m.totals, &raises, sandbox, time::OffsetDateTime::now_utc())
-        };
-        let over = ex.map(|ex| protocol::Over::new(&ex, p.dialect.into()));
+        let over = self.exceeded(&snap, sandbox).map(|ex| protocol::Over::new(&ex, p.dialect.into()));
         Some((protocol::Meter::from(p), over))
     }
 
-    /// Raise the budget `sandbox`'s request is past once, as an approval
-    /// of its hold grants (ADR 0055). Nothing when it is no longer past.
-    fn raise(&self, sandbox: &str) {
+    /// The budget a request of `sandbox` would go past now.
+    fn exceeded(&self, snap: &Snapshot, sandbox: &str) -> Option<budget::Exceeded> {
+        let m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let raises = self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        budget::check(&snap.budgets, &m.totals, &raises, sandbox, time::OffsetDateTime::now_utc())
+    }
+
+    /// Grant what an approval of a request held by `held` raises (ADR
+    /// 0055), and the same for any other `ask` budget the request is past
+    /// (the sandbox's own and a global one may both be). From the budget
+    /// as it was exceeded when the request was held: every request waiting
+    /// on one entry grants the same raise, so they raise it once. A `deny`
+    /// budget is never raised: the request then still gets its 429
+    /// ([`budget_hold`] checks again).
+    fn raise(&self, sandbox: &str, held: &budget::Exceeded) {
         let snap = self.current();
         let m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut raises = self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(ex) = budget::check(&snap.budgets, &m.totals, &raises, sandbox, time::OffsetDateTime::now_utc()) {
-            raises.grant(budget::raise(&ex));
+        raises.grant(budget::raise(held));
+        let mut done = vec![held.budget.clone()];
+        // Each round raises another budget, so it ends.
+        for _ in 0..snap.budgets.budgets.len() {
+            match budget::check(&snap.budgets, &m.totals, &raises, sandbox, time::OffsetDateTime::now_utc()) {
+                Some(ex) if ex.budget.on_exceed == budget::OnExceed::Ask && !done.contains(&ex.budget) => {
+                    raises.grant(budget::raise(&ex));
+                    done.push(ex.budget);
+                }
+                _ => break,
+            }
         }
     }
 
@@ -764,6 +780,8 @@ async fn budget_hold(
         Some(o) if o.ask => o,
         over => return Response::Meter(Some(protocol::Meter { over, ..meter })),
     };
+    // What an approval raises: the budget as exceeded now, when it is held.
+    let Some(held) = state.exceeded(&state.current(), &sandbox) else { return after(check()) };
     let key = Key::new(
         sandbox.clone(),
         Some(host.clone()),
@@ -776,23 +794,27 @@ async fn budget_hold(
     .held_by_budget(&first.message);
     let timeout = Duration::from_secs(u64::from(state.engine().approval_timeout()));
     let (_, outcome) = state.approvals.hold(key, size, timeout).await;
-    let refused = |o: protocol::Over| Response::Meter(Some(protocol::Meter { over: Some(o), ..meter.clone() }));
     match outcome {
         Outcome::Woken(Wake::Answered(Verdict::Allow)) => {
-            state.raise(&sandbox);
-            Response::Meter(Some(protocol::Meter { over: None, ..meter.clone() }))
+            state.raise(&sandbox, &held);
+            after(check())
         }
-        Outcome::Woken(Wake::PolicyChanged) => match check() {
-            Some((m, over)) => Response::Meter(Some(protocol::Meter {
-                // Still past a budget that asks: the reload did not decide it.
-                over: over.map(|o| protocol::Over { ask: false, ..o }),
-                ..m
-            })),
-            None => Response::Meter(None),
-        },
+        Outcome::Woken(Wake::PolicyChanged) => after(check()),
         Outcome::Woken(Wake::Answered(_)) | Outcome::TimedOut | Outcome::Full => {
-            refused(protocol::Over { ask: false, ..first })
+            Response::Meter(Some(protocol::Meter { over: Some(protocol::Over { ask: false, ..first }), ..meter }))
         }
+    }
+}
+
+/// A budget hold's reply once it was answered: on when no budget is past
+/// now, else the 429 of the one that is (an `ask` one too: this wait is
+/// over, and the next request is held again).
+fn after(now: Option<(protocol::Meter, Option<protocol::Over>)>) -> Response {
+    match now {
+        Some((m, over)) => {
+            Response::Meter(Some(protocol::Meter { over: over.map(|o| protocol::Over { ask: false, ..o }), ..m }))
+        }
+        None => Response::Meter(None),
     }
 }
 
