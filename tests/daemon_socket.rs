@@ -695,3 +695,64 @@ fn meter_replies_carry_the_budget_a_request_is_past() {
     let message = meter("red")["meter"]["over"]["message"].as_str().unwrap().to_owned();
     assert!(message.contains("$12.00 of $5.00 in total"), "{message}");
 }
+
+/// `budget_hold` (ADR 0055): two identical requests past an `ask` budget
+/// share one entry, listed as a budget's; one approval releases both and
+/// raises the budget once (10 → 20, not 30), so with 25 used both still
+/// get the 429, naming the raise. With a global `deny` budget also past,
+/// an approval raises the sandbox's own and the request is still refused
+/// by the global one.
+#[test]
+fn an_approved_budget_hold_raises_once_and_never_a_deny_budget() {
+    let w = World::new();
+    World::write(&w.dirs.budgets(), "budgets:\n  - scope: red\n    tokens: 10\n    per: day\n    on_exceed: ask\n");
+    let d = w.start();
+    let usage = |flow: &str, n: u64| {
+        let r = d.ask(&json!({"op":"usage","sandbox":"red","provider":"anthropic","model":"m","input":n,"flow":flow}));
+        assert_eq!(r["ok"], true, "{r}");
+    };
+    usage("f1", 25);
+    let hold = json!({"op":"budget_hold","sandbox":"red","host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages?x=1"});
+    let mut conns: Vec<Conn> = (0..2).map(|_| d.connect()).collect();
+    for c in &mut conns {
+        c.send_raw(format!("{hold}\n").as_bytes());
+    }
+    let listed = |d: &Daemon| d.ask(&json!({"op":"approvals"}))["approvals"].as_array().cloned().unwrap_or_default();
+    let start = std::time::Instant::now();
+    while listed(&d).first().is_none_or(|p| p["count"] != 2) {
+        assert!(start.elapsed() < Duration::from_secs(10), "{:?}", listed(&d));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let p = listed(&d)[0].clone();
+    assert_eq!((p["path"].as_str(), p["method"].as_str()), (Some("/v1/messages"), Some("POST")), "{p}");
+    assert!(p["budget"].as_str().unwrap().contains("sandbox `red` is used up"), "{p}");
+    let r = d.ask(&json!({"op":"answer","approval":p["id"],"verdict":"allow"}));
+    assert_eq!(r["released"], 2, "{r}");
+    for c in &mut conns {
+        let r = c.reply();
+        let over = &r["meter"]["over"];
+        assert_eq!((over["status"].as_u64(), over["ask"].as_bool()), (Some(429), Some(false)), "{r}");
+        let m = over["message"].as_str().unwrap();
+        assert!(m.contains("25 tokens of 20 tokens today (raised once from 10 tokens)"), "{m}");
+    }
+
+    // Under the raised 20 now? No: 25. A global deny budget beside it:
+    // an approval raises red's own again, and the global one refuses.
+    World::write(
+        &w.dirs.budgets(),
+        "budgets:\n  - scope: red\n    tokens: 10\n    per: day\n    on_exceed: ask\n  - scope: global\n    tokens: 20\n    per: day\n",
+    );
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    let mut c = d.connect();
+    c.send_raw(format!("{hold}\n").as_bytes());
+    let start = std::time::Instant::now();
+    while listed(&d).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let id = listed(&d)[0]["id"].clone();
+    assert_eq!(d.ask(&json!({"op":"answer","approval":id,"verdict":"allow"}))["released"], 1);
+    let r = c.reply();
+    let m = r["meter"]["over"]["message"].as_str().unwrap();
+    assert!(m.contains("the global daily token budget"), "{m}");
+}
