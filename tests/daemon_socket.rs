@@ -714,8 +714,8 @@ fn an_approved_budget_hold_raises_once_and_never_a_deny_budget() {
     usage("f1", 25);
     let hold = json!({"op":"budget_hold","sandbox":"red","host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages?x=1"});
     let mut conns: Vec<Conn> = (0..2).map(|_| d.connect()).collect();
-    for c in &mut conns {
-        c.send_raw(format!("{hold}\n").as_bytes());
+    for conn in &mut conns {
+        conn.send_raw(format!("{hold}\n").as_bytes());
     }
     let listed = |d: &Daemon| d.ask(&json!({"op":"approvals"}))["approvals"].as_array().cloned().unwrap_or_default();
     let start = std::time::Instant::now();
@@ -723,13 +723,13 @@ fn an_approved_budget_hold_raises_once_and_never_a_deny_budget() {
         assert!(start.elapsed() < Duration::from_secs(10), "{:?}", listed(&d));
         std::thread::sleep(Duration::from_millis(20));
     }
-    let p = listed(&d)[0].clone();
-    assert_eq!((p["path"].as_str(), p["method"].as_str()), (Some("/v1/messages"), Some("POST")), "{p}");
-    assert!(p["budget"].as_str().unwrap().contains("sandbox `red` is used up"), "{p}");
-    let r = d.ask(&json!({"op":"answer","approval":p["id"],"verdict":"allow"}));
+    let entry = listed(&d)[0].clone();
+    assert_eq!((entry["path"].as_str(), entry["method"].as_str()), (Some("/v1/messages"), Some("POST")), "{entry}");
+    assert!(entry["budget"].as_str().unwrap().contains("sandbox `red` is used up"), "{entry}");
+    let r = d.ask(&json!({"op":"answer","approval":entry["id"],"verdict":"allow"}));
     assert_eq!(r["released"], 2, "{r}");
-    for c in &mut conns {
-        let r = c.reply();
+    for conn in &mut conns {
+        let r = conn.reply();
         let over = &r["meter"]["over"];
         assert_eq!((over["status"].as_u64(), over["ask"].as_bool()), (Some(429), Some(false)), "{r}");
         let m = over["message"].as_str().unwrap();
@@ -743,8 +743,8 @@ fn an_approved_budget_hold_raises_once_and_never_a_deny_budget() {
         "budgets:\n  - scope: red\n    tokens: 10\n    per: day\n    on_exceed: ask\n  - scope: global\n    tokens: 20\n    per: day\n",
     );
     assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
-    let mut c = d.connect();
-    c.send_raw(format!("{hold}\n").as_bytes());
+    let mut third = d.connect();
+    third.send_raw(format!("{hold}\n").as_bytes());
     let start = std::time::Instant::now();
     while listed(&d).is_empty() {
         assert!(start.elapsed() < Duration::from_secs(10));
@@ -752,7 +752,7 @@ fn an_approved_budget_hold_raises_once_and_never_a_deny_budget() {
     }
     let id = listed(&d)[0]["id"].clone();
     assert_eq!(d.ask(&json!({"op":"answer","approval":id,"verdict":"allow"}))["released"], 1);
-    let r = c.reply();
+    let r = third.reply();
     let m = r["meter"]["over"]["message"].as_str().unwrap();
     assert!(m.contains("the global daily token budget"), "{m}");
 }
