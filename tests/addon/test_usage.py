@@ -173,12 +173,6 @@ class UsageTest(unittest.TestCase):
         self.assertEqual(U.read_count(obj, ["a.b+c+a.zz"]), 7)
         self.assertIsNone(U.read_count(obj, ["a.t", "a.n", "a.s", "a.b.c"]), "bools, negatives, text, no path")
 
-
-if __name__ == "__main__":
-    unittest.main()
-
-
-class OverBudgetTest(unittest.TestCase):
     def test_a_request_past_a_budget_gets_the_daemons_refusal_and_no_meter(self) -> None:
         from mitmproxy.test import tflow
 
@@ -200,3 +194,7 @@ class OverBudgetTest(unittest.TestCase):
         meta = flow.metadata["ppp"]
         self.assertEqual((meta["decision"], meta["aborted"]), ("deny", "budget: ppp: used up"))
         self.assertNotIn("meter", meta, "a refused request reports no usage")
+
+
+if __name__ == "__main__":
+    unittest.main()
