@@ -102,11 +102,11 @@ fn ls_shows_use_against_each_limit() {
         "{err}"
     );
     insta::assert_snapshot!(out.replace(&tomorrow(), "[TOMORROW]"), @r"
-    SCOPE   PER    LIMIT      USED                LEFT            PAST IT  RESETS
-    red     day    2k tokens  2,100 tokens        0 tokens        deny     [TOMORROW]
-    red     total  1M tokens  36,100 tokens       963,900 tokens  deny     never
-    blue    day    1M tokens  120 tokens          999,880 tokens  deny     [TOMORROW]
-    global  day    $5.00      $0.00 (2 unpriced)  $5.00           ask      [TOMORROW]
+    SCOPE   PER    LIMIT      USED           LEFT            PAST IT  RESETS
+    red     day    2k tokens  2,100 tokens   0 tokens        deny     [TOMORROW]
+    red     total  1M tokens  36,100 tokens  963,900 tokens  deny     never
+    blue    day    1M tokens  120 tokens     999,880 tokens  deny     [TOMORROW]
+    global  day    $5.00      $0.01          $4.99           ask      [TOMORROW]
     ");
 
     // Only the budgets that count blue's requests: its own and the global.
@@ -130,7 +130,7 @@ fn ls_shows_use_against_each_limit() {
       "exceeded": true,
       "requests": 1,
       "estimated": 0,
-      "unpriced": 1,
+      "unpriced": 0,
       "resets": null
     }
     "#);
@@ -140,8 +140,12 @@ fn ls_shows_use_against_each_limit() {
     );
     assert_eq!(
         (v[3]["cost_usd"].as_f64(), v[3]["unpriced"].as_u64(), v[3]["exceeded"].as_bool()),
-        (Some(5.0), Some(2), Some(false))
+        (Some(5.0), Some(0), Some(false))
     );
+    // Priced with the built-in table: 1,600 input and 620 output tokens
+    // of Claude Sonnet 4.5 at $3 and $15 a million.
+    let cost = v[3]["used"].as_f64().unwrap();
+    assert!((cost - 0.0141).abs() < 1e-9, "{cost}");
 }
 
 #[test]

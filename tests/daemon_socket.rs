@@ -639,3 +639,120 @@ fn decide_says_when_the_destination_is_the_hosts_own() {
     assert_eq!(public["verdict"], "allow", "{public}");
     assert!(public.get("local").is_none(), "only the host's own: {public}");
 }
+
+/// The budget check on `meter` (ADR 0055): a line counted once per flow,
+/// the refusal once the sandbox's use reaches the limit, another sandbox
+/// untouched, a bad budgets.yaml on reload keeping the old budgets (and
+/// the reload saying why), a raise live on the next request.
+#[test]
+fn meter_replies_carry_the_budget_a_request_is_past() {
+    let w = World::new();
+    let budgets = |tokens: &str| format!("budgets:\n  - scope: red\n    tokens: {tokens}\n    per: day\n");
+    World::write(&w.dirs.budgets(), &budgets("10"));
+    let d = w.start();
+    let meter = |sandbox: &str| {
+        d.ask(&json!({"op":"meter","sandbox":sandbox,"host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages"}))
+    };
+    let usage = |flow: &str| {
+        let r = d.ask(&json!({"op":"usage","sandbox":"red","provider":"anthropic","model":"m","input":6,"flow":flow}));
+        assert_eq!(r["ok"], true, "{r}");
+    };
+    assert_eq!(meter("red")["meter"]["provider"], "anthropic");
+    assert!(meter("red")["meter"].get("over").is_none());
+    // One flow reported twice is one request: 6 tokens, under 10.
+    usage("f1");
+    usage("f1");
+    assert!(meter("red")["meter"].get("over").is_none(), "counted once");
+    usage("f2");
+    let over = meter("red")["meter"]["over"].clone();
+    assert_eq!((over["status"].as_u64(), over["ask"].as_bool()), (Some(429), Some(false)), "{over}");
+    let message = over["message"].as_str().unwrap();
+    assert!(message.contains("sandbox `red` is used up: 12 tokens of 10 tokens today"), "{message}");
+    let body: Json = serde_json::from_str(over["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert!(meter("blue")["meter"].get("over").is_none(), "blue has no budget");
+
+    World::write(&w.dirs.budgets(), &budgets("lots"));
+    let r = d.ask(&json!({"op":"reload"}));
+    assert_eq!(r["reason"], "bad-policy", "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("budgets.yaml` line 3"), "{r}");
+    assert_eq!(meter("red")["meter"]["over"]["status"], 429, "the old budgets stand");
+    World::write(&w.dirs.budgets(), &budgets("1k"));
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    assert!(meter("red")["meter"].get("over").is_none(), "raised");
+
+    // A cost budget: model `m` has no price, so 12 tokens cost nothing
+    // known; once the user prices it ($1 a token), a reload re-prices the
+    // totals and the budget is past.
+    World::write(&w.dirs.budgets(), "budgets:\n  - scope: red\n    cost_usd: 5\n    per: total\n");
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    assert!(meter("red")["meter"].get("over").is_none(), "unpriced");
+    World::write(
+        &w.dirs.usage_prices(),
+        "date: 2026-12-01\ncurrency: USD\nprices:\n  - {provider: anthropic, model: m, input: 1000000, output: 1000000}\n",
+    );
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    let message = meter("red")["meter"]["over"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("$12.00 of $5.00 in total"), "{message}");
+}
+
+/// `budget_hold` (ADR 0055): two identical requests past an `ask` budget
+/// share one entry, listed as a budget's; one approval releases both and
+/// raises the budget once (10 → 20, not 30), so with 25 used both still
+/// get the 429, naming the raise. With a global `deny` budget also past,
+/// an approval raises the sandbox's own and the request is still refused
+/// by the global one.
+#[test]
+fn an_approved_budget_hold_raises_once_and_never_a_deny_budget() {
+    let w = World::new();
+    World::write(&w.dirs.budgets(), "budgets:\n  - scope: red\n    tokens: 10\n    per: day\n    on_exceed: ask\n");
+    let d = w.start();
+    let usage = |flow: &str, n: u64| {
+        let r = d.ask(&json!({"op":"usage","sandbox":"red","provider":"anthropic","model":"m","input":n,"flow":flow}));
+        assert_eq!(r["ok"], true, "{r}");
+    };
+    usage("f1", 25);
+    let hold = json!({"op":"budget_hold","sandbox":"red","host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages?x=1"});
+    let mut conns: Vec<Conn> = (0..2).map(|_| d.connect()).collect();
+    for conn in &mut conns {
+        conn.send_raw(format!("{hold}\n").as_bytes());
+    }
+    let listed = |d: &Daemon| d.ask(&json!({"op":"approvals"}))["approvals"].as_array().cloned().unwrap_or_default();
+    let start = std::time::Instant::now();
+    while listed(&d).first().is_none_or(|p| p["count"] != 2) {
+        assert!(start.elapsed() < Duration::from_secs(10), "{:?}", listed(&d));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let entry = listed(&d)[0].clone();
+    assert_eq!((entry["path"].as_str(), entry["method"].as_str()), (Some("/v1/messages"), Some("POST")), "{entry}");
+    assert!(entry["budget"].as_str().unwrap().contains("sandbox `red` is used up"), "{entry}");
+    let r = d.ask(&json!({"op":"answer","approval":entry["id"],"verdict":"allow"}));
+    assert_eq!(r["released"], 2, "{r}");
+    for conn in &mut conns {
+        let r = conn.reply();
+        let over = &r["meter"]["over"];
+        assert_eq!((over["status"].as_u64(), over["ask"].as_bool()), (Some(429), Some(false)), "{r}");
+        let m = over["message"].as_str().unwrap();
+        assert!(m.contains("25 tokens of 20 tokens today (raised once from 10 tokens)"), "{m}");
+    }
+
+    // Under the raised 20 now? No: 25. A global deny budget beside it:
+    // an approval raises red's own again, and the global one refuses.
+    World::write(
+        &w.dirs.budgets(),
+        "budgets:\n  - scope: red\n    tokens: 10\n    per: day\n    on_exceed: ask\n  - scope: global\n    tokens: 20\n    per: day\n",
+    );
+    assert_eq!(d.ask(&json!({"op":"reload"}))["ok"], true);
+    let mut third = d.connect();
+    third.send_raw(format!("{hold}\n").as_bytes());
+    let start = std::time::Instant::now();
+    while listed(&d).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let id = listed(&d)[0]["id"].clone();
+    assert_eq!(d.ask(&json!({"op":"answer","approval":id,"verdict":"allow"}))["released"], 1);
+    let r = third.reply();
+    let m = r["meter"]["over"]["message"].as_str().unwrap();
+    assert!(m.contains("the global daily token budget"), "{m}");
+}

@@ -57,7 +57,9 @@ pub fn table(list: &[Pending]) -> String {
             vec![
                 p.id.clone(),
                 p.sandbox.clone(),
-                p.target(),
+                // A budget's hold says so: allowing it raises the budget,
+                // it opens no host.
+                if p.budget.is_some() { format!("budget: {}", p.target()) } else { p.target() },
                 p.method.clone().unwrap_or_else(|| "-".into()),
                 p.path.clone().unwrap_or_else(|| "-".into()),
                 p.size.map_or_else(|| "-".into(), |s| s.to_string()),
@@ -86,6 +88,14 @@ fn answer(dirs: &Dirs, verdict: Verdict, args: &ApprovalAnswerArgs) -> Result<Ex
     let Some(p) = list.into_iter().find(|p| p.id == args.id) else {
         return Err(not_pending().into());
     };
+    if p.budget.is_some() && (args.sandbox || args.global) {
+        return Err(fail(format!("request `{}` is held by a budget, not by the policy: no rule answers it", p.id))
+            .hint(
+                "answer it once (`ppp policy approval allow ID`), which raises the budget once, or raise the budget itself with `ppp policy budget set`",
+            )
+            .code(2)
+            .into());
+    }
     let rule = if args.sandbox || args.global { Some(write_rule(dirs, verdict, &p, args.global)?) } else { None };
     // After a rule, the reload has usually released the entry already.
     let released = match proxy::answer(dirs, &p.id, verdict)? {

@@ -27,6 +27,7 @@ pub const MAX_WAITERS_PER_SANDBOX: usize = 512;
 const MAX_PATH: usize = 512;
 const MAX_METHOD: usize = 16;
 const MAX_HOST: usize = 253;
+const MAX_MESSAGE: usize = 1024;
 
 /// What identifies "the same request": a retry of it joins its entry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -38,6 +39,9 @@ pub struct Key {
     pub protocol: Option<Protocol>,
     pub method: Option<String>,
     pub path: Option<String>,
+    /// For a request held by a budget with `on_exceed: ask` (ADR 0055),
+    /// not by the policy: the budget's message, shown in the listing.
+    pub budget: Option<String>,
 }
 
 impl Key {
@@ -60,7 +64,16 @@ impl Key {
             protocol,
             method: method.map(|m| cut(m, MAX_METHOD)),
             path: path.map(|p| cut(p, MAX_PATH)),
+            budget: None,
         }
+    }
+
+    /// This key, for a request held by a budget whose message is
+    /// `message` (ppp's own words, bounded all the same).
+    #[must_use]
+    pub fn held_by_budget(mut self, message: &str) -> Key {
+        self.budget = Some(cut(message.to_owned(), MAX_MESSAGE));
+        self
     }
 }
 
@@ -273,6 +286,7 @@ fn pending(e: &Entry, now: Instant) -> Pending {
         method: e.key.method.clone(),
         path: e.key.path.clone(),
         size: e.size,
+        budget: e.key.budget.clone(),
         count: e.waiters.len(),
         waiting_secs: now.saturating_duration_since(e.first).as_secs(),
         remaining_secs: e.deadline.saturating_duration_since(now).as_secs(),

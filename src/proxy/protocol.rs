@@ -115,6 +115,24 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         size: Option<u64>,
     },
+    /// Hold a metered request past a budget with `on_exceed: ask` (ADR
+    /// 0055) until the user answers it, it times out, or a reload decides
+    /// it; the reply is a `meter` reply whose `over` is absent when the
+    /// request may go on (the daemon raised the budget once) and present
+    /// when it gets the 429. Like `hold`, the connection carries nothing
+    /// else.
+    #[serde(rename = "budget_hold")]
+    BudgetHold {
+        sandbox: String,
+        host: String,
+        #[serde(default)]
+        port: u16,
+        method: String,
+        /// The raw path, as for `meter`.
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+    },
     /// The requests held now.
     Approvals,
     /// Release (or refuse) every request waiting on entry `approval` (not
@@ -178,6 +196,42 @@ pub struct Meter {
     pub usage: crate::usage::provider::Fields,
     #[serde(default)]
     pub input_includes_cache_read: bool,
+    /// A budget this request would go past (ADR 0055): what to answer
+    /// instead of sending it on. Absent when it may go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over: Option<Over>,
+}
+
+/// The answer to a request past a budget, in the provider's error shape
+/// ([`crate::usage::budget::refusal`]), and whether the budget asks the
+/// user first (`on_exceed: ask`): then the addon holds the request with
+/// `budget_hold` and sends this only when the user refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Over {
+    pub status: u16,
+    /// Name and value pairs.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body, as text.
+    pub body: String,
+    /// The sentence the flow log records.
+    pub message: String,
+    #[serde(default)]
+    pub ask: bool,
+}
+
+impl Over {
+    /// The refusal for `ex` in `dialect`.
+    #[must_use]
+    pub fn new(ex: &crate::usage::budget::Exceeded, dialect: crate::usage::budget::Dialect) -> Over {
+        let r = crate::usage::budget::refusal(ex, dialect);
+        Over {
+            status: r.status,
+            headers: r.headers.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            body: r.body.to_string(),
+            message: ex.message(),
+            ask: ex.budget.on_exceed == crate::usage::budget::OnExceed::Ask,
+        }
+    }
 }
 
 impl From<&crate::usage::provider::Provider> for Meter {
@@ -187,6 +241,7 @@ impl From<&crate::usage::provider::Provider> for Meter {
             dialect: p.dialect,
             usage: p.usage.clone(),
             input_includes_cache_read: p.input_includes_cache_read,
+            over: None,
         }
     }
 }
@@ -215,6 +270,10 @@ pub struct Pending {
     pub path: Option<String>,
     /// The body size the request declared, when it did.
     pub size: Option<u64>,
+    /// Held by a budget (ADR 0055), not by the policy: the budget's
+    /// message. Allowing it raises that budget once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
     /// How many identical requests wait on this entry.
     pub count: usize,
     /// Seconds since the first of them arrived.
@@ -881,6 +940,73 @@ mod tests {
     }
 
     #[test]
+    fn a_meter_reply_carries_the_budget_a_request_is_past() {
+        use crate::usage::budget::{self, Budget, Budgets, Limit, OnExceed, Period, Raises};
+        use crate::usage::record::{Record, Tokens};
+        use crate::usage::totals::Totals;
+        let now = time::macros::datetime!(2026-12-03 22:00:00 UTC);
+        let rec = Record {
+            ts: "2026-12-03T10:00:00Z".into(),
+            sandbox: "red".into(),
+            provider: "anthropic".into(),
+            model: "m".into(),
+            requests: 1,
+            estimated: 0,
+            tokens: Tokens { input: 100, ..Tokens::default() },
+            flow: None,
+        };
+        let totals = Totals::from_records([&rec], now.date(), &|_: &Record| None);
+        let mut b = Budget {
+            scope: "red".parse().unwrap(),
+            limit: Limit::Tokens(100),
+            per: Period::Day,
+            on_exceed: OnExceed::Deny,
+        };
+        let ex = |b: &Budget| {
+            budget::check(&Budgets { budgets: vec![b.clone()] }, &totals, &Raises::default(), "red", now).unwrap()
+        };
+        let over = Over::new(&ex(&b), crate::usage::provider::Dialect::Anthropic.into());
+        assert_eq!((over.status, over.ask), (429, false));
+        assert_eq!(
+            over.headers,
+            [("content-type".to_owned(), "application/json".to_owned()), ("retry-after".to_owned(), "7200".to_owned())]
+        );
+        let body: serde_json::Value = serde_json::from_str(&over.body).unwrap();
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(body["error"]["message"], over.message.as_str());
+        assert!(over.message.contains("ppp policy budget set red --tokens 200"), "{}", over.message);
+        b.on_exceed = OnExceed::Ask;
+        let ask = Over::new(&ex(&b), crate::usage::budget::Dialect::OpenAi);
+        assert!(ask.ask && ask.body.contains("insufficient_quota"), "{ask:?}");
+
+        let p = crate::usage::provider::Providers::builtin();
+        let m = Meter { over: Some(over.clone()), ..Meter::from(&p.all()[0]) };
+        let line = Response::Meter(Some(m.clone())).to_line(None);
+        assert!(
+            line.contains("\"over\":{\"status\":429,\"headers\":[[\"content-type\",\"application/json\"]"),
+            "{line}"
+        );
+        assert!(matches!(Response::parse(&line).unwrap().0, Response::Meter(Some(back)) if back == m));
+        // No budget crossed: no `over` on the wire at all.
+        let plain = Response::Meter(Some(Meter::from(&p.all()[0]))).to_line(None);
+        assert!(!plain.contains("over"), "{plain}");
+
+        assert_eq!(
+            req(r#"{"op":"budget_hold","sandbox":"red","host":"api.anthropic.com","port":443,"method":"POST","path":"/v1/messages","size":12}"#)
+                .unwrap(),
+            Request::BudgetHold {
+                sandbox: "red".into(),
+                host: "api.anthropic.com".into(),
+                port: 443,
+                method: "POST".into(),
+                path: "/v1/messages".into(),
+                size: Some(12),
+            }
+        );
+        assert!(req(r#"{"op":"budget_hold","sandbox":"red","host":"h"}"#).is_err(), "method and path are required");
+    }
+
+    #[test]
     fn a_target_parses_back_as_what_was_held() {
         let mut p = Pending {
             id: "0".into(),
@@ -892,11 +1018,18 @@ mod tests {
             method: None,
             path: None,
             size: None,
+            budget: None,
             count: 1,
             waiting_secs: 0,
             remaining_secs: 0,
         };
         assert_eq!(p.target(), "[2001:db8::1]:80");
+        // A policy hold says nothing of budgets; a budget's hold names it.
+        assert!(!serde_json::to_string(&p).unwrap().contains("budget"));
+        let mut b = p.clone();
+        b.budget = Some("ppp: the daily token budget of sandbox `s` is used up".into());
+        let back: Pending = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
+        assert_eq!(back, b);
         let r = crate::policy::Resource::parse(&p.target()).unwrap();
         assert_eq!(r.port(), Some(80));
         p.host = Some("api.example.com".into());

@@ -28,7 +28,14 @@ use crate::dirs::Dirs;
 use crate::error::fail;
 use crate::policy::{self, Engine, Flow, Verdict};
 use crate::secret::{self, Store};
-use crate::usage::{self, provider::Providers, record::Record};
+use crate::usage::{
+    self,
+    budget::{self, Budgets, Raises},
+    price::Prices,
+    provider::Providers,
+    record::Record,
+    totals::Totals,
+};
 
 /// How long a connection may sit without completing a request line. The
 /// addon's persistent connection sends often; one that goes quiet is
@@ -133,6 +140,38 @@ struct Snapshot {
     /// The LLM providers whose responses are metered (issue 27), re-read
     /// with the policy.
     providers: Arc<Providers>,
+    /// budgets.yaml (ADR 0055), re-read with the policy: `ppp policy
+    /// budget set` reloads, so a change applies to the next request.
+    budgets: Arc<Budgets>,
+    /// The price tables a cost budget's totals are priced with.
+    prices: Arc<Prices>,
+}
+
+/// usage.jsonl and the sums a budget is checked against, under one lock:
+/// a line is counted in the totals exactly when it is written.
+#[derive(Debug)]
+struct Metered {
+    log: usage::log::Log,
+    totals: Totals,
+    /// The user's price file as the totals were priced with it (`None`:
+    /// none), so a reload re-reads the log only when prices changed.
+    priced_with: Option<String>,
+}
+
+impl Metered {
+    /// The totals of the log at `path`, priced with `prices`, as of now.
+    fn totals(path: &Path, prices: &Prices) -> Result<Totals> {
+        let (totals, malformed) = Totals::from_log(path, today(), &|r: &Record| prices.usd(r))?;
+        if malformed > 0 {
+            tracing::warn!("`{}`: {malformed} lines skipped, not usage records", path.display());
+        }
+        Ok(totals)
+    }
+}
+
+/// The UTC day now.
+fn today() -> time::Date {
+    time::OffsetDateTime::now_utc().date()
 }
 
 /// What the server answers from: the policy engine, shared and swapped on
@@ -158,8 +197,12 @@ pub struct State {
     pub resolutions: super::resolve::Resolutions,
     /// Requests an `ask` default holds for the user.
     pub approvals: Approvals,
-    /// `$PPP_DATA/usage.jsonl`, which only this daemon writes.
-    usage: Arc<Mutex<usage::log::Log>>,
+    /// `$PPP_DATA/usage.jsonl`, which only this daemon writes, and its
+    /// totals.
+    usage: Arc<Mutex<Metered>>,
+    /// The one-time raises approvals of budget holds granted; in memory
+    /// only (a restart forgets them), pruned on every reload.
+    raises: Mutex<Raises>,
 }
 
 impl State {
@@ -174,7 +217,11 @@ impl State {
     pub fn with_usage_limit(dirs: Dirs, store: Store, usage_bytes: u64) -> Result<State> {
         let engine = policy::load_engine(&dirs)?;
         let providers = Providers::load(&dirs)?;
-        let usage = usage::log::Log::open(&dirs.usage_log(), usage_bytes)?;
+        let budgets = budget::load(&dirs.budgets())?;
+        let prices = usage::price::load(&dirs)?;
+        let log = usage::log::Log::open(&dirs.usage_log(), usage_bytes)?;
+        let totals = Metered::totals(&dirs.usage_log(), &prices)?;
+        let priced_with = crate::state::read_optional(&dirs.usage_prices())?;
         let epoch = format!(
             "{}-{}",
             std::process::id(),
@@ -187,6 +234,8 @@ impl State {
                 generation: 1,
                 engine: Arc::new(engine),
                 providers: Arc::new(providers),
+                budgets: Arc::new(budgets),
+                prices: Arc::new(prices),
             })),
             rebuilding: Mutex::new(()),
             generation: AtomicU64::new(1),
@@ -194,7 +243,8 @@ impl State {
             reloaded: tokio::sync::watch::Sender::new(1),
             resolutions: super::resolve::Resolutions::default(),
             approvals: Approvals::default(),
-            usage: Arc::new(Mutex::new(usage)),
+            usage: Arc::new(Mutex::new(Metered { log, totals, priced_with })),
+            raises: Mutex::new(Raises::default()),
         };
         state.publish(1)?;
         Ok(state)
@@ -232,8 +282,23 @@ impl State {
         let _one = self.rebuilding.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let engine = Arc::new(policy::load_engine(&self.dirs)?);
         let providers = Arc::new(Providers::load(&self.dirs)?);
+        let budgets = Arc::new(budget::load(&self.dirs.budgets())?);
+        let prices = Arc::new(usage::price::load(&self.dirs)?);
+        let price_text = crate::state::read_optional(&self.dirs.usage_prices())?;
+        // Priced again when the user's prices changed. Under the log's
+        // lock, so no line is counted twice or missed meanwhile; only then,
+        // since the lock holds every `meter` while the log is read.
+        {
+            let mut m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if m.priced_with != price_text {
+                m.totals = Metered::totals(&self.dirs.usage_log(), &prices)?;
+                m.priced_with = price_text;
+            }
+        }
+        self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner).prune(&budgets, today());
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let next = Arc::new(Snapshot { generation, engine: engine.clone(), providers });
+        let next =
+            Arc::new(Snapshot { generation, engine: engine.clone(), providers, budgets: budgets.clone(), prices });
         *self.snapshot.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
         // Published after the swap: a reader that sees the new stamp gets
         // the new engine when it asks.
@@ -241,8 +306,68 @@ impl State {
         self.reloaded.send_replace(generation);
         // Held requests a new rule (or default) now decides go on, or stop,
         // at once; each decides again with the new engine.
-        self.approvals.recheck(|k| still_asks(&engine, k));
+        // A request a budget holds is woken when the budget no longer
+        // asks for it (raised, removed, turned `deny`).
+        self.approvals.recheck(|k| match &k.budget {
+            Some(_) => self
+                .over(
+                    &k.sandbox,
+                    &k.host.clone().unwrap_or_default(),
+                    k.method.as_deref().unwrap_or(""),
+                    k.path.as_deref().unwrap_or(""),
+                )
+                .is_some_and(|(_, o)| o.is_some_and(|o| o.ask)),
+            None => still_asks(&engine, k),
+        });
         Ok(generation)
+    }
+
+    /// For a request of `sandbox` to a provider: the provider's meter, and
+    /// the budget it would go past now (ADR 0055), if any. `None` when no
+    /// provider answers on the host and path.
+    fn over(
+        &self,
+        sandbox: &str,
+        host: &str,
+        method: &str,
+        path: &str,
+    ) -> Option<(protocol::Meter, Option<protocol::Over>)> {
+        let snap = self.current();
+        let p = snap.providers.find(host, method, path)?;
+        let over = self.exceeded(&snap, sandbox).map(|ex| protocol::Over::new(&ex, p.dialect.into()));
+        Some((protocol::Meter::from(p), over))
+    }
+
+    /// The budget a request of `sandbox` would go past now.
+    fn exceeded(&self, snap: &Snapshot, sandbox: &str) -> Option<budget::Exceeded> {
+        let m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let raises = self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        budget::check(&snap.budgets, &m.totals, &raises, sandbox, time::OffsetDateTime::now_utc())
+    }
+
+    /// Grant what an approval of a request held by `held` raises (ADR
+    /// 0055), and the same for any other `ask` budget the request is past
+    /// (the sandbox's own and a global one may both be). From the budget
+    /// as it was exceeded when the request was held: every request waiting
+    /// on one entry grants the same raise, so they raise it once. A `deny`
+    /// budget is never raised: the request then still gets its 429
+    /// ([`budget_hold`] checks again).
+    fn raise(&self, sandbox: &str, held: &budget::Exceeded) {
+        let snap = self.current();
+        let m = self.usage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut raises = self.raises.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        raises.grant(budget::raise(held));
+        let mut done = vec![held.budget.clone()];
+        // Each round raises another budget, so it ends.
+        for _ in 0..snap.budgets.budgets.len() {
+            match budget::check(&snap.budgets, &m.totals, &raises, sandbox, time::OffsetDateTime::now_utc()) {
+                Some(ex) if ex.budget.on_exceed == budget::OnExceed::Ask && !done.contains(&ex.budget) => {
+                    raises.grant(budget::raise(&ex));
+                    done.push(ex.budget);
+                }
+                _ => break,
+            }
+        }
     }
 
     /// A receiver that sees every reload's generation.
@@ -351,7 +476,7 @@ async fn connection(stream: UnixStream, state: Arc<State>, me: u32, idle: Durati
             // write one request and shut down its sending side.
             Line::Complete | Line::Unterminated => {
                 let (id, request) = protocol::parse_request(&buf);
-                let held = matches!(request, Ok(Request::Hold { .. }));
+                let held = matches!(request, Ok(Request::Hold { .. } | Request::BudgetHold { .. }));
                 let work = answer(request, &state);
                 let reply = if held {
                     // A held request ends when the client goes away (the
@@ -506,8 +631,16 @@ async fn answer(request: Result<Request, serde_json::Error>, state: &Arc<State>)
             if let Err(e) = secret::validate::sandbox(&sandbox) {
                 return Response::error(Reason::BadRequest, format!("{e:#}"));
             }
-            let snap = state.current();
-            Response::Meter(snap.providers.find(&host, &method, &path).map(protocol::Meter::from))
+            Response::Meter(state.over(&sandbox, &host, &method, &path).map(|(mut m, over)| {
+                m.over = over;
+                m
+            }))
+        }
+        Request::BudgetHold { sandbox, host, port, method, path, size } => {
+            if let Err(e) = secret::validate::sandbox(&sandbox) {
+                return Response::error(Reason::BadRequest, format!("{e:#}"));
+            }
+            budget_hold(state, sandbox, host, port, method, path, size).await
         }
         Request::Usage { sandbox, provider, model, input, output, cache_read, cache_write, estimated, flow } => {
             record_usage(
@@ -567,9 +700,18 @@ async fn record_usage(
         flow: Some(flow),
     };
     let log = state.usage.clone();
-    let written =
-        tokio::task::spawn_blocking(move || log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).append(&rec))
-            .await;
+    let prices = state.current().prices.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        let mut m = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let written = m.log.append(&rec)?;
+        // Counted only when written: a report sent again after a daemon
+        // restart or a retry is one request, not two.
+        if written {
+            m.totals.add(&rec, &|r: &Record| prices.usd(r));
+        }
+        Ok::<_, anyhow::Error>(written)
+    })
+    .await;
     match written {
         Ok(Ok(_)) => Response::Ack,
         Ok(Err(e)) => {
@@ -614,6 +756,66 @@ fn still_asks(engine: &Engine, k: &Key) -> bool {
     let Some(method) = k.method.as_deref() else { return true };
     let req = policy::http::Request { method, path: k.path.as_deref().unwrap_or(""), overridden: false };
     engine.decide_http(Some(&k.sandbox), k.host.as_deref(), k.port, &req).is_none_or(|d| d.verdict != Verdict::Deny)
+}
+
+/// A metered request past a budget that asks (ADR 0055): checked again
+/// first (a raise or another approval may have come since the addon
+/// asked), then held in [`State::approvals`] beside the policy's holds, so
+/// `ppp policy approval ls/allow/deny` and the TUI answer it. An allow
+/// raises the budget once and lets this request go; a deny, a timeout or a
+/// full queue is the 429. A reload that raises the budget wakes it
+/// ([`State::reload`]): checked again.
+async fn budget_hold(
+    state: &State,
+    sandbox: String,
+    host: String,
+    port: u16,
+    method: String,
+    path: String,
+    size: Option<u64>,
+) -> Response {
+    let check = || state.over(&sandbox, &host, &method, &path);
+    let Some((meter, over)) = check() else { return Response::Meter(None) };
+    let first = match over {
+        Some(o) if o.ask => o,
+        over => return Response::Meter(Some(protocol::Meter { over, ..meter })),
+    };
+    // What an approval raises: the budget as exceeded now, when it is held.
+    let Some(held) = state.exceeded(&state.current(), &sandbox) else { return after(check()) };
+    let key = Key::new(
+        sandbox.clone(),
+        Some(host.clone()),
+        None,
+        port,
+        Some(protocol::Protocol::Http),
+        Some(method.clone()),
+        Some(path.split('?').next().unwrap_or_default().to_owned()),
+    )
+    .held_by_budget(&first.message);
+    let timeout = Duration::from_secs(u64::from(state.engine().approval_timeout()));
+    let (_, outcome) = state.approvals.hold(key, size, timeout).await;
+    match outcome {
+        Outcome::Woken(Wake::Answered(Verdict::Allow)) => {
+            state.raise(&sandbox, &held);
+            after(check())
+        }
+        Outcome::Woken(Wake::PolicyChanged) => after(check()),
+        Outcome::Woken(Wake::Answered(_)) | Outcome::TimedOut | Outcome::Full => {
+            Response::Meter(Some(protocol::Meter { over: Some(protocol::Over { ask: false, ..first }), ..meter }))
+        }
+    }
+}
+
+/// A budget hold's reply once it was answered: on when no budget is past
+/// now, else the 429 of the one that is (an `ask` one too: this wait is
+/// over, and the next request is held again).
+fn after(now: Option<(protocol::Meter, Option<protocol::Over>)>) -> Response {
+    match now {
+        Some((m, over)) => {
+            Response::Meter(Some(protocol::Meter { over: over.map(|o| protocol::Over { ask: false, ..o }), ..m }))
+        }
+        None => Response::Meter(None),
+    }
 }
 
 async fn hold(state: &State, key: Key, size: Option<u64>) -> Response {
@@ -740,8 +942,11 @@ async fn decide_chain(
     // flow that names a host: the SNI is what a `--no-inspect` rule is
     // about, and the name already resolved to the destination above.
     if d.verdict == Verdict::Allow && !d.inspect() && refusal.is_none() && host.is_some_and(policy::is_name) {
-        // HTTP rules need the requests read, as a secret does (ADR 0050, 0051).
-        out.inspect = out.http_rules || inspection_required(state, sandbox, host.unwrap_or_default()).await;
+        // HTTP rules need the requests read, as a secret does (ADR 0050,
+        // 0051), and so does a provider's host: a pass-through rule must
+        // not walk around the meter and its budgets (ADR 0053, 0055).
+        out.inspect =
+            out.http_rules || out.metered || inspection_required(state, sandbox, host.unwrap_or_default()).await;
     }
     out.set_refusal(refusal, &chain);
     out.chain = chain;

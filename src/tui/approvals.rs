@@ -67,7 +67,10 @@ pub fn view(frame: &mut Frame, app: &App, area: Rect) {
             Row::new(vec![
                 Cell::from(p.id.clone()),
                 Cell::from(printable(&p.sandbox).into_owned()),
-                Cell::from(printable(&p.target()).into_owned()),
+                Cell::from(
+                    printable(&if p.budget.is_some() { format!("budget: {}", p.target()) } else { p.target() })
+                        .into_owned(),
+                ),
                 Cell::from(printable(p.method.as_deref().unwrap_or("-")).into_owned()),
                 Cell::from(printable(p.path.as_deref().unwrap_or("-")).into_owned()),
                 Cell::from(p.count.to_string()),

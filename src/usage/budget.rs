@@ -717,6 +717,16 @@ impl FromStr for Dialect {
     }
 }
 
+impl From<super::provider::Dialect> for Dialect {
+    fn from(d: super::provider::Dialect) -> Self {
+        match d {
+            super::provider::Dialect::Anthropic => Self::Anthropic,
+            super::provider::Dialect::Openai => Self::OpenAi,
+            super::provider::Dialect::Gemini => Self::Gemini,
+        }
+    }
+}
+
 /// The response a request past a budget gets instead of reaching the
 /// provider.
 #[derive(Debug, Clone, PartialEq)]

@@ -185,6 +185,28 @@ class UsageTest(unittest.TestCase):
         self.assertEqual(U.read_count(obj, ["a.b+c+a.zz"]), 7)
         self.assertIsNone(U.read_count(obj, ["a.t", "a.n", "a.s", "a.b.c"]), "bools, negatives, text, no path")
 
+    def test_a_request_past_a_budget_gets_the_daemons_refusal_and_no_meter(self) -> None:
+        from mitmproxy.test import tflow
+
+        flow = tflow.tflow()
+        flow.metadata["ppp"] = {"sandbox": "red", "host": "api.anthropic.com", "decision": "allow", "meter": ANTHROPIC}
+        body = json.dumps({"type": "error", "error": {"type": "rate_limit_error", "message": "ppp: used up"}})
+        over = {
+            "status": 429,
+            "headers": [["content-type", "application/json"], ["retry-after", "60"]],
+            "body": body,
+            "message": "ppp: used up",
+            "ask": False,
+        }
+        U.Usage._over_budget(flow, over)
+        assert flow.response is not None
+        self.assertEqual(flow.response.status_code, 429)
+        self.assertEqual(flow.response.content, body.encode())
+        self.assertEqual(flow.response.headers["retry-after"], "60")
+        meta = flow.metadata["ppp"]
+        self.assertEqual((meta["decision"], meta["aborted"]), ("deny", "budget: ppp: used up"))
+        self.assertNotIn("meter", meta, "a refused request reports no usage")
+
 
 if __name__ == "__main__":
     unittest.main()

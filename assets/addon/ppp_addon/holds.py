@@ -109,6 +109,69 @@ class Holds(Decisions):
             else:
                 self._holding.pop(sandbox, None)
 
+    async def _budget_hold(
+        self,
+        client: connection.Client,
+        meta: dict[str, Any],
+        over: dict[str, Any],
+        method: str,
+        path: str,
+        size: int | None,
+    ) -> dict[str, Any] | None:
+        """Hold a request past a budget that asks (ADR 0055) until the
+        daemon says how the wait ended: None when it may go on (the user
+        allowed it, and the daemon raised the budget once), else the
+        refusal to answer. Its own connection, as `_hold`; any failure
+        refuses (the `over` the daemon first gave, as a plain deny)."""
+        refused = {**over, "ask": False}
+        sandbox = meta.get("sandbox")
+        if self.daemon is None or not isinstance(sandbox, str):
+            return refused
+        n = self._holding.get(sandbox, 0)
+        if n >= HOLD_MAX:
+            return refused
+        self._holding[sandbox] = n + 1
+        writer = None
+        req = {
+            "op": "budget_hold",
+            "sandbox": sandbox,
+            "host": meta.get("host"),
+            "port": meta.get("port") or 0,
+            "method": method,
+            "path": path,
+            "size": size,
+        }
+        try:
+            with _paused(client.id):
+                reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
+                writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
+                await writer.drain()
+                line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
+            r = json.loads(line) if line else None
+            if not isinstance(r, dict) or not r.get("ok"):
+                raise DaemonError("the daemon ended a budget hold without an answer")
+            m = r.get("meter")
+            if not isinstance(m, dict):
+                # No provider answers there now: nothing to count it against.
+                return None
+            now = m.get("over")
+            if now is None:
+                return None
+            if not isinstance(now, dict) or now.get("ask") is not False:
+                raise DaemonError("budget hold: still undecided")
+            return now
+        except (TimeoutError, OSError, ValueError, DaemonError) as e:
+            log.warning("ppp: [%s] a budget hold for %s failed closed: %s", sandbox, meta.get("host"), e)
+            return refused
+        finally:
+            if writer is not None:
+                writer.close()
+            left = self._holding.get(sandbox, 1) - 1
+            if left > 0:
+                self._holding[sandbox] = left
+            else:
+                self._holding.pop(sandbox, None)
+
     def _spawn_hold(self, coro: Any) -> None:
         """Run a hold in the background; the flow stays intercepted until it
         resumes it."""

@@ -215,7 +215,10 @@ class Http(Holds, Injection, FlowLog, Limits, Usage):
         held = self._http_decide(flow)
         if held is not None:
             return self._http_held(flow, *held)
-        self._after_headers(flow)
+        over = self._after_headers(flow)
+        if over is not None:
+            # A budget that asks: held off the event loop, as `_hold` is.
+            return self._budget_held(flow, over)
         return None
 
     async def _http_held(
@@ -227,7 +230,8 @@ class Http(Holds, Injection, FlowLog, Limits, Usage):
                 v = approved
             if v.kind != "ask":
                 self._http_decided(flow, sandbox, host, ip, port, v)
-                self._after_headers(flow)
+                if (over := self._after_headers(flow)) is not None:
+                    await self._budget_held(flow, over)
                 return
         req = flow.request
         # The path without its query, which can carry secrets; bounded.
@@ -237,9 +241,14 @@ class Http(Holds, Injection, FlowLog, Limits, Usage):
             flow.client_conn, sandbox, host, ip, port, "http", req.method[:16], path, int(cl) if cl.isdigit() else None
         )
         self._http_decided(flow, sandbox, host, ip, port, v)
-        self._after_headers(flow)
+        if (over := self._after_headers(flow)) is not None:
+            await self._budget_held(flow, over)
 
-    def _after_headers(self, flow: http.HTTPFlow) -> None:
+    def _after_headers(self, flow: http.HTTPFlow) -> dict[str, Any] | None:
+        """Meter, inject and stream an allowed request; or return the
+        `over` of a budget that asks (ADR 0055): the caller holds the
+        request (`_budget_held`), which then goes on in `_go_on`."""
+        meta: dict[str, Any] = {}
         try:
             meta = flow.metadata.get("ppp", {})
             if flow.response is None and meta.get("decision") == "allow":
@@ -250,25 +259,57 @@ class Http(Holds, Injection, FlowLog, Limits, Usage):
                     # never in bodies), so the body can be streamed: the key
                     # goes in now, before mitmproxy sends the headers on.
                     meta["injected"] = True
-                    if meta.get("secret_ok"):
-                        self._inject(flow, meta["sandbox"], meta["host"])
-                    self._meter_request(flow, *http_request(flow)[:2])
-            if flow.response is None:
-                # The limit is known once the key is in: the default upload
-                # limit does not apply to a request that carries one.
-                limit = self._limit(flow, "upload")
-                cl = header_text(flow.request.headers, b"content-length")
-                if limit and cl and cl.strip().isdigit() and int(cl) > limit:
-                    self._too_large(flow, "upload", limit)
-            if flow.response is None:
-                # Streamed as it arrives, counted against the limit; never
-                # held whole in memory.
-                flow.request.stream = self._counter(flow, "request", self._limit(flow, "upload"))
-            else:
-                self._refused_body(flow)
+                    # The budget first: a request past one gets no key.
+                    over = self._meter_request(flow, *http_request(flow)[:2])
+                    if over is not None and over.get("ask") is True:
+                        return over
+                    self._go_on(flow, over)
+            self._stream_request(flow)
         except Exception as e:  # noqa: BLE001
             log.exception("ppp: requestheaders failed, denying")
             self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
+            self._refused_body(flow)
+        return None
+
+    def _go_on(self, flow: http.HTTPFlow, over: dict[str, Any] | None) -> None:
+        """Answer a request past a budget with its 429, or inject its key."""
+        meta = flow.metadata.get("ppp", {})
+        if over is not None:
+            self._over_budget(flow, over)
+        elif meta.get("secret_ok"):
+            self._inject(flow, meta["sandbox"], meta["host"])
+
+    async def _budget_held(self, flow: http.HTTPFlow, over: dict[str, Any]) -> None:
+        """Hold a request a budget asks about until the user answers;
+        then on (the daemon raised the budget once) or the 429."""
+        meta: dict[str, Any] = {}
+        try:
+            meta = flow.metadata.get("ppp", {})
+            method, path = http_request(flow)[:2]
+            cl = header_text(flow.request.headers, b"content-length").strip()
+            size = int(cl) if cl.isdigit() else None
+            self._go_on(flow, await self._budget_hold(flow.client_conn, meta, over, method, path, size))
+            self._stream_request(flow)
+        except Exception as e:  # noqa: BLE001
+            log.exception("ppp: a budget hold failed, denying")
+            self._deny_http(flow, meta.get("sandbox"), meta.get("host"), deny(f"internal error: {type(e).__name__}"))
+            self._refused_body(flow)
+
+    def _stream_request(self, flow: http.HTTPFlow) -> None:
+        """The upload limit and the counted stream of a request going on;
+        the refused body of one answered here."""
+        if flow.response is None:
+            # The limit is known once the key is in: the default upload
+            # limit does not apply to a request that carries one.
+            limit = self._limit(flow, "upload")
+            cl = header_text(flow.request.headers, b"content-length")
+            if limit and cl and cl.strip().isdigit() and int(cl) > limit:
+                self._too_large(flow, "upload", limit)
+        if flow.response is None:
+            # Streamed as it arrives, counted against the limit; never
+            # held whole in memory.
+            flow.request.stream = self._counter(flow, "request", self._limit(flow, "upload"))
+        else:
             self._refused_body(flow)
 
     def request(self, flow: http.HTTPFlow) -> None:

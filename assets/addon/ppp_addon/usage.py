@@ -317,13 +317,16 @@ class Usage(State):
         self._usage_queued = 0
         self._usage_lock = threading.Lock()
 
-    def _meter_request(self, flow: http.HTTPFlow, method: str, path: str) -> None:
+    def _meter_request(self, flow: http.HTTPFlow, method: str, path: str) -> dict[str, Any] | None:
         """Ask whether this request's response is metered; called once its
-        headers are decided and allowed. A failure to ask meters nothing
+        headers are decided and allowed, before any key goes in. The
+        reply's `over` (a budget this request would go past, ADR 0055) is
+        returned: the caller answers it instead of sending the request on,
+        or holds it when the budget asks. A failure to ask meters nothing
         (the decision itself already needed the daemon)."""
         meta = flow.metadata.get("ppp") or {}
         if not (meta.get("metered_host") and meta.get("secret_ok") and self.daemon is not None):
-            return
+            return None
         req = {
             "op": "meter",
             "sandbox": meta.get("sandbox"),
@@ -336,10 +339,32 @@ class Usage(State):
             r = self.daemon.ask(req)
         except DaemonError as e:
             log.warning("ppp: could not ask whether %s is metered: %s", meta.get("host"), e)
-            return
+            return None
         m = r.get("meter") if r.get("ok") else None
         if isinstance(m, dict) and isinstance(m.get("provider"), str):
             meta["meter"] = m
+            over = m.get("over")
+            if isinstance(over, dict):
+                return over
+        return None
+
+    @staticmethod
+    def _over_budget(flow: http.HTTPFlow, over: dict[str, Any]) -> None:
+        """Answer a request past a budget with the daemon's 429 in the
+        provider's own error shape: nothing goes upstream, no key goes in,
+        and the flow log line says which budget (`reason`)."""
+        meta = flow.metadata.get("ppp") or {}
+        headers = {str(k): str(v) for k, v in over.get("headers") or [] if isinstance(k, str)}
+        status = over.get("status")
+        flow.response = http.Response.make(
+            status if isinstance(status, int) else 429, str(over.get("body", "")).encode(), headers
+        )
+        message = str(over.get("message") or "a budget is used up")
+        meta["decision"] = "deny"
+        meta["aborted"] = f"budget: {message}"[:1024]
+        # The request is refused, not metered: no response of the provider's.
+        meta.pop("meter", None)
+        log.info("ppp: [%s] refused HTTP %s: %s", meta.get("sandbox"), meta.get("host"), message)
 
     def _meter_response(self, flow: http.HTTPFlow) -> None:
         """Put the meter in front of the response's stream: it sees each

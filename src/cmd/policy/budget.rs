@@ -111,13 +111,6 @@ fn rm(dirs: &Dirs, sandbox: Option<&str>, per: Option<Period>) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-/// The price of a record, for cost budgets. No price table is wired into
-/// this command yet, so every request is unpriced and `ls` says so beside
-/// a cost budget rather than show a cost it cannot know.
-fn price(_: &Record) -> Option<f64> {
-    None
-}
-
 /// One budget with its use, as `ls --json` prints it.
 #[derive(Debug, Serialize)]
 struct Listed {
@@ -177,7 +170,8 @@ fn ls(dirs: &Dirs, only: Option<&str>, json: bool) -> Result<ExitCode> {
     let file = budget::load(&dirs.budgets())?;
     let shown: Vec<&Budget> = file.budgets.iter().filter(|b| only.is_none_or(|s| b.applies_to(s))).collect();
     let now = OffsetDateTime::now_utc();
-    let (totals, malformed) = Totals::from_log(&dirs.usage_log(), now.date(), &price)?;
+    let prices = crate::usage::price::load(dirs)?;
+    let (totals, malformed) = Totals::from_log(&dirs.usage_log(), now.date(), &|r: &Record| prices.usd(r))?;
     if malformed > 0 {
         let s = if malformed == 1 { "" } else { "s" };
         eprintln!("warning: `{}`: {malformed} line{s} skipped, not usage records", dirs.usage_log().display());
