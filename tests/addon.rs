@@ -395,5 +395,5 @@ fn mitmdump_loads_the_addon() {
 #[test]
 fn addon_usage_meter_parsers() {
     let tmp = tempfile::Builder::new().prefix("ppp-ad").tempdir().unwrap();
-    assert_eq!(python_suite(tmp.path(), &["test_usage.py::UsageTest"]), 9);
+    assert_eq!(python_suite(tmp.path(), &["test_usage.py::UsageTest"]), 11);
 }

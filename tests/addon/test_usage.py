@@ -207,6 +207,33 @@ class UsageTest(unittest.TestCase):
         self.assertEqual((meta["decision"], meta["aborted"]), ("deny", "budget: ppp: used up"))
         self.assertNotIn("meter", meta, "a refused request reports no usage")
 
+    def test_a_daemon_that_cannot_meter_refuses_the_request(self) -> None:
+        # Fail closed: a request to a provider's host whose budgets could
+        # not be checked does not go on unchecked and uncounted.
+        from mitmproxy.test import tflow
+
+        class Down:
+            def ask(self, req: dict[str, object]) -> dict[str, object]:
+                raise U.DaemonError("daemon restarting")
+
+        class Refuses:
+            def ask(self, req: dict[str, object]) -> dict[str, object]:
+                return {"ok": False, "reason": "internal"}
+
+        for daemon in (Down(), Refuses()):
+            u = U.Usage()
+            u.daemon = daemon  # type: ignore[assignment]
+            flow = tflow.tflow()
+            meta = {"sandbox": "red", "host": "api.anthropic.com", "metered_host": True, "secret_ok": True}
+            flow.metadata["ppp"] = meta
+            over = u._meter_request(flow, "POST", "/v1/messages")
+            assert over is not None
+            self.assertEqual((over["status"], over["ask"]), (503, False))
+            U.Usage._over_budget(flow, over)
+            assert flow.response is not None
+            self.assertEqual(flow.response.status_code, 503)
+            self.assertIn("budget", meta["aborted"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -51,6 +51,18 @@ PENDING_MAX = 256
 # The fields of a record, besides the model.
 COUNTS = ("input", "output", "cache_read", "cache_write")
 
+# What a request to a provider's host gets when the daemon could not say
+# whether a budget stops it: refused, in the shape `over` has.
+UNCHECKED: dict[str, Any] = {
+    "status": 503,
+    "headers": [["content-type", "application/json"]],
+    "body": json.dumps(
+        {"error": {"type": "ppp_unavailable", "message": "ppp could not check this request against its budgets"}}
+    ),
+    "message": "the daemon did not answer the budget check",
+    "ask": False,
+}
+
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -322,8 +334,9 @@ class Usage(State):
         headers are decided and allowed, before any key goes in. The
         reply's `over` (a budget this request would go past, ADR 0055) is
         returned: the caller answers it instead of sending the request on,
-        or holds it when the budget asks. A failure to ask meters nothing
-        (the decision itself already needed the daemon)."""
+        or holds it when the budget asks. A failure to ask is a refusal
+        (`UNCHECKED`, a 503): a request to a provider's host that no budget
+        could be checked for must not go on uncounted and unchecked."""
         meta = flow.metadata.get("ppp") or {}
         if not (meta.get("metered_host") and meta.get("secret_ok") and self.daemon is not None):
             return None
@@ -338,9 +351,12 @@ class Usage(State):
         try:
             r = self.daemon.ask(req)
         except DaemonError as e:
-            log.warning("ppp: could not ask whether %s is metered: %s", meta.get("host"), e)
-            return None
-        m = r.get("meter") if r.get("ok") else None
+            log.warning("ppp: could not ask whether %s is metered, refusing: %s", meta.get("host"), e)
+            return dict(UNCHECKED)
+        if not r.get("ok"):
+            log.warning("ppp: the daemon refused to meter %s, refusing: %s", meta.get("host"), r.get("reason"))
+            return dict(UNCHECKED)
+        m = r.get("meter")
         if isinstance(m, dict) and isinstance(m.get("provider"), str):
             meta["meter"] = m
             over = m.get("over")
