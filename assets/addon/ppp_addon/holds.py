@@ -66,11 +66,8 @@ class Holds(Decisions):
         daemon that stops fails every held flow closed."""
         if self.daemon is None:
             return DAEMON_DOWN
-        n = self._holding.get(sandbox, 0)
-        if n >= HOLD_MAX:
-            return deny(f"{n} requests of this sandbox already wait for approval", "policy")
-        self._holding[sandbox] = n + 1
-        writer = None
+        if self._holding.get(sandbox, 0) >= HOLD_MAX:
+            return deny(f"{self._holding[sandbox]} requests of this sandbox already wait for approval", "policy")
         req = {
             "op": "hold",
             "sandbox": sandbox,
@@ -83,14 +80,7 @@ class Holds(Decisions):
             "size": size,
         }
         try:
-            with _paused(client.id):
-                reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
-                writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
-                await writer.drain()
-                line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
-            r = json.loads(line) if line else None
-            if not isinstance(r, dict):
-                raise DaemonError("the daemon ended a held request without an answer")
+            r = await self._wait(client, sandbox, req)
             if not r.get("ok"):
                 raise DaemonError(f"hold: {r.get('reason')} {r.get('detail', '')}")
             v, _ = self._from_reply(r, host)
@@ -100,6 +90,26 @@ class Holds(Decisions):
         except (TimeoutError, OSError, ValueError, DaemonError) as e:
             log.warning("ppp: [%s] a held request to %s failed closed: %s", sandbox, host or ip, e)
             return DAEMON_DOWN
+
+    async def _wait(self, client: connection.Client, sandbox: str, req: dict[str, Any]) -> dict[str, Any]:
+        """Send one held request on a daemon connection of its own and wait
+        for its one reply line, the client paused meanwhile; counted
+        against HOLD_MAX for the sandbox while it waits. Raises on a reply
+        that is not an object, on a timeout and on a socket error."""
+        if self.daemon is None:
+            raise DaemonError("no daemon to wait on")
+        self._holding[sandbox] = self._holding.get(sandbox, 0) + 1
+        writer = None
+        try:
+            with _paused(client.id):
+                reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
+                writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
+                await writer.drain()
+                line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
+            r = json.loads(line) if line else None
+            if not isinstance(r, dict):
+                raise DaemonError("the daemon ended a held request without an answer")
+            return r
         finally:
             if writer is not None:
                 writer.close()
@@ -127,11 +137,8 @@ class Holds(Decisions):
         sandbox = meta.get("sandbox")
         if self.daemon is None or not isinstance(sandbox, str):
             return refused
-        n = self._holding.get(sandbox, 0)
-        if n >= HOLD_MAX:
+        if self._holding.get(sandbox, 0) >= HOLD_MAX:
             return refused
-        self._holding[sandbox] = n + 1
-        writer = None
         req = {
             "op": "budget_hold",
             "sandbox": sandbox,
@@ -142,13 +149,8 @@ class Holds(Decisions):
             "size": size,
         }
         try:
-            with _paused(client.id):
-                reader, writer = await asyncio.open_unix_connection(self.daemon.path, limit=HOLD_REPLY_MAX)
-                writer.write((_JSON.encode({k: x for k, x in req.items() if x is not None}) + "\n").encode())
-                await writer.drain()
-                line = await asyncio.wait_for(reader.readline(), HOLD_LIMIT)
-            r = json.loads(line) if line else None
-            if not isinstance(r, dict) or not r.get("ok"):
+            r = await self._wait(client, sandbox, req)
+            if not r.get("ok"):
                 raise DaemonError("the daemon ended a budget hold without an answer")
             m = r.get("meter")
             if not isinstance(m, dict):
@@ -163,14 +165,6 @@ class Holds(Decisions):
         except (TimeoutError, OSError, ValueError, DaemonError) as e:
             log.warning("ppp: [%s] a budget hold for %s failed closed: %s", sandbox, meta.get("host"), e)
             return refused
-        finally:
-            if writer is not None:
-                writer.close()
-            left = self._holding.get(sandbox, 1) - 1
-            if left > 0:
-                self._holding[sandbox] = left
-            else:
-                self._holding.pop(sandbox, None)
 
     def _spawn_hold(self, coro: Any) -> None:
         """Run a hold in the background; the flow stays intercepted until it
