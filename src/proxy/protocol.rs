@@ -222,7 +222,7 @@ pub struct Over {
 impl Over {
     /// The refusal for `ex` in `dialect`.
     #[must_use]
-    pub fn new(ex: &crate::usage::budget::Exceeded, dialect: crate::usage::budget::Dialect) -> Over {
+    pub fn new(ex: &crate::usage::budget::Exceeded, dialect: crate::usage::provider::Dialect) -> Over {
         let r = crate::usage::budget::refusal(ex, dialect);
         Over {
             status: r.status,
@@ -965,7 +965,7 @@ mod tests {
         let ex = |b: &Budget| {
             budget::check(&Budgets { budgets: vec![b.clone()] }, &totals, &Raises::default(), "red", now).unwrap()
         };
-        let over = Over::new(&ex(&b), crate::usage::provider::Dialect::Anthropic.into());
+        let over = Over::new(&ex(&b), crate::usage::provider::Dialect::Anthropic);
         assert_eq!((over.status, over.ask), (429, false));
         assert_eq!(
             over.headers,
@@ -976,7 +976,7 @@ mod tests {
         assert_eq!(body["error"]["message"], over.message.as_str());
         assert!(over.message.contains("ppp policy budget set red --tokens 200"), "{}", over.message);
         b.on_exceed = OnExceed::Ask;
-        let ask = Over::new(&ex(&b), crate::usage::budget::Dialect::OpenAi);
+        let ask = Over::new(&ex(&b), crate::usage::provider::Dialect::Openai);
         assert!(ask.ask && ask.body.contains("insufficient_quota"), "{ask:?}");
 
         let p = crate::usage::provider::Providers::builtin();

@@ -334,7 +334,7 @@ impl State {
     ) -> Option<(protocol::Meter, Option<protocol::Over>)> {
         let snap = self.current();
         let p = snap.providers.find(host, method, path)?;
-        let over = self.exceeded(&snap, sandbox).map(|ex| protocol::Over::new(&ex, p.dialect.into()));
+        let over = self.exceeded(&snap, sandbox).map(|ex| protocol::Over::new(&ex, p.dialect));
         Some((protocol::Meter::from(p), over))
     }
 

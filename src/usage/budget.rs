@@ -16,6 +16,7 @@ use anyhow::Result;
 use serde::{Deserialize, Deserializer, Serialize};
 use time::{Date, OffsetDateTime, UtcOffset};
 
+use super::provider::Dialect;
 use super::totals::{Totals, Use};
 use crate::state::{self, ParseError};
 
@@ -695,38 +696,6 @@ pub fn check(
     })
 }
 
-/// The API an agent talks, for the shape of the error it understands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dialect {
-    Anthropic,
-    OpenAi,
-    Gemini,
-}
-
-impl FromStr for Dialect {
-    type Err = String;
-
-    /// `anthropic`, `openai` or `gemini`, as providers.yaml names them.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "anthropic" => Ok(Self::Anthropic),
-            "openai" => Ok(Self::OpenAi),
-            "gemini" => Ok(Self::Gemini),
-            other => Err(format!("unknown API dialect `{other}`: expected `anthropic`, `openai` or `gemini`")),
-        }
-    }
-}
-
-impl From<super::provider::Dialect> for Dialect {
-    fn from(d: super::provider::Dialect) -> Self {
-        match d {
-            super::provider::Dialect::Anthropic => Self::Anthropic,
-            super::provider::Dialect::Openai => Self::OpenAi,
-            super::provider::Dialect::Gemini => Self::Gemini,
-        }
-    }
-}
-
 /// The response a request past a budget gets instead of reaching the
 /// provider.
 #[derive(Debug, Clone, PartialEq)]
@@ -749,7 +718,7 @@ pub fn refusal(ex: &Exceeded, dialect: Dialect) -> Refusal {
             "type": "error",
             "error": { "type": "rate_limit_error", "message": message },
         }),
-        Dialect::OpenAi => serde_json::json!({
+        Dialect::Openai => serde_json::json!({
             "error": {
                 "message": message,
                 "type": "insufficient_quota",
@@ -1012,8 +981,12 @@ budgets:
     #[test]
     fn refusal_bodies_per_dialect() {
         let daily = exceeded(Period::Day, Limit::Tokens(4_000_000), "red", 0);
-        for (name, d) in [("anthropic", Dialect::Anthropic), ("openai", Dialect::OpenAi), ("gemini", Dialect::Gemini)] {
-            assert_eq!(name.parse::<Dialect>(), Ok(d));
+        for (name, d) in [("anthropic", Dialect::Anthropic), ("openai", Dialect::Openai), ("gemini", Dialect::Gemini)] {
+            assert_eq!(
+                serde_json::from_value::<Dialect>(serde_json::json!(name)).ok(),
+                Some(d),
+                "as providers.yaml names it"
+            );
             let r = refusal(&daily, d);
             assert_eq!(r.status, 429);
             assert_eq!(
@@ -1022,9 +995,9 @@ budgets:
             );
             insta::assert_json_snapshot!(format!("refusal_{name}"), r.body);
         }
-        assert!("claude".parse::<Dialect>().is_err());
+        assert!(serde_json::from_value::<Dialect>(serde_json::json!("claude")).is_err());
         let total = exceeded(Period::Total, Limit::CostUsd(4.0), "global", 3);
-        let r = refusal(&total, Dialect::OpenAi);
+        let r = refusal(&total, Dialect::Openai);
         assert_eq!(r.headers, [("content-type", "application/json".to_owned())], "no retry-after for a total");
         insta::assert_json_snapshot!("refusal_openai_total_cost", r.body);
     }
